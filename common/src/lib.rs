@@ -1,0 +1,11 @@
+//! Wire formats and shared building blocks of rdmablk: NVMe commands and
+//! completions, NVMe over Fabrics, NVMe/TCP PDUs and the registered buffer arena.
+//!
+//! Everything here is pure data handling: no threads, no policy.
+
+pub mod bytes;
+pub mod fabrics;
+pub mod mem;
+pub mod nvme;
+pub mod tcp;
+pub mod units;

@@ -1,0 +1,332 @@
+//! Identify data structures (CNS 00h namespace, 01h controller, 02h active
+//! namespace list, 03h namespace identification descriptors).
+
+use crate::bytes::{get_str, get_u16, get_u32, get_u64, put_str, put_u16, put_u32, put_u64};
+
+/// Every Identify data structure is 4 KiB.
+pub const IDENTIFY_LEN: usize = 4096;
+
+/// Controller or Namespace Structure values (CDW10 bits 7:0).
+pub mod cns {
+    pub const NAMESPACE: u8 = 0x00;
+    pub const CONTROLLER: u8 = 0x01;
+    pub const ACTIVE_NS_LIST: u8 = 0x02;
+    pub const NS_DESCRIPTORS: u8 = 0x03;
+}
+
+/// Controller type (CNTRLTYPE).
+pub mod cntrltype {
+    pub const IO: u8 = 1;
+    pub const DISCOVERY: u8 = 2;
+}
+
+/// Optional NVM command support bits (ONCS).
+pub mod oncs {
+    pub const DSM: u16 = 1 << 2;
+    pub const WRITE_ZEROES: u16 = 1 << 3;
+}
+
+/// SGL support bits (SGLS).
+pub mod sgls {
+    /// SGLs supported, no alignment requirement.
+    pub const SUPPORTED: u32 = 1 << 0;
+    /// Keyed SGL Data Block descriptors (RDMA).
+    pub const KEYED: u32 = 1 << 2;
+    /// Offset-addressed Data Block descriptors (in-capsule data).
+    pub const OFFSET: u32 = 1 << 20;
+}
+
+/// The fields of the Identify Controller structure that NVMe over Fabrics uses.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ControllerId {
+    pub vid: u16,
+    pub ssvid: u16,
+    pub serial: String,
+    pub model: String,
+    pub firmware: String,
+    /// Controller multi-path I/O and namespace sharing capabilities.
+    pub cmic: u8,
+    /// Maximum data transfer size, a power of two in units of 4 KiB; 0 = no limit.
+    pub mdts: u8,
+    pub cntlid: u16,
+    /// Version, as in the VS property.
+    pub ver: u32,
+    /// Optional asynchronous events supported.
+    pub oaes: u32,
+    pub cntrltype: u8,
+    /// Abort command limit (0's based).
+    pub acl: u8,
+    /// Asynchronous event request limit (0's based).
+    pub aerl: u8,
+    /// Log page attributes.
+    pub lpa: u8,
+    /// Error log page entries (0's based).
+    pub elpe: u8,
+    /// Keep-alive support: granularity in 100 ms units; 0 = not supported.
+    pub kas: u16,
+    pub sqes: u8,
+    pub cqes: u8,
+    /// Maximum outstanding commands per queue.
+    pub maxcmd: u16,
+    /// Number of namespaces (highest valid nsid).
+    pub nn: u32,
+    pub oncs: u16,
+    /// Volatile write cache present (bit 0).
+    pub vwc: u8,
+    pub sgls: u32,
+    pub mnan: u32,
+    pub subnqn: String,
+    /// I/O queue command capsule supported size, in 16-byte units.
+    pub ioccsz: u32,
+    /// I/O queue response capsule supported size, in 16-byte units.
+    pub iorcsz: u32,
+    /// In-capsule data offset, in 16-byte units.
+    pub icdoff: u16,
+    /// Fabrics controller attributes (bit 0: static controller model).
+    pub fcatt: u8,
+    /// Maximum SGL data block descriptors per command.
+    pub msdbd: u8,
+}
+
+impl ControllerId {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        put_u16(&mut b, 0, self.vid);
+        put_u16(&mut b, 2, self.ssvid);
+        put_str(&mut b, 4, 20, &self.serial, b' ');
+        put_str(&mut b, 24, 40, &self.model, b' ');
+        put_str(&mut b, 64, 8, &self.firmware, b' ');
+        b[72] = 6; // recommended arbitration burst
+        b[76] = self.cmic;
+        b[77] = self.mdts;
+        put_u16(&mut b, 78, self.cntlid);
+        put_u32(&mut b, 80, self.ver);
+        put_u32(&mut b, 92, self.oaes);
+        b[111] = self.cntrltype;
+        b[258] = self.acl;
+        b[259] = self.aerl;
+        b[260] = 1 << 1 | 1; // firmware: slot 1 read-only, one slot
+        b[261] = self.lpa;
+        b[262] = self.elpe;
+        put_u16(&mut b, 320, self.kas);
+        b[512] = self.sqes;
+        b[513] = self.cqes;
+        put_u16(&mut b, 514, self.maxcmd);
+        put_u32(&mut b, 516, self.nn);
+        put_u16(&mut b, 520, self.oncs);
+        b[525] = self.vwc;
+        put_u32(&mut b, 536, self.sgls);
+        put_u32(&mut b, 540, self.mnan);
+        put_str(&mut b, 768, 256, &self.subnqn, 0);
+        put_u32(&mut b, 1792, self.ioccsz);
+        put_u32(&mut b, 1796, self.iorcsz);
+        put_u16(&mut b, 1800, self.icdoff);
+        b[1802] = self.fcatt;
+        b[1803] = self.msdbd;
+        b
+    }
+
+    /// Parses a 4 KiB Identify Controller structure. `b` must be 4096 bytes.
+    pub fn parse(b: &[u8]) -> Self {
+        ControllerId {
+            vid: get_u16(b, 0),
+            ssvid: get_u16(b, 2),
+            serial: get_str(b, 4, 20),
+            model: get_str(b, 24, 40),
+            firmware: get_str(b, 64, 8),
+            cmic: b[76],
+            mdts: b[77],
+            cntlid: get_u16(b, 78),
+            ver: get_u32(b, 80),
+            oaes: get_u32(b, 92),
+            cntrltype: b[111],
+            acl: b[258],
+            aerl: b[259],
+            lpa: b[261],
+            elpe: b[262],
+            kas: get_u16(b, 320),
+            sqes: b[512],
+            cqes: b[513],
+            maxcmd: get_u16(b, 514),
+            nn: get_u32(b, 516),
+            oncs: get_u16(b, 520),
+            vwc: b[525],
+            sgls: get_u32(b, 536),
+            mnan: get_u32(b, 540),
+            subnqn: get_str(b, 768, 256),
+            ioccsz: get_u32(b, 1792),
+            iorcsz: get_u32(b, 1796),
+            icdoff: get_u16(b, 1800),
+            fcatt: b[1802],
+            msdbd: b[1803],
+        }
+    }
+
+    /// The maximum transfer size in bytes, or `None` when unlimited.
+    pub fn max_transfer(&self) -> Option<u32> {
+        (self.mdts != 0).then(|| 4096u32 << self.mdts)
+    }
+}
+
+/// The fields of the Identify Namespace structure (NVM command set) we use.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceId {
+    /// Namespace size in logical blocks.
+    pub nsze: u64,
+    pub ncap: u64,
+    pub nuse: u64,
+    /// Namespace features (bit 0: thin provisioning).
+    pub nsfeat: u8,
+    /// Namespace multi-path I/O and sharing (bit 0: may be shared).
+    pub nmic: u8,
+    /// Deallocate logical block features: bits 2:0 say what deallocated
+    /// blocks read as (1 = zeroes); bit 3: Write Zeroes may deallocate.
+    pub dlfeat: u8,
+    /// Namespace attributes (bit 0: write protected).
+    pub nsattr: u8,
+    pub nguid: [u8; 16],
+    pub eui64: [u8; 8],
+    /// log2 of the logical block size of the single LBA format.
+    pub lba_shift: u8,
+}
+
+impl NamespaceId {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        put_u64(&mut b, 0, self.nsze);
+        put_u64(&mut b, 8, self.ncap);
+        put_u64(&mut b, 16, self.nuse);
+        b[24] = self.nsfeat;
+        b[25] = 0; // one LBA format (0's based)
+        b[26] = 0; // format 0 in use
+        b[30] = self.nmic;
+        b[33] = self.dlfeat;
+        b[99] = self.nsattr;
+        b[104..120].copy_from_slice(&self.nguid);
+        b[120..128].copy_from_slice(&self.eui64);
+        b[130] = self.lba_shift; // LBAF0: MS = 0, LBADS, RP = 0 (best)
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Self {
+        let flbas = (b[26] & 0xf) as usize;
+        let mut nguid = [0; 16];
+        nguid.copy_from_slice(&b[104..120]);
+        let mut eui64 = [0; 8];
+        eui64.copy_from_slice(&b[120..128]);
+        NamespaceId {
+            nsze: get_u64(b, 0),
+            ncap: get_u64(b, 8),
+            nuse: get_u64(b, 16),
+            nsfeat: b[24],
+            nmic: b[30],
+            dlfeat: b[33],
+            nsattr: b[99],
+            nguid,
+            eui64,
+            lba_shift: b[128 + flbas * 4 + 2],
+        }
+    }
+
+    /// Logical block size in bytes.
+    pub fn block_size(&self) -> u32 {
+        1 << self.lba_shift
+    }
+}
+
+/// Encodes an active namespace list: the nsids above `after`, ascending.
+pub fn encode_ns_list(nsids: impl IntoIterator<Item = u32>, after: u32) -> Vec<u8> {
+    let mut b = vec![0u8; IDENTIFY_LEN];
+    let mut ids: Vec<u32> = nsids.into_iter().filter(|&n| n > after).collect();
+    ids.sort_unstable();
+    for (i, id) in ids.iter().take(IDENTIFY_LEN / 4).enumerate() {
+        put_u32(&mut b, i * 4, *id);
+    }
+    b
+}
+
+/// Decodes an active namespace list.
+pub fn parse_ns_list(b: &[u8]) -> Vec<u32> {
+    b.chunks_exact(4)
+        .map(|c| get_u32(c, 0))
+        .take_while(|&n| n != 0)
+        .collect()
+}
+
+/// Namespace identification descriptor types (NIDT).
+pub mod nidt {
+    pub const EUI64: u8 = 1;
+    pub const NGUID: u8 = 2;
+    pub const UUID: u8 = 3;
+    pub const CSI: u8 = 4;
+}
+
+/// Encodes a namespace identification descriptor list.
+pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
+    let mut b = vec![0u8; IDENTIFY_LEN];
+    let mut at = 0;
+    for (kind, id) in [(nidt::NGUID, &nguid[..]), (nidt::UUID, &uuid[..]), (nidt::CSI, &[0u8][..])] {
+        b[at] = kind;
+        b[at + 1] = id.len() as u8;
+        b[at + 4..at + 4 + id.len()].copy_from_slice(id);
+        at += 4 + id.len();
+    }
+    b
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn controller_fields_at_spec_offsets() {
+        let id = ControllerId {
+            serial: "SN1".into(),
+            mdts: 8,
+            cntlid: 0x1234,
+            kas: 100,
+            maxcmd: 128,
+            nn: 4,
+            sgls: sgls::SUPPORTED | sgls::OFFSET,
+            subnqn: "nqn.2026-11.io.rdmablk:x".into(),
+            ioccsz: 516,
+            iorcsz: 1,
+            ..Default::default()
+        };
+        let b = id.encode();
+        assert_eq!(&b[4..8], b"SN1 ");
+        assert_eq!(b[77], 8);
+        assert_eq!(get_u16(&b, 78), 0x1234);
+        assert_eq!(get_u16(&b, 320), 100);
+        assert_eq!(get_u16(&b, 514), 128);
+        assert_eq!(get_u32(&b, 536), 0x0010_0001);
+        assert_eq!(&b[768..792], b"nqn.2026-11.io.rdmablk:x");
+        assert_eq!(get_u32(&b, 1792), 516);
+        assert_eq!(ControllerId::parse(&b), id);
+        assert_eq!(id.max_transfer(), Some(1 << 20));
+    }
+
+    #[test]
+    fn namespace_round_trip() {
+        let ns = NamespaceId {
+            nsze: 2048,
+            ncap: 2048,
+            nuse: 2048,
+            nmic: 1,
+            dlfeat: 9,
+            lba_shift: 12,
+            nguid: [7; 16],
+            ..Default::default()
+        };
+        let b = ns.encode();
+        assert_eq!(b[130], 12);
+        assert_eq!(NamespaceId::parse(&b), ns);
+        assert_eq!(ns.block_size(), 4096);
+    }
+
+    #[test]
+    fn ns_list_skips_at_or_below_start() {
+        let b = encode_ns_list([3, 1, 2], 1);
+        assert_eq!(parse_ns_list(&b), vec![2, 3]);
+    }
+}

@@ -1,0 +1,83 @@
+//! Log page identifiers and the Get Log Page command's fields.
+
+use super::Sqe;
+
+/// Log page identifiers.
+pub mod lid {
+    pub const ERROR: u8 = 0x01;
+    pub const SMART: u8 = 0x02;
+    pub const FW_SLOT: u8 = 0x03;
+    pub const CHANGED_NS: u8 = 0x04;
+    pub const CMD_EFFECTS: u8 = 0x05;
+    pub const DISCOVERY: u8 = 0x70;
+}
+
+/// Get Log Page parameters decoded from a command.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct LogRequest {
+    pub lid: u8,
+    /// Retain Asynchronous Event.
+    pub rae: bool,
+    /// Bytes requested.
+    pub len: usize,
+    /// Byte offset into the log page.
+    pub offset: u64,
+}
+
+impl LogRequest {
+    pub fn from_sqe(sqe: &Sqe) -> Self {
+        let cdw10 = sqe.cdw(10);
+        let numd = ((sqe.cdw(11) as u64 & 0xffff) << 16) | (cdw10 >> 16) as u64;
+        LogRequest {
+            lid: cdw10 as u8,
+            rae: cdw10 & (1 << 15) != 0,
+            len: ((numd + 1) * 4) as usize,
+            offset: sqe.cdw(12) as u64 | (sqe.cdw(13) as u64) << 32,
+        }
+    }
+
+    /// Fills `sqe` to request `len` bytes of log `lid` from `offset`.
+    pub fn to_sqe(&self, sqe: &mut Sqe) {
+        let numd = (self.len / 4 - 1) as u32;
+        sqe.set_cdw(
+            10,
+            self.lid as u32 | if self.rae { 1 << 15 } else { 0 } | (numd & 0xffff) << 16,
+        );
+        sqe.set_cdw(11, numd >> 16);
+        sqe.set_cdw(12, self.offset as u32);
+        sqe.set_cdw(13, (self.offset >> 32) as u32);
+    }
+
+    /// The requested window of a complete log page; bytes past its end read as zero.
+    pub fn window(&self, page: &[u8]) -> Vec<u8> {
+        let mut out = vec![0u8; self.len];
+        if let Ok(off) = usize::try_from(self.offset) {
+            if off < page.len() {
+                let n = (page.len() - off).min(self.len);
+                out[..n].copy_from_slice(&page[off..off + n]);
+            }
+        }
+        out
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn numd_spans_two_dwords() {
+        let req = LogRequest {
+            lid: lid::DISCOVERY,
+            rae: false,
+            len: 0x40000 * 4,
+            offset: 1024,
+        };
+        let mut sqe = Sqe::new(0x02, 1);
+        req.to_sqe(&mut sqe);
+        assert_eq!(sqe.cdw(10), 0x70 | 0xffff << 16);
+        assert_eq!(sqe.cdw(11), 3);
+        assert_eq!(LogRequest::from_sqe(&sqe), req);
+        assert_eq!(req.window(&[1, 2, 3]).len(), req.len);
+    }
+}
