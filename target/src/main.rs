@@ -1,1 +1,247 @@
-fn main() {}
+//! rdmablk-target: an NVMe over Fabrics target that exports files, block
+//! devices and memory as NVMe namespaces.
+
+mod backend;
+mod command;
+mod config;
+mod controller;
+mod io_cmd;
+mod notify;
+mod poller;
+mod subsystem;
+mod transport;
+
+use clap::Parser;
+use config::{Config, QuickArgs, Transport};
+use nix::sys::signal::{SigSet, Signal};
+use poller::{PollerLink, Shared};
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::Arc;
+use subsystem::Registry;
+
+/// NVMe over Fabrics target: serves files, block devices and memory as NVMe
+/// namespaces over NVMe/TCP.
+///
+/// With no arguments it serves a 1 GiB memory namespace
+/// (nqn.2026-11.io.rdmablk:default) on tcp://127.0.0.1:4420 to any host.
+/// `--config` reads a TOML file (see config/target.toml); the quick form
+/// `--listen URL --memory SIZE | --file PATH | --null SIZE` builds one
+/// subsystem with one namespace that any host may use.
+#[derive(Parser, Debug)]
+#[command(name = "rdmablk-target", version, after_help = EXAMPLES)]
+struct Args {
+    /// TOML configuration file.
+    #[arg(short, long, value_name = "FILE", conflicts_with_all = ["listen", "memory", "file", "null", "nqn", "block_size"])]
+    config: Option<PathBuf>,
+    /// Validate the configuration (or quick form) and exit.
+    #[arg(long)]
+    check: bool,
+    /// Where to listen: tcp://ADDR:PORT (may repeat). Default tcp://127.0.0.1:4420.
+    #[arg(short, long, value_name = "URL")]
+    listen: Vec<String>,
+    /// Serve a memory namespace of this size (e.g. 1GiB).
+    #[arg(long, value_name = "SIZE", group = "backend")]
+    memory: Option<String>,
+    /// Serve this file or block device.
+    #[arg(long, value_name = "PATH", group = "backend")]
+    file: Option<PathBuf>,
+    /// Serve a null namespace of this size (discards writes, reads zeroes).
+    #[arg(long, value_name = "SIZE", group = "backend")]
+    null: Option<String>,
+    /// Subsystem NQN for the quick form.
+    #[arg(short, long, value_name = "NQN")]
+    nqn: Option<String>,
+    /// Logical block size of the quick form's namespace: 512 or 4096.
+    #[arg(long, value_name = "BYTES")]
+    block_size: Option<u32>,
+    /// Poller threads (default: one per core, or [pollers] count).
+    #[arg(long, value_name = "N")]
+    pollers: Option<usize>,
+    /// Log level when RUST_LOG is not set: error, warn, info, debug, trace.
+    #[arg(long, value_name = "LEVEL", default_value = "info")]
+    log_level: String,
+}
+
+const EXAMPLES: &str = "Examples:
+  rdmablk-target
+  rdmablk-target --listen tcp://0.0.0.0:4420 --memory 4GiB --nqn nqn.2026-11.io.example:ram
+  rdmablk-target --listen tcp://10.0.0.1:4420 --file /dev/nvme0n1 --nqn nqn.2026-11.io.example:disk
+  rdmablk-target --config /etc/rdmablk/target.toml
+  rdmablk-target --check --config /etc/rdmablk/target.toml";
+
+fn main() -> ExitCode {
+    let args = Args::parse();
+    init_logging(&args.log_level);
+    let cfg = match load_config(&args) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("rdmablk-target: configuration error: {e}");
+            return ExitCode::from(2);
+        }
+    };
+    if args.check {
+        let namespaces: usize = cfg.subsystems.iter().map(|s| s.namespaces.len()).sum();
+        println!(
+            "configuration OK: {} listener(s), {} subsystem(s), {namespaces} namespace(s)",
+            cfg.listeners.len(),
+            cfg.subsystems.len()
+        );
+        return ExitCode::SUCCESS;
+    }
+    match serve(cfg, args.config.is_none() && args.listen.is_empty() && !has_quick_backend(&args)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            tracing::error!("{e}");
+            eprintln!("rdmablk-target: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn has_quick_backend(a: &Args) -> bool {
+    a.memory.is_some() || a.file.is_some() || a.null.is_some()
+}
+
+fn init_logging(level: &str) {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .init();
+}
+
+fn load_config(a: &Args) -> Result<Config, String> {
+    let mut cfg = if let Some(path) = &a.config {
+        config::load(path).map_err(|e| e.to_string())?
+    } else if a.listen.is_empty() && !has_quick_backend(a) && a.nqn.is_none() && a.block_size.is_none() {
+        config::embedded_default()
+    } else {
+        let q = QuickArgs {
+            listen: a.listen.clone(),
+            memory: a.memory.clone(),
+            file: a.file.clone(),
+            null: a.null.clone(),
+            nqn: a.nqn.clone(),
+            block_size: a.block_size,
+        };
+        config::from_quick_args(&q).map_err(|e| e.to_string())?
+    };
+    if let Some(n) = a.pollers {
+        if !(1..=256).contains(&n) {
+            return Err(format!("--pollers {n}: use 1 to 256"));
+        }
+        cfg.pollers.count = n;
+    }
+    if let Some(l) = cfg.listeners.iter().find(|l| l.transport == Transport::Rdma) {
+        return Err(format!(
+            "listener rdma://{}: this build has no NVMe/RDMA transport yet; use tcp://",
+            l.address
+        ));
+    }
+    Ok(cfg)
+}
+
+fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
+    // Signals are taken synchronously by this thread; block them before any
+    // other thread exists so that all inherit the mask.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.thread_block().map_err(|e| format!("blocking signals: {e}"))?;
+
+    let registry = Arc::new(Registry::open(&cfg)?);
+    let shared = Arc::new(Shared {
+        registry: registry.clone(),
+        stop: AtomicBool::new(false),
+        connections: AtomicUsize::new(0),
+    });
+    let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
+        .map(|i| poller::spawn(i, shared.clone(), cfg.pollers.arena_bytes as usize))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| format!("starting pollers: {e}"))?
+        .into_iter()
+        .unzip();
+    let pollers = Arc::new(links);
+
+    for l in &cfg.listeners {
+        let listener = TcpListener::bind(l.address).map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
+        let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
+        if any_host && !l.address.ip().is_loopback() {
+            tracing::warn!(
+                "listening on {} with subsystems that admit any host; list allowed hosts in a config file",
+                l.address
+            );
+        }
+        tracing::info!("listening on tcp://{}", l.address);
+        let pollers = pollers.clone();
+        std::thread::Builder::new()
+            .name(format!("accept-{}", l.address))
+            .spawn(move || accept_loop(listener, &pollers))
+            .map_err(|e| format!("starting acceptor: {e}"))?;
+    }
+    for s in &registry.subsystems {
+        tracing::info!(
+            subsystem = %s.nqn,
+            namespaces = s.namespaces.len(),
+            allow_any_host = s.allow_any_host,
+            hosts = s.hosts.len(),
+            "subsystem ready"
+        );
+    }
+    if embedded {
+        let l = &cfg.listeners[0];
+        println!(
+            "serving the embedded default; connect with: rdmablk connect -t tcp -a {} -s {} -n {} --nbd unix:/tmp/rdmablk.sock",
+            l.address.ip(),
+            l.address.port(),
+            cfg.subsystems[0].nqn
+        );
+    }
+    notify::notify("READY=1");
+
+    let sig = signals.wait().map_err(|e| format!("waiting for signals: {e}"))?;
+    notify::notify("STOPPING=1");
+    tracing::info!(
+        "{sig:?}: draining {} connection(s)",
+        shared.connections.load(Ordering::Acquire)
+    );
+    shared.stop.store(true, Ordering::Release);
+    for p in pollers.iter() {
+        p.wake();
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut result = Ok(());
+    for s in &registry.subsystems {
+        for ns in &s.namespaces {
+            if let Err(e) = ns.backend.sync_all() {
+                result = Err(format!("flushing {} namespace {}: {e}", s.nqn, ns.nsid));
+            }
+        }
+    }
+    tracing::info!("stopped");
+    result
+}
+
+fn accept_loop(listener: TcpListener, pollers: &[PollerLink]) {
+    let mut next = 0;
+    loop {
+        match listener.accept() {
+            Ok((sock, peer)) => {
+                pollers[next % pollers.len()].adopt(sock, peer);
+                next += 1;
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                std::thread::sleep(std::time::Duration::from_millis(100));
+            }
+        }
+    }
+}

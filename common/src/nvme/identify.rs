@@ -34,6 +34,8 @@ pub mod sgls {
     pub const KEYED: u32 = 1 << 2;
     /// Offset-addressed Data Block descriptors (in-capsule data).
     pub const OFFSET: u32 = 1 << 20;
+    /// Transport SGL Data Block descriptors (NVMe/TCP).
+    pub const TRANSPORT: u32 = 1 << 21;
 }
 
 /// The fields of the Identify Controller structure that NVMe over Fabrics uses.

@@ -45,6 +45,7 @@ impl Status {
     pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = generic(0x11);
     pub const SGL_OFFSET_INVALID: Status = generic(0x16);
     pub const NAMESPACE_WRITE_PROTECTED: Status = generic(0x20);
+    pub const TRANSIENT_TRANSPORT_ERROR: Status = generic(0x22);
     pub const LBA_OUT_OF_RANGE: Status = generic(0x80);
     pub const INVALID_QUEUE_ID: Status = specific(0x01);
     pub const INVALID_QUEUE_SIZE: Status = specific(0x02);
@@ -91,6 +92,7 @@ impl Status {
             (0, 0x11) => "SGL Descriptor Type Invalid",
             (0, 0x16) => "SGL Offset Invalid",
             (0, 0x20) => "Namespace is Write Protected",
+            (0, 0x22) => "Transient Transport Error",
             (0, 0x80) => "LBA Out of Range",
             (1, 0x01) => "Invalid Queue Identifier",
             (1, 0x02) => "Invalid Queue Size",

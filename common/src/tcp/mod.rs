@@ -38,7 +38,7 @@ pub mod fes {
     pub const PDU_SEQUENCE_ERROR: u16 = 0x02;
     pub const HEADER_DIGEST_ERROR: u16 = 0x03;
     pub const DATA_OUT_OF_RANGE: u16 = 0x04;
-    pub const R2T_LIMIT_EXCEEDED: u16 = 0x05;
+    pub const DATA_LIMIT_EXCEEDED: u16 = 0x05;
     pub const UNSUPPORTED_PARAMETER: u16 = 0x06;
 }
 

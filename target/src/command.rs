@@ -1,0 +1,274 @@
+//! The transport-independent life of one command: classify and validate it,
+//! execute Fabrics and admin commands, and turn I/O commands into backend
+//! operations whose completions are counted here. Transports move the data
+//! and send the response.
+
+use crate::backend::{Access, FixedBuf};
+use crate::controller::{self, Association, Reply, TransportCaps, MAX_AERS, MAX_TRANSFER};
+use crate::io_cmd::{self, IoKind, IoRequest};
+use crate::subsystem::Registry;
+use io_uring::squeue;
+use rdmablk_common::mem::{Arena, ArenaBuf};
+use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE};
+use rdmablk_common::fabrics::fctype;
+use std::sync::Arc;
+
+/// What kind of work a command is.
+pub enum Work {
+    /// Fabrics Connect, before the queue has an association.
+    Connect,
+    /// Another Fabrics command (Property Get/Set, Disconnect).
+    Fabrics,
+    /// An admin command.
+    Admin,
+    /// An I/O command.
+    Io(IoRequest),
+}
+
+/// A command between its capsule and its response.
+pub struct Command {
+    pub sqe: Sqe,
+    pub work: Work,
+    /// Data bytes the command moves (either way).
+    pub len: usize,
+    /// Direction of the data.
+    pub to_host: bool,
+    /// Arena buffer holding the data, when `len > 0`.
+    pub buf: Option<ArenaBuf>,
+    /// Host-to-controller bytes received so far.
+    pub received: usize,
+    /// Final status, once known.
+    pub status: Status,
+    /// CQE dwords 0 and 1.
+    pub dw0: u32,
+    pub dw1: u32,
+    /// Backend operations in flight.
+    pub ops_in_flight: u32,
+    /// For a single read/write: bytes the backend has finished.
+    done_bytes: usize,
+}
+
+/// Classifies a capsule. `sgl_len` is the length its data pointer describes.
+/// An `Err` is the status to complete the command with at once.
+pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Command, Status> {
+    let is_fabrics = sqe.opcode() == FABRICS_OPCODE;
+    let work = match assoc {
+        None if is_fabrics && sqe.fctype() == fctype::CONNECT => Work::Connect,
+        None => return Err(Status::COMMAND_SEQUENCE_ERROR),
+        Some(_) if is_fabrics => Work::Fabrics,
+        Some(a) if a.qid == 0 => Work::Admin,
+        Some(a) => Work::Io(io_cmd::decode(&a.ctrl.subsys, sqe, sgl_len)?),
+    };
+    let dir = DataDirection::from_code(if is_fabrics { sqe.fctype() } else { sqe.opcode() });
+    let len = match (&work, dir) {
+        (Work::Io(req), _) => req.data_to_controller().max(req.data_to_host()),
+        (_, DataDirection::None) => 0,
+        _ => sgl_len as usize,
+    };
+    if len > MAX_TRANSFER as usize || dir == DataDirection::Bidirectional {
+        return Err(Status::INVALID_FIELD);
+    }
+    let to_host = match &work {
+        Work::Io(req) => req.data_to_host() > 0,
+        _ => dir == DataDirection::ToHost,
+    };
+    Ok(Command {
+        sqe: *sqe,
+        work,
+        len,
+        to_host,
+        buf: None,
+        received: 0,
+        status: Status::SUCCESS,
+        dw0: 0,
+        dw1: 0,
+        ops_in_flight: 0,
+        done_bytes: 0,
+    })
+}
+
+/// What executing a command led to.
+pub enum Progress {
+    /// The response can be sent now.
+    Complete,
+    /// Backend operations were queued; their completions finish the command.
+    Waiting(Vec<squeue::Entry>),
+    /// The command is an AER to hold.
+    Held,
+}
+
+/// Result of executing a Connect.
+pub enum Connected {
+    Yes(Association),
+    No,
+}
+
+impl Command {
+    /// The command's data, as far as it is valid.
+    pub fn data<'a>(&self, arena: &'a Arena) -> &'a [u8] {
+        match &self.buf {
+            Some(b) => arena.bytes(b, self.len),
+            None => &[],
+        }
+    }
+
+    fn fixed(&self, arena: &Arena, from: usize) -> FixedBuf {
+        let buf = self.buf.as_ref().expect("I/O command with data has a buffer");
+        FixedBuf {
+            ptr: arena.addr(buf, from),
+            len: self.len - from,
+            index: 0,
+        }
+    }
+
+    /// Executes a Connect on a queue that has no association yet.
+    pub fn connect(&mut self, registry: &Arc<Registry>, arena: &Arena, caps: TransportCaps, peer: &str) -> Connected {
+        match controller::connect(registry, &self.sqe, self.data(arena), caps) {
+            Ok(a) => {
+                self.dw0 = a.ctrl.cntlid as u32;
+                tracing::debug!(peer, cntlid = a.ctrl.cntlid, qid = a.qid, depth = a.depth, "queue connected");
+                Connected::Yes(a)
+            }
+            Err(r) => {
+                tracing::warn!(peer, status = %r.status, "Connect refused: {}", r.reason);
+                self.status = r.status;
+                self.dw0 = r.dw0;
+                Connected::No
+            }
+        }
+    }
+
+    /// Executes the command on an associated queue. `held_aers` is how many
+    /// AERs the queue already holds.
+    pub fn execute(&mut self, assoc: &Association, arena: &mut Arena, held_aers: usize) -> Progress {
+        let reply = match &self.work {
+            Work::Connect => unreachable!("Connect runs through Command::connect"),
+            Work::Fabrics => assoc.ctrl.fabrics(&self.sqe, assoc.qid),
+            Work::Admin => assoc.ctrl.admin(&self.sqe),
+            Work::Io(_) => return self.start_io(arena),
+        };
+        match reply {
+            Reply::Held if held_aers >= MAX_AERS => {
+                self.status = Status::ASYNC_EVENT_LIMIT;
+                Progress::Complete
+            }
+            Reply::Held => Progress::Held,
+            Reply::Done { status, dw0, dw1, data } => {
+                self.status = status;
+                self.dw0 = dw0;
+                self.dw1 = dw1;
+                if self.to_host && status.is_success() {
+                    if let Some(b) = &self.buf {
+                        let out = arena.bytes_mut(b, self.len);
+                        let n = data.len().min(out.len());
+                        out[..n].copy_from_slice(&data[..n]);
+                        out[n..].fill(0);
+                    }
+                }
+                Progress::Complete
+            }
+        }
+    }
+
+    fn start_io(&mut self, arena: &mut Arena) -> Progress {
+        let Work::Io(req) = &self.work else {
+            unreachable!("start_io on a non-I/O command")
+        };
+        let (ns, offset, len) = (req.ns.clone(), req.offset, req.len);
+        let accesses = match req.kind {
+            IoKind::Read => vec![ns.backend.read(offset, self.fixed(arena, 0))],
+            IoKind::Write { fua } => vec![ns.backend.write(offset, self.fixed(arena, 0), fua)],
+            IoKind::Flush => vec![ns.backend.flush()],
+            IoKind::WriteZeroes { deallocate } => vec![ns.backend.zero(offset, len, deallocate)],
+            IoKind::Dsm { deallocate: false } => Vec::new(),
+            IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(&ns, self.data(arena)) {
+                Ok(ranges) => ranges.iter().map(|&(o, l)| ns.backend.zero(o, l, true)).collect(),
+                Err(st) => {
+                    self.status = st;
+                    Vec::new()
+                }
+            },
+        };
+        let mut entries = Vec::new();
+        for a in accesses {
+            match a {
+                Access::Done(Ok(())) => {}
+                Access::Done(Err(st)) => self.status = st,
+                Access::Submit(e) => entries.push(e),
+            }
+        }
+        self.ops_in_flight = entries.len() as u32;
+        if entries.is_empty() {
+            Progress::Complete
+        } else {
+            Progress::Waiting(entries)
+        }
+    }
+
+    /// Handles a backend completion (`res` as io_uring reports it). Returns
+    /// a follow-up operation to submit, if any; the command is complete when
+    /// `ops_in_flight` is back to zero.
+    pub fn on_backend_done(&mut self, res: i32, arena: &Arena) -> Option<squeue::Entry> {
+        let Work::Io(req) = &self.work else {
+            unreachable!("backend completion for a non-I/O command")
+        };
+        let rw = matches!(req.kind, IoKind::Read | IoKind::Write { .. });
+        if res < 0 {
+            let errno = -res;
+            if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::WriteZeroes { deallocate: false }) {
+                // No ZERO_RANGE on this file system: a hole reads back as zeroes too.
+                return Some(req.ns.backend.zero(req.offset, req.len, true).into_entry());
+            }
+            if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::Dsm { .. }) {
+                // Deallocation is advisory: the blocks simply stay allocated.
+                tracing::debug!("deallocate not supported by the backend; ignored");
+            } else {
+                tracing::error!(
+                    opcode = self.sqe.opcode(),
+                    offset = req.offset,
+                    len = req.len,
+                    "backend I/O failed: {}",
+                    std::io::Error::from_raw_os_error(errno)
+                );
+                self.status = Status::INTERNAL_ERROR;
+            }
+        } else if rw {
+            self.done_bytes += res as usize;
+            if self.done_bytes < self.len {
+                if res == 0 {
+                    tracing::error!(offset = req.offset, "backend returned end of file inside the namespace");
+                    self.status = Status::INTERNAL_ERROR;
+                } else {
+                    // Short transfer: continue where it stopped.
+                    let buf = self.fixed(arena, self.done_bytes);
+                    let at = req.offset + self.done_bytes as u64;
+                    let access = match req.kind {
+                        IoKind::Read => req.ns.backend.read(at, buf),
+                        IoKind::Write { fua } => req.ns.backend.write(at, buf, fua),
+                        _ => unreachable!(),
+                    };
+                    return Some(access.into_entry());
+                }
+            }
+        }
+        self.ops_in_flight -= 1;
+        None
+    }
+
+    /// Gives the data buffer back to the arena.
+    pub fn release(&mut self, arena: &mut Arena) {
+        if let Some(b) = self.buf.take() {
+            arena.free(b);
+        }
+    }
+}
+
+impl Access {
+    /// The io_uring operation of a backend that always submits one (files).
+    fn into_entry(self) -> squeue::Entry {
+        match self {
+            Access::Submit(e) => e,
+            Access::Done(_) => unreachable!("only file backends retry operations"),
+        }
+    }
+}

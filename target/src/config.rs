@@ -1,0 +1,1747 @@
+//! Target configuration: TOML text (or the command-line quick form) turned
+//! into a validated [`Config`].
+//!
+//! Parsing happens in two steps: the TOML is deserialized into loosely typed
+//! raw tables (unknown keys are rejected there), then converted and checked.
+//! Every semantic error is a [`ConfigError::Invalid`] naming the key path
+//! (e.g. `subsystem[0].namespace[1].block_size`), what is wrong and how to
+//! fix it. The example configuration shipped with the daemon is
+//! `config/target.toml`.
+
+use rdmablk_common::units;
+
+use serde::de::{self, Deserializer, Visitor};
+use serde::Deserialize;
+use std::collections::HashMap;
+use std::fmt;
+use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::path::{Path, PathBuf};
+
+/// NQN of the subsystem created by [`embedded_default`] and the quick form
+/// when no NQN is given.
+pub const DEFAULT_NQN: &str = "nqn.2026-11.io.rdmablk:default";
+
+/// Well-known NQN of the discovery subsystem; reserved, so no configured
+/// subsystem may use it.
+pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
+
+/// IANA-registered NVMe-oF port.
+const DEFAULT_PORT: u16 = 4420;
+const DEFAULT_ARENA_BYTES: u64 = 64 << 20;
+const MIN_ARENA_BYTES: u64 = 4 << 20;
+const ARENA_ALIGN_BYTES: u64 = 4 << 10;
+const MAX_POLLERS: usize = 256;
+const MAX_NSID: u32 = 1024;
+const DEFAULT_BLOCK_SIZE: u32 = 512;
+const BLOCK_SIZES: [u32; 2] = [512, 4096];
+const EMBEDDED_MEMORY_BYTES: u64 = 1 << 30;
+/// Longest NQN in bytes (NVMe base specification, "NVMe Qualified Names").
+const MAX_NQN_BYTES: usize = 223;
+/// Prefix of NQNs built from a UUID rather than a domain name.
+const NQN_UUID_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
+const EXAMPLE_NQN: &str = "nqn.2026-11.io.example:disk0";
+
+/// A complete, validated target configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// I/O poller threads.
+    pub pollers: Pollers,
+    /// Addresses the target accepts connections on (at least one).
+    pub listeners: Vec<Listener>,
+    /// Exported NVM subsystems (at least one, unique NQNs).
+    pub subsystems: Vec<Subsystem>,
+}
+
+/// I/O poller threads settings (`[pollers]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pollers {
+    /// Number of poller threads, 1 to 256; default: online CPUs (at most 256).
+    pub count: usize,
+    /// Per-poller buffer arena in bytes: at least 4 MiB, a multiple of 4 KiB.
+    pub arena_bytes: u64,
+    /// Spin on the queues instead of sleeping when idle.
+    pub busy_poll: bool,
+}
+
+/// One listening address (`[[listener]]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Listener {
+    /// Fabric transport.
+    pub transport: Transport,
+    /// IP address and port to listen on.
+    pub address: SocketAddr,
+}
+
+/// NVMe-oF transport of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// NVMe/TCP.
+    Tcp,
+    /// NVMe/RDMA.
+    Rdma,
+}
+
+/// One exported NVM subsystem (`[[subsystem]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Subsystem {
+    /// NVMe Qualified Name, unique among subsystems.
+    pub nqn: String,
+    /// Let any host connect, ignoring `hosts`.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect when `allow_any_host` is false.
+    pub hosts: Vec<String>,
+    /// Namespaces (at least one, unique nsids).
+    pub namespaces: Vec<Namespace>,
+}
+
+/// One namespace of a subsystem (`[[subsystem.namespace]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Namespace {
+    /// Namespace ID, 1 to 1024, unique within the subsystem.
+    pub nsid: u32,
+    /// Where the data lives.
+    pub backend: Backend,
+    /// LBA size in bytes: 512 or 4096.
+    pub block_size: u32,
+    /// Reject writes.
+    pub read_only: bool,
+}
+
+/// Storage behind a namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Backend {
+    /// A regular file or a block device.
+    File {
+        /// Path of the file or device.
+        path: PathBuf,
+        /// Size in bytes to create the file with if it does not exist.
+        create_size: Option<u64>,
+    },
+    /// Volatile RAM, zero-filled at start.
+    Memory {
+        /// Capacity in bytes.
+        size: u64,
+    },
+    /// Discards writes and reads zeroes.
+    Null {
+        /// Capacity in bytes.
+        size: u64,
+    },
+}
+
+/// Why a configuration was rejected.
+#[derive(Debug, thiserror::Error)]
+pub enum ConfigError {
+    /// The configuration file could not be read.
+    #[error("cannot read config file {}: {source}", path.display())]
+    Io {
+        /// The file that was read.
+        path: PathBuf,
+        /// The underlying error.
+        source: std::io::Error,
+    },
+    /// Not valid TOML, or a key that is unknown or has the wrong type;
+    /// toml's message, with line and column.
+    #[error("{0}")]
+    Syntax(String),
+    /// A value breaks a rule: `key: problem`.
+    #[error("{key}: {problem}")]
+    Invalid {
+        /// Key path such as `subsystem[0].namespace[1].block_size`, or a
+        /// command-line flag such as `--listen`.
+        key: String,
+        /// What is wrong and how to fix it.
+        problem: String,
+    },
+}
+
+/// The command-line quick form: one subsystem with one namespace, open to
+/// any host, e.g. `--listen tcp://127.0.0.1:4420 --memory 1GiB`.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct QuickArgs {
+    /// `--listen` URLs (`tcp://ADDR:PORT` or `rdma://ADDR:PORT`); default
+    /// `tcp://127.0.0.1:4420` when empty.
+    pub listen: Vec<String>,
+    /// `--memory SIZE`: a RAM-backed namespace.
+    pub memory: Option<String>,
+    /// `--file PATH`: a file or block device namespace (must exist).
+    pub file: Option<PathBuf>,
+    /// `--null SIZE`: a namespace that discards writes and reads zeroes.
+    pub null: Option<String>,
+    /// `--nqn NQN`: subsystem NQN; default [`DEFAULT_NQN`].
+    pub nqn: Option<String>,
+    /// `--block-size N`: LBA size, 512 or 4096; default 512.
+    pub block_size: Option<u32>,
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        })
+    }
+}
+
+impl Default for Pollers {
+    /// One poller per online CPU (at most 256), 64 MiB arenas, no busy polling.
+    fn default() -> Self {
+        Pollers {
+            count: default_poller_count(),
+            arena_bytes: DEFAULT_ARENA_BYTES,
+            busy_poll: false,
+        }
+    }
+}
+
+impl Config {
+    /// Checks every rule of the configuration model; [`parse`],
+    /// [`from_quick_args`] and [`embedded_default`] only return configs
+    /// that pass.
+    pub fn validate(&self) -> Result<(), ConfigError> {
+        validate_pollers(&self.pollers)?;
+        validate_listeners(&self.listeners)?;
+        if self.subsystems.is_empty() {
+            return Err(invalid(
+                "subsystem",
+                format!(
+                    "no subsystem configured; add a [[subsystem]] table with \
+                     nqn = \"{EXAMPLE_NQN}\" and at least one [[subsystem.namespace]]"
+                ),
+            ));
+        }
+        let mut nqns: HashMap<&str, usize> = HashMap::new();
+        for (i, subsystem) in self.subsystems.iter().enumerate() {
+            let key = format!("subsystem[{i}]");
+            check_subsystem_nqn(&format!("{key}.nqn"), &subsystem.nqn)?;
+            if let Some(first) = nqns.insert(&subsystem.nqn, i) {
+                return Err(invalid(
+                    format!("{key}.nqn"),
+                    format!(
+                        "{:?} is already used by subsystem[{first}]; \
+                         give every subsystem its own NQN",
+                        subsystem.nqn
+                    ),
+                ));
+            }
+            validate_hosts(&key, subsystem)?;
+            validate_namespaces(&key, &subsystem.namespaces)?;
+        }
+        Ok(())
+    }
+}
+
+/// Reads and parses the configuration file at `path`.
+///
+/// Read errors name the path; the other errors are those of [`parse`].
+pub fn load(path: &Path) -> Result<Config, ConfigError> {
+    let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    parse(&text)
+}
+
+/// Parses and validates configuration TOML.
+pub fn parse(text: &str) -> Result<Config, ConfigError> {
+    let raw: RawConfig =
+        toml::from_str(text).map_err(|e| ConfigError::Syntax(e.to_string().trim_end().into()))?;
+    let config = convert(raw)?;
+    config.validate()?;
+    Ok(config)
+}
+
+/// The configuration used when none is given: one 1 GiB memory namespace
+/// (nsid 1) in subsystem [`DEFAULT_NQN`], open to any host, listening on
+/// NVMe/TCP `127.0.0.1:4420`, default pollers.
+pub fn embedded_default() -> Config {
+    Config {
+        pollers: Pollers::default(),
+        listeners: vec![default_listener()],
+        subsystems: vec![Subsystem {
+            nqn: DEFAULT_NQN.to_owned(),
+            allow_any_host: true,
+            hosts: Vec::new(),
+            namespaces: vec![Namespace {
+                nsid: 1,
+                backend: Backend::Memory {
+                    size: EMBEDDED_MEMORY_BYTES,
+                },
+                block_size: DEFAULT_BLOCK_SIZE,
+                read_only: false,
+            }],
+        }],
+    }
+}
+
+/// Builds a configuration from the command-line quick form.
+///
+/// Exactly one of `memory`, `file` and `null` must be set. The result has
+/// one subsystem (`nqn`, default [`DEFAULT_NQN`]) open to any host, with one
+/// namespace, nsid 1. Errors name the offending flag as their key.
+pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
+    let listeners = if q.listen.is_empty() {
+        vec![default_listener()]
+    } else {
+        q.listen
+            .iter()
+            .map(|url| parse_listen_url(url))
+            .collect::<Result<Vec<_>, _>>()?
+    };
+    if let Some((first, dup)) = find_duplicate_listener(&listeners) {
+        return Err(invalid(
+            "--listen",
+            format!(
+                "{} is given twice (values {} and {}); remove one",
+                listener_url(&listeners[dup]),
+                first + 1,
+                dup + 1
+            ),
+        ));
+    }
+
+    let block_size = q.block_size.unwrap_or(DEFAULT_BLOCK_SIZE);
+    if let Some(problem) = block_size_problem(block_size) {
+        return Err(invalid("--block-size", problem));
+    }
+
+    const BACKEND_FLAGS: &str = "--memory/--file/--null";
+    let backend = match (&q.memory, &q.file, &q.null) {
+        (Some(size), None, None) => Backend::Memory {
+            size: quick_size("--memory", size, block_size)?,
+        },
+        (None, Some(path), None) => {
+            if path.as_os_str().is_empty() {
+                return Err(invalid(
+                    "--file",
+                    "empty path; give a file or block device, e.g. --file /dev/nvme0n1",
+                ));
+            }
+            Backend::File {
+                path: path.clone(),
+                create_size: None,
+            }
+        }
+        (None, None, Some(size)) => Backend::Null {
+            size: quick_size("--null", size, block_size)?,
+        },
+        (None, None, None) => {
+            return Err(invalid(
+                BACKEND_FLAGS,
+                "no backend given; pass exactly one of --memory SIZE, --file PATH \
+                 or --null SIZE, e.g. --memory 1GiB",
+            ))
+        }
+        _ => {
+            let given: Vec<&str> = [
+                ("--memory", q.memory.is_some()),
+                ("--file", q.file.is_some()),
+                ("--null", q.null.is_some()),
+            ]
+            .into_iter()
+            .filter_map(|(flag, set)| set.then_some(flag))
+            .collect();
+            return Err(invalid(
+                BACKEND_FLAGS,
+                format!(
+                    "{} were given together; pass exactly one of them",
+                    given.join(" and ")
+                ),
+            ));
+        }
+    };
+
+    let nqn = q.nqn.clone().unwrap_or_else(|| DEFAULT_NQN.to_owned());
+    check_subsystem_nqn("--nqn", &nqn)?;
+
+    let config = Config {
+        pollers: Pollers::default(),
+        listeners,
+        subsystems: vec![Subsystem {
+            nqn,
+            allow_any_host: true,
+            hosts: Vec::new(),
+            namespaces: vec![Namespace {
+                nsid: 1,
+                backend,
+                block_size,
+                read_only: false,
+            }],
+        }],
+    };
+    config.validate()?;
+    Ok(config)
+}
+
+/// Parses a `--listen` URL: `tcp://ADDR:PORT` or `rdma://ADDR:PORT`, with
+/// IPv6 addresses in brackets (`rdma://[fe80::1]:4420`). Host names are not
+/// resolved. Errors use `--listen` as their key.
+pub fn parse_listen_url(s: &str) -> Result<Listener, ConfigError> {
+    const KEY: &str = "--listen";
+    const SYNTAX: &str = "use tcp://ADDR:PORT or rdma://ADDR:PORT, \
+                          e.g. tcp://127.0.0.1:4420 or rdma://[fe80::1]:4420";
+    let Some((scheme, rest)) = s.split_once("://") else {
+        return Err(invalid(KEY, format!("{s:?} is not a listen URL; {SYNTAX}")));
+    };
+    let Some(transport) = parse_transport(scheme) else {
+        return Err(invalid(
+            KEY,
+            format!("unknown transport {scheme:?} in {s:?}; {SYNTAX}"),
+        ));
+    };
+    let address = parse_socket_addr(rest).map_err(|p| invalid(KEY, format!("in {s:?}: {p}")))?;
+    Ok(Listener { transport, address })
+}
+
+/// Checks NQN syntax (NVMe base specification, "NVMe Qualified Names").
+///
+/// Accepts at most 223 bytes in one of two forms:
+/// `nqn.YYYY-MM.reverse.domain:name` (a real year-month, domain labels of
+/// `a-z`, `0-9` and `-` separated by dots, a non-empty name after the first
+/// `:`), or `nqn.2014-08.org.nvmexpress:uuid:` followed by a UUID in
+/// 8-4-4-4-12 hex form. Control characters are rejected. The discovery NQN
+/// [`DISCOVERY_NQN`] has no `:` part and does not pass. On error, returns
+/// the reason.
+pub fn validate_nqn(nqn: &str) -> Result<(), String> {
+    const FORMS: &str = "expected nqn.YYYY-MM.reverse.domain:name \
+                         (e.g. nqn.2026-11.io.example:disk0) \
+                         or nqn.2014-08.org.nvmexpress:uuid:<8-4-4-4-12 hex UUID>";
+    if nqn.len() > MAX_NQN_BYTES {
+        return Err(format!(
+            "it is {} bytes long; an NQN may be at most {MAX_NQN_BYTES} bytes",
+            nqn.len()
+        ));
+    }
+    if nqn.chars().any(char::is_control) {
+        return Err("it contains a control character".to_owned());
+    }
+    if let Some(uuid) = nqn.strip_prefix(NQN_UUID_PREFIX) {
+        return if is_uuid(uuid) {
+            Ok(())
+        } else {
+            Err(format!(
+                "{uuid:?} after \"uuid:\" is not a UUID in 8-4-4-4-12 hex form \
+                 (e.g. 3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15)"
+            ))
+        };
+    }
+    let Some(rest) = nqn.strip_prefix("nqn.") else {
+        return Err(format!("it does not start with \"nqn.\"; {FORMS}"));
+    };
+    let date = rest.get(..7).unwrap_or(rest);
+    if !is_year_month(date) {
+        return Err(format!(
+            "{:?} after \"nqn.\" is not a year-month date YYYY-MM; {FORMS}",
+            rest.split(['.', ':']).next().unwrap_or(rest)
+        ));
+    }
+    if rest.as_bytes().get(7) != Some(&b'.') {
+        return Err(format!(
+            "the date must be followed by \".\" and a reverse domain name; {FORMS}"
+        ));
+    }
+    let Some((domain, name)) = rest[8..].split_once(':') else {
+        return Err(format!(
+            "there is no ':' followed by a name after the domain; {FORMS}"
+        ));
+    };
+    let labels_ok = domain.split('.').all(|label| {
+        !label.is_empty()
+            && label
+                .bytes()
+                .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
+    });
+    if !labels_ok {
+        return Err(format!(
+            "domain {domain:?} is not a reverse domain name: it needs one or more labels \
+             of lowercase letters, digits and '-' separated by single dots; {FORMS}"
+        ));
+    }
+    if name.is_empty() {
+        return Err(format!("the name after ':' is empty; {FORMS}"));
+    }
+    Ok(())
+}
+
+// ---------------------------------------------------------------------------
+// Raw TOML tables
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawConfig {
+    pollers: Option<RawPollers>,
+    #[serde(default)]
+    listener: Vec<RawListener>,
+    #[serde(default)]
+    subsystem: Vec<RawSubsystem>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawPollers {
+    count: Option<i64>,
+    arena: Option<RawSize>,
+    busy_poll: Option<bool>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawListener {
+    transport: Option<String>,
+    address: Option<String>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawSubsystem {
+    nqn: Option<String>,
+    #[serde(default)]
+    allow_any_host: bool,
+    #[serde(default)]
+    hosts: Vec<String>,
+    #[serde(default)]
+    namespace: Vec<RawNamespace>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawNamespace {
+    nsid: Option<i64>,
+    backend: Option<String>,
+    path: Option<String>,
+    size: Option<RawSize>,
+    block_size: Option<i64>,
+    #[serde(default)]
+    read_only: bool,
+}
+
+/// A size as written: a string with units, or an integer number of bytes.
+#[derive(Debug)]
+enum RawSize {
+    Bytes(i64),
+    Text(String),
+}
+
+impl<'de> Deserialize<'de> for RawSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct SizeVisitor;
+
+        impl Visitor<'_> for SizeVisitor {
+            type Value = RawSize;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a size such as \"64MiB\" or an integer number of bytes")
+            }
+
+            fn visit_i64<E: de::Error>(self, v: i64) -> Result<RawSize, E> {
+                Ok(RawSize::Bytes(v))
+            }
+
+            fn visit_u64<E: de::Error>(self, v: u64) -> Result<RawSize, E> {
+                i64::try_from(v)
+                    .map(RawSize::Bytes)
+                    .map_err(|_| E::invalid_value(de::Unexpected::Unsigned(v), &self))
+            }
+
+            fn visit_str<E: de::Error>(self, v: &str) -> Result<RawSize, E> {
+                Ok(RawSize::Text(v.to_owned()))
+            }
+        }
+
+        deserializer.deserialize_any(SizeVisitor)
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Raw → model conversion (types, presence, parsing)
+
+fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
+    let pollers = convert_pollers(raw.pollers.unwrap_or_default())?;
+    let listeners = raw
+        .listener
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| convert_listener(i, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let subsystems = raw
+        .subsystem
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| convert_subsystem(i, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Config {
+        pollers,
+        listeners,
+        subsystems,
+    })
+}
+
+fn convert_pollers(raw: RawPollers) -> Result<Pollers, ConfigError> {
+    let count = match raw.count {
+        None => default_poller_count(),
+        Some(n) => usize::try_from(n).map_err(|_| invalid("pollers.count", count_problem(n)))?,
+    };
+    let arena_bytes = match &raw.arena {
+        None => DEFAULT_ARENA_BYTES,
+        Some(size) => size_value("pollers.arena", size)?,
+    };
+    Ok(Pollers {
+        count,
+        arena_bytes,
+        busy_poll: raw.busy_poll.unwrap_or(false),
+    })
+}
+
+fn convert_listener(i: usize, raw: RawListener) -> Result<Listener, ConfigError> {
+    let key = format!("listener[{i}]");
+    let transport = match raw.transport.as_deref() {
+        None => {
+            return Err(invalid(
+                format!("{key}.transport"),
+                "missing; set transport = \"tcp\" or \"rdma\"",
+            ))
+        }
+        Some(t) => parse_transport(t).ok_or_else(|| {
+            invalid(
+                format!("{key}.transport"),
+                format!("{t:?} is not a supported transport; use \"tcp\" or \"rdma\""),
+            )
+        })?,
+    };
+    let address = match raw.address.as_deref() {
+        None => {
+            return Err(invalid(
+                format!("{key}.address"),
+                "missing; set address = \"0.0.0.0:4420\" (IPv6: \"[::]:4420\")",
+            ))
+        }
+        Some(a) => parse_socket_addr(a).map_err(|p| invalid(format!("{key}.address"), p))?,
+    };
+    Ok(Listener { transport, address })
+}
+
+fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<Subsystem, ConfigError> {
+    let key = format!("subsystem[{i}]");
+    let nqn = raw.nqn.ok_or_else(|| {
+        invalid(
+            format!("{key}.nqn"),
+            format!("missing; set nqn = \"{EXAMPLE_NQN}\" (a unique NVMe Qualified Name)"),
+        )
+    })?;
+    let namespaces = raw
+        .namespace
+        .into_iter()
+        .enumerate()
+        .map(|(j, n)| convert_namespace(&key, j, n))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Subsystem {
+        nqn,
+        allow_any_host: raw.allow_any_host,
+        hosts: raw.hosts,
+        namespaces,
+    })
+}
+
+fn convert_namespace(
+    subsystem_key: &str,
+    j: usize,
+    raw: RawNamespace,
+) -> Result<Namespace, ConfigError> {
+    let key = format!("{subsystem_key}.namespace[{j}]");
+    let nsid = match raw.nsid {
+        // Position (1-based); out-of-range positions are caught by validation.
+        None => u32::try_from(j + 1).unwrap_or(u32::MAX),
+        Some(n) => u32::try_from(n).map_err(|_| invalid(format!("{key}.nsid"), nsid_problem(n)))?,
+    };
+    let block_size = match raw.block_size {
+        None => DEFAULT_BLOCK_SIZE,
+        Some(b) => u32::try_from(b).map_err(|_| {
+            invalid(
+                format!("{key}.block_size"),
+                block_size_problem(b).unwrap_or_default(),
+            )
+        })?,
+    };
+    let size = raw
+        .size
+        .as_ref()
+        .map(|s| size_value(&format!("{key}.size"), s))
+        .transpose()?;
+    let Some(backend_name) = raw.backend else {
+        return Err(invalid(
+            format!("{key}.backend"),
+            "missing; set backend = \"file\", \"memory\" or \"null\"",
+        ));
+    };
+    let backend = match backend_name.to_ascii_lowercase().as_str() {
+        "file" => {
+            let Some(path) = raw.path else {
+                return Err(invalid(
+                    format!("{key}.path"),
+                    "missing; backend = \"file\" needs path = \"/path/to/image-or-block-device\"",
+                ));
+            };
+            Backend::File {
+                path: PathBuf::from(path),
+                create_size: size,
+            }
+        }
+        name @ ("memory" | "null") => {
+            if raw.path.is_some() {
+                return Err(invalid(
+                    format!("{key}.path"),
+                    format!(
+                        "only backend = \"file\" uses a path; remove path \
+                         or set backend = \"file\" (backend is {name:?})"
+                    ),
+                ));
+            }
+            let Some(size) = size else {
+                return Err(invalid(
+                    format!("{key}.size"),
+                    format!("missing; backend = {name:?} needs a capacity, e.g. size = \"1GiB\""),
+                ));
+            };
+            if name == "memory" {
+                Backend::Memory { size }
+            } else {
+                Backend::Null { size }
+            }
+        }
+        _ => {
+            return Err(invalid(
+                format!("{key}.backend"),
+                format!(
+                    "{backend_name:?} is not a supported backend; use \"file\" \
+                     (a file or block device), \"memory\" or \"null\""
+                ),
+            ))
+        }
+    };
+    Ok(Namespace {
+        nsid,
+        backend,
+        block_size,
+        read_only: raw.read_only,
+    })
+}
+
+fn size_value(key: &str, raw: &RawSize) -> Result<u64, ConfigError> {
+    match raw {
+        RawSize::Bytes(n) => u64::try_from(*n).map_err(|_| {
+            invalid(
+                key,
+                format!("{n} is negative; give a size such as \"64MiB\" or a number of bytes"),
+            )
+        }),
+        RawSize::Text(s) => units::parse_size(s).map_err(|e| invalid(key, e.to_string())),
+    }
+}
+
+// ---------------------------------------------------------------------------
+// Model validation
+
+fn validate_pollers(pollers: &Pollers) -> Result<(), ConfigError> {
+    if !(1..=MAX_POLLERS).contains(&pollers.count) {
+        return Err(invalid("pollers.count", count_problem(pollers.count)));
+    }
+    let arena = pollers.arena_bytes;
+    let default = units::format_size(DEFAULT_ARENA_BYTES);
+    if arena < MIN_ARENA_BYTES {
+        return Err(invalid(
+            "pollers.arena",
+            format!(
+                "{} is below the minimum of {}; use at least \"{}\" (default \"{default}\")",
+                units::format_size(arena),
+                units::format_size(MIN_ARENA_BYTES),
+                units::format_size(MIN_ARENA_BYTES),
+            ),
+        ));
+    }
+    if arena % ARENA_ALIGN_BYTES != 0 {
+        return Err(invalid(
+            "pollers.arena",
+            format!(
+                "{arena} bytes is not a multiple of {}; use e.g. \"{}\" (default \"{default}\")",
+                units::format_size(ARENA_ALIGN_BYTES),
+                units::format_size(arena / ARENA_ALIGN_BYTES * ARENA_ALIGN_BYTES),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_listeners(listeners: &[Listener]) -> Result<(), ConfigError> {
+    if listeners.is_empty() {
+        return Err(invalid(
+            "listener",
+            "no listener configured; add a [[listener]] table with \
+             transport = \"tcp\" and address = \"0.0.0.0:4420\"",
+        ));
+    }
+    for (i, listener) in listeners.iter().enumerate() {
+        if let Some(problem) = port_problem(&listener.address) {
+            return Err(invalid(format!("listener[{i}].address"), problem));
+        }
+    }
+    if let Some((first, dup)) = find_duplicate_listener(listeners) {
+        return Err(invalid(
+            format!("listener[{dup}]"),
+            format!(
+                "duplicates listener[{first}] ({} {}); remove one of them",
+                listeners[dup].transport, listeners[dup].address
+            ),
+        ));
+    }
+    Ok(())
+}
+
+fn validate_hosts(key: &str, subsystem: &Subsystem) -> Result<(), ConfigError> {
+    for (h, host) in subsystem.hosts.iter().enumerate() {
+        validate_nqn(host).map_err(|reason| {
+            invalid(
+                format!("{key}.hosts[{h}]"),
+                format!("{host:?} is not a valid host NQN: {reason}"),
+            )
+        })?;
+    }
+    if !subsystem.allow_any_host && subsystem.hosts.is_empty() {
+        return Err(invalid(
+            format!("{key}.hosts"),
+            "empty while allow_any_host = false, so no host could ever connect: \
+             list host NQNs in hosts = [...] or set allow_any_host = true",
+        ));
+    }
+    Ok(())
+}
+
+fn validate_namespaces(key: &str, namespaces: &[Namespace]) -> Result<(), ConfigError> {
+    if namespaces.is_empty() {
+        return Err(invalid(
+            format!("{key}.namespace"),
+            "no namespace configured; add a [[subsystem.namespace]] table, \
+             e.g. backend = \"memory\" and size = \"1GiB\"",
+        ));
+    }
+    let mut nsids: HashMap<u32, usize> = HashMap::new();
+    for (j, ns) in namespaces.iter().enumerate() {
+        let ns_key = format!("{key}.namespace[{j}]");
+        if !(1..=MAX_NSID).contains(&ns.nsid) {
+            return Err(invalid(format!("{ns_key}.nsid"), nsid_problem(ns.nsid)));
+        }
+        if let Some(first) = nsids.insert(ns.nsid, j) {
+            return Err(invalid(
+                format!("{ns_key}.nsid"),
+                format!(
+                    "nsid {} is already used by {key}.namespace[{first}]; give each \
+                     namespace a distinct nsid (an omitted nsid defaults to the \
+                     namespace's 1-based position)",
+                    ns.nsid
+                ),
+            ));
+        }
+        if let Some(problem) = block_size_problem(ns.block_size) {
+            return Err(invalid(format!("{ns_key}.block_size"), problem));
+        }
+        match &ns.backend {
+            Backend::File { path, create_size } => {
+                if path.as_os_str().is_empty() {
+                    return Err(invalid(
+                        format!("{ns_key}.path"),
+                        "empty; set path = \"/path/to/image-or-block-device\"",
+                    ));
+                }
+                if let Some(size) = create_size {
+                    if let Some(problem) = size_problem(*size, ns.block_size) {
+                        return Err(invalid(format!("{ns_key}.size"), problem));
+                    }
+                }
+            }
+            Backend::Memory { size } | Backend::Null { size } => {
+                if let Some(problem) = size_problem(*size, ns.block_size) {
+                    return Err(invalid(format!("{ns_key}.size"), problem));
+                }
+            }
+        }
+    }
+    Ok(())
+}
+
+fn check_subsystem_nqn(key: &str, nqn: &str) -> Result<(), ConfigError> {
+    if nqn == DISCOVERY_NQN {
+        return Err(invalid(
+            key,
+            format!(
+                "{nqn:?} is the well-known discovery NQN, reserved for the discovery \
+                 service; choose another NQN, e.g. \"{EXAMPLE_NQN}\""
+            ),
+        ));
+    }
+    validate_nqn(nqn)
+        .map_err(|reason| invalid(key, format!("{nqn:?} is not a valid NQN: {reason}")))
+}
+
+// ---------------------------------------------------------------------------
+// Helpers
+
+fn invalid(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+fn default_poller_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_POLLERS)
+}
+
+fn default_listener() -> Listener {
+    Listener {
+        transport: Transport::Tcp,
+        address: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_PORT),
+    }
+}
+
+fn parse_transport(s: &str) -> Option<Transport> {
+    if s.eq_ignore_ascii_case("tcp") {
+        Some(Transport::Tcp)
+    } else if s.eq_ignore_ascii_case("rdma") {
+        Some(Transport::Rdma)
+    } else {
+        None
+    }
+}
+
+/// Parses `IP:PORT` (IPv6 in brackets); on error, returns the problem.
+fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+    if let Ok(address) = s.parse::<SocketAddr>() {
+        return match port_problem(&address) {
+            Some(problem) => Err(problem),
+            None => Ok(address),
+        };
+    }
+    let unbracketed = s.trim_start_matches('[').trim_end_matches(']');
+    Err(match unbracketed.parse::<IpAddr>() {
+        Ok(IpAddr::V4(ip)) => format!("{s:?} has no port; add one, e.g. \"{ip}:{DEFAULT_PORT}\""),
+        Ok(IpAddr::V6(ip)) => {
+            format!("{s:?} has no port; add one, e.g. \"[{ip}]:{DEFAULT_PORT}\"")
+        }
+        Err(_) => format!(
+            "{s:?} is not an IP address and port; use e.g. \"0.0.0.0:{DEFAULT_PORT}\", \
+             or \"[::1]:{DEFAULT_PORT}\" for IPv6 (host names are not resolved)"
+        ),
+    })
+}
+
+fn port_problem(address: &SocketAddr) -> Option<String> {
+    (address.port() == 0).then(|| {
+        format!(
+            "port 0 is not allowed; give a fixed port, usually {DEFAULT_PORT} \
+             (e.g. \"{}\")",
+            SocketAddr::new(address.ip(), DEFAULT_PORT)
+        )
+    })
+}
+
+/// Indices `(first, duplicate)` of the first repeated (transport, address).
+fn find_duplicate_listener(listeners: &[Listener]) -> Option<(usize, usize)> {
+    let mut seen: HashMap<&Listener, usize> = HashMap::new();
+    for (i, listener) in listeners.iter().enumerate() {
+        if let Some(&first) = seen.get(listener) {
+            return Some((first, i));
+        }
+        seen.insert(listener, i);
+    }
+    None
+}
+
+fn listener_url(listener: &Listener) -> String {
+    format!("{}://{}", listener.transport, listener.address)
+}
+
+fn quick_size(flag: &str, text: &str, block_size: u32) -> Result<u64, ConfigError> {
+    let size = units::parse_size(text).map_err(|e| invalid(flag, e.to_string()))?;
+    match size_problem(size, block_size) {
+        Some(problem) => Err(invalid(flag, problem)),
+        None => Ok(size),
+    }
+}
+
+fn count_problem(count: impl fmt::Display) -> String {
+    format!(
+        "{count} is out of range; use 1 to {MAX_POLLERS} \
+         (default: the number of online CPUs)"
+    )
+}
+
+fn nsid_problem(nsid: impl fmt::Display) -> String {
+    format!("{nsid} is out of range; use 1 to {MAX_NSID}")
+}
+
+fn block_size_problem(block_size: impl Into<i64>) -> Option<String> {
+    let block_size = block_size.into();
+    (!BLOCK_SIZES.iter().any(|&b| i64::from(b) == block_size))
+        .then(|| format!("{block_size} is not a supported LBA size; use 512 or 4096"))
+}
+
+fn size_problem(size: u64, block_size: u32) -> Option<String> {
+    let block = u64::from(block_size);
+    if size == 0 {
+        return Some("must be greater than 0; e.g. size = \"1GiB\"".to_owned());
+    }
+    if size % block != 0 {
+        let suggestion = (size / block * block).max(block);
+        return Some(format!(
+            "{size} bytes is not a multiple of block_size {block_size}; \
+             use a multiple such as \"{}\"",
+            units::format_size(suggestion)
+        ));
+    }
+    None
+}
+
+fn is_year_month(s: &str) -> bool {
+    let b = s.as_bytes();
+    if b.len() != 7
+        || b[4] != b'-'
+        || !b
+            .iter()
+            .enumerate()
+            .all(|(i, c)| i == 4 || c.is_ascii_digit())
+    {
+        return false;
+    }
+    let month = (b[5] - b'0') * 10 + (b[6] - b'0');
+    (1..=12).contains(&month)
+}
+
+fn is_uuid(s: &str) -> bool {
+    let groups: Vec<&str> = s.split('-').collect();
+    groups.len() == 5
+        && groups
+            .iter()
+            .zip([8, 4, 4, 4, 12])
+            .all(|(g, len)| g.len() == len && g.bytes().all(|b| b.is_ascii_hexdigit()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const EXAMPLE: &str = include_str!("../../config/target.toml");
+
+    const HOST: &str = "nqn.2014-08.org.nvmexpress:uuid:3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15";
+
+    /// A minimal valid config; `extra` is appended to the namespace table,
+    /// `tail` after everything.
+    fn minimal(extra: &str, tail: &str) -> String {
+        format!(
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n\
+             [[subsystem]]\nnqn = \"nqn.2026-11.io.example:a\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nbackend = \"memory\"\nsize = \"1GiB\"\n{extra}\n{tail}"
+        )
+    }
+
+    fn invalid_of(text: &str) -> (String, String) {
+        match parse(text) {
+            Err(ConfigError::Invalid { key, problem }) => (key, problem),
+            other => panic!("expected Invalid, got {other:?}\n--- config ---\n{text}"),
+        }
+    }
+
+    #[track_caller]
+    fn assert_invalid(text: &str, key: &str, problem_part: &str) {
+        let (k, p) = invalid_of(text);
+        assert_eq!(k, key, "problem was: {p}");
+        assert!(
+            p.contains(problem_part),
+            "{k}: {p:?} lacks {problem_part:?}"
+        );
+    }
+
+    #[track_caller]
+    fn assert_syntax(text: &str, part: &str) {
+        match parse(text) {
+            Err(ConfigError::Syntax(msg)) => {
+                assert!(msg.contains(part), "{msg:?} lacks {part:?}");
+                assert!(msg.contains("line"), "keeps the location: {msg}");
+            }
+            other => panic!("expected Syntax, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn example_parses() {
+        let config = parse(EXAMPLE).expect("shipped example must be valid");
+        assert_eq!(
+            config.listeners,
+            vec![Listener {
+                transport: Transport::Tcp,
+                address: "0.0.0.0:4420".parse().unwrap(),
+            }]
+        );
+        assert_eq!(config.pollers.arena_bytes, 64 << 20);
+        assert!(!config.pollers.busy_poll);
+        assert_eq!(config.subsystems.len(), 2);
+
+        let disk = &config.subsystems[0];
+        assert!(!disk.allow_any_host);
+        assert!(!disk.hosts.is_empty());
+        assert_eq!(disk.namespaces.len(), 1);
+        assert_eq!(disk.namespaces[0].nsid, 1);
+        assert_eq!(
+            disk.namespaces[0].backend,
+            Backend::File {
+                path: PathBuf::from("/var/lib/rdmablk/disk0.img"),
+                create_size: Some(10 << 30),
+            }
+        );
+
+        let ramdisk = &config.subsystems[1];
+        assert!(matches!(
+            ramdisk.namespaces[0].backend,
+            Backend::Memory { .. }
+        ));
+    }
+
+    #[test]
+    fn example_mentions_rdma_listener() {
+        assert!(EXAMPLE.contains("transport = \"rdma\""));
+    }
+
+    #[test]
+    fn embedded_default_is_valid() {
+        let config = embedded_default();
+        config.validate().unwrap();
+        assert_eq!(config.listeners, vec![default_listener()]);
+        assert_eq!(config.listeners[0].address.to_string(), "127.0.0.1:4420");
+        let subsystem = &config.subsystems[0];
+        assert_eq!(subsystem.nqn, DEFAULT_NQN);
+        assert!(subsystem.allow_any_host);
+        assert_eq!(
+            subsystem.namespaces,
+            vec![Namespace {
+                nsid: 1,
+                backend: Backend::Memory { size: 1 << 30 },
+                block_size: 512,
+                read_only: false,
+            }]
+        );
+        assert_eq!(config.pollers, Pollers::default());
+        assert!(validate_nqn(DEFAULT_NQN).is_ok());
+    }
+
+    #[test]
+    fn defaults_are_applied() {
+        let config = parse(&minimal("", "")).unwrap();
+        assert_eq!(config.pollers, Pollers::default());
+        assert!((1..=MAX_POLLERS).contains(&config.pollers.count));
+        let ns = &config.subsystems[0].namespaces[0];
+        assert_eq!(ns.nsid, 1);
+        assert_eq!(ns.block_size, 512);
+        assert!(!ns.read_only);
+        assert!(config.subsystems[0].hosts.is_empty());
+    }
+
+    #[test]
+    fn positional_nsids_and_explicit_values() {
+        let text = minimal(
+            "block_size = 4096\nread_only = true",
+            "[[subsystem.namespace]]\nbackend = \"null\"\nsize = 1048576\n\
+             [[subsystem.namespace]]\nnsid = 7\nbackend = \"file\"\npath = \"/dev/null\"\n\
+             [pollers]\ncount = 3\narena = 8388608\nbusy_poll = true\n\
+             [[listener]]\ntransport = \"RDMA\"\naddress = \"[::1]:4420\"",
+        );
+        let config = parse(&text).unwrap();
+        assert_eq!(
+            config.pollers,
+            Pollers {
+                count: 3,
+                arena_bytes: 8 << 20,
+                busy_poll: true,
+            }
+        );
+        assert_eq!(config.listeners[1].transport, Transport::Rdma);
+        assert_eq!(config.listeners[1].address.to_string(), "[::1]:4420");
+        let ns = &config.subsystems[0].namespaces;
+        assert_eq!(
+            (ns[0].nsid, ns[0].block_size, ns[0].read_only),
+            (1, 4096, true)
+        );
+        assert_eq!(ns[1].nsid, 2);
+        assert_eq!(ns[1].backend, Backend::Null { size: 1 << 20 });
+        assert_eq!(ns[2].nsid, 7);
+        assert_eq!(
+            ns[2].backend,
+            Backend::File {
+                path: PathBuf::from("/dev/null"),
+                create_size: None,
+            }
+        );
+    }
+
+    #[test]
+    fn transport_display() {
+        assert_eq!(Transport::Tcp.to_string(), "tcp");
+        assert_eq!(Transport::Rdma.to_string(), "rdma");
+    }
+
+    #[test]
+    fn error_display_reads_key_colon_problem() {
+        let text = minimal(
+            "",
+            "[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\nblock_size = 1000",
+        );
+        assert_eq!(
+            parse(&text).unwrap_err().to_string(),
+            "subsystem[0].namespace[1].block_size: 1000 is not a supported LBA size; use 512 or 4096"
+        );
+    }
+
+    // --- listeners ---
+
+    #[test]
+    fn listener_rules() {
+        let subsystem =
+            "[[subsystem]]\nnqn = \"nqn.2026-11.io.example:a\"\nallow_any_host = true\n\
+                         [[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\n";
+        assert_invalid(subsystem, "listener", "no listener");
+
+        let dup = minimal(
+            "",
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"",
+        );
+        assert_invalid(&dup, "listener[1]", "duplicates listener[0]");
+        let same_addr_other_transport = minimal(
+            "",
+            "[[listener]]\ntransport = \"rdma\"\naddress = \"127.0.0.1:4420\"",
+        );
+        assert!(parse(&same_addr_other_transport).is_ok());
+
+        for (listener, key, part) in [
+            (
+                "transport = \"udp\"\naddress = \"1.2.3.4:4420\"",
+                "listener[1].transport",
+                "\"tcp\" or \"rdma\"",
+            ),
+            (
+                "address = \"1.2.3.4:4420\"",
+                "listener[1].transport",
+                "missing",
+            ),
+            ("transport = \"tcp\"", "listener[1].address", "missing"),
+            (
+                "transport = \"tcp\"\naddress = \"localhost:4420\"",
+                "listener[1].address",
+                "host names",
+            ),
+            (
+                "transport = \"tcp\"\naddress = \"10.0.0.1\"",
+                "listener[1].address",
+                "\"10.0.0.1:4420\"",
+            ),
+            (
+                "transport = \"tcp\"\naddress = \"::1\"",
+                "listener[1].address",
+                "\"[::1]:4420\"",
+            ),
+            (
+                "transport = \"tcp\"\naddress = \"::1:4420\"",
+                "listener[1].address",
+                "no port",
+            ),
+            (
+                "transport = \"tcp\"\naddress = \"1.2.3.4:0\"",
+                "listener[1].address",
+                "port 0",
+            ),
+        ] {
+            assert_invalid(
+                &minimal("", &format!("[[listener]]\n{listener}")),
+                key,
+                part,
+            );
+        }
+    }
+
+    // --- subsystems and NQNs ---
+
+    #[test]
+    fn subsystem_rules() {
+        let listener_only = "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n";
+        assert_invalid(listener_only, "subsystem", "no subsystem");
+
+        let second = |body: &str| {
+            minimal(
+                "",
+                &format!(
+                    "[[subsystem]]\n{body}\n[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\""
+                ),
+            )
+        };
+        assert_invalid(
+            &second("nqn = \"nqn.2026-11.io.example:a\"\nallow_any_host = true"),
+            "subsystem[1].nqn",
+            "already used by subsystem[0]",
+        );
+        assert_invalid(
+            &second(&format!("nqn = \"{DISCOVERY_NQN}\"\nallow_any_host = true")),
+            "subsystem[1].nqn",
+            "discovery",
+        );
+        assert_invalid(
+            &second("nqn = \"iqn.2026-11.io.example:a\"\nallow_any_host = true"),
+            "subsystem[1].nqn",
+            "not a valid NQN",
+        );
+        assert_invalid(
+            &second("allow_any_host = true"),
+            "subsystem[1].nqn",
+            "missing",
+        );
+        assert_invalid(
+            &second("nqn = \"nqn.2026-11.io.example:b\""),
+            "subsystem[1].hosts",
+            "no host could ever connect: list host NQNs in hosts = [...] or set allow_any_host = true",
+        );
+        assert_invalid(
+            &second(&format!(
+                "nqn = \"nqn.2026-11.io.example:b\"\nhosts = [\"{HOST}\", \"host1\"]"
+            )),
+            "subsystem[1].hosts[1]",
+            "not a valid host NQN",
+        );
+        assert!(parse(&second(&format!(
+            "nqn = \"nqn.2026-11.io.example:b\"\nhosts = [\"{HOST}\"]"
+        )))
+        .is_ok());
+
+        let no_namespace = minimal(
+            "",
+            "[[subsystem]]\nnqn = \"nqn.2026-11.io.example:b\"\nallow_any_host = true",
+        );
+        assert_invalid(&no_namespace, "subsystem[1].namespace", "no namespace");
+    }
+
+    #[test]
+    fn nqn_syntax() {
+        for good in [
+            "nqn.2026-11.io.rdmablk:disk0",
+            "nqn.2014-08.com.example:nvme:nvm-subsystem-sn-d78432",
+            "nqn.1999-01.io:x",
+            "nqn.2026-11.a-b.c0:name with spaces and ünïcode",
+            HOST,
+            "nqn.2014-08.org.nvmexpress:uuid:3F2A9C1E-5B7D-4E08-9A61-0C4D2B8E7F15",
+            DEFAULT_NQN,
+        ] {
+            assert_eq!(validate_nqn(good), Ok(()), "{good}");
+        }
+        let exactly_max = format!("nqn.2026-11.io.example:{}", "x".repeat(223 - 23));
+        assert_eq!(exactly_max.len(), 223);
+        assert_eq!(validate_nqn(&exactly_max), Ok(()));
+
+        for (bad, reason_part) in [
+            (format!("{exactly_max}x"), "at most 223 bytes"),
+            ("".to_owned(), "\"nqn.\""),
+            ("iqn.2026-11.io.example:a".to_owned(), "\"nqn.\""),
+            ("nqn.2026-13.io.example:a".to_owned(), "YYYY-MM"),
+            ("nqn.2026-00.io.example:a".to_owned(), "YYYY-MM"),
+            ("nqn.26-11.io.example:a".to_owned(), "YYYY-MM"),
+            ("nqn.2026-1.io.example:a".to_owned(), "YYYY-MM"),
+            ("nqn.2026-11:a".to_owned(), "reverse domain"),
+            ("nqn.2026".to_owned(), "YYYY-MM"),
+            ("nqn.2026-11.io.example".to_owned(), "no ':'"),
+            (DISCOVERY_NQN.to_owned(), "no ':'"),
+            ("nqn.2026-11.:a".to_owned(), "domain"),
+            ("nqn.2026-11.io..example:a".to_owned(), "domain"),
+            ("nqn.2026-11.IO.Example:a".to_owned(), "lowercase"),
+            ("nqn.2026-11.io_example:a".to_owned(), "domain"),
+            ("nqn.2026-11.io.example:".to_owned(), "empty"),
+            ("nqn.2026-11.io.example:a\0b".to_owned(), "control"),
+            (format!("{NQN_UUID_PREFIX}3f2a9c1e-5b7d-4e08-9a61"), "UUID"),
+            (
+                format!("{NQN_UUID_PREFIX}3f2a9c1e5b7d4e089a610c4d2b8e7f15"),
+                "UUID",
+            ),
+            (
+                format!("{NQN_UUID_PREFIX}3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f1g"),
+                "UUID",
+            ),
+            (
+                format!("{NQN_UUID_PREFIX}3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15-"),
+                "UUID",
+            ),
+            (NQN_UUID_PREFIX.to_owned(), "UUID"),
+        ] {
+            let reason = validate_nqn(&bad).expect_err(&bad);
+            assert!(reason.contains(reason_part), "{bad:?}: {reason:?}");
+        }
+    }
+
+    // --- namespaces ---
+
+    #[test]
+    fn namespace_rules() {
+        let ns = "subsystem[0].namespace[0]";
+        for (extra, key, part) in [
+            ("nsid = 0", "nsid", "1 to 1024"),
+            ("nsid = 1025", "nsid", "1 to 1024"),
+            ("nsid = -1", "nsid", "1 to 1024"),
+            ("block_size = 1000", "block_size", "use 512 or 4096"),
+            ("block_size = -512", "block_size", "use 512 or 4096"),
+            ("block_size = 8192", "block_size", "use 512 or 4096"),
+        ] {
+            assert_invalid(&minimal(extra, ""), &format!("{ns}.{key}"), part);
+        }
+
+        let namespace = |body: &str| {
+            let text = "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n\
+                        [[subsystem]]\nnqn = \"nqn.2026-11.io.example:a\"\nallow_any_host = true\n\
+                        [[subsystem.namespace]]\n";
+            format!("{text}{body}")
+        };
+        for (body, key, part) in [
+            ("size = \"1GiB\"", "backend", "missing"),
+            ("backend = \"disk\"\nsize = \"1GiB\"", "backend", "\"file\""),
+            ("backend = \"file\"", "path", "missing"),
+            ("backend = \"file\"\npath = \"\"", "path", "empty"),
+            (
+                "backend = \"file\"\npath = \"/x\"\nsize = 1000",
+                "size",
+                "multiple of block_size 512",
+            ),
+            (
+                "backend = \"file\"\npath = \"/x\"\nsize = 0",
+                "size",
+                "greater than 0",
+            ),
+            ("backend = \"memory\"", "size", "missing"),
+            ("backend = \"null\"", "size", "missing"),
+            (
+                "backend = \"memory\"\nsize = \"1GiB\"\npath = \"/x\"",
+                "path",
+                "only backend = \"file\"",
+            ),
+            ("backend = \"null\"\nsize = \"0\"", "size", "greater than 0"),
+            (
+                "backend = \"null\"\nsize = \"1GiB\"\nblock_size = 4096",
+                "",
+                "",
+            ),
+            (
+                "backend = \"memory\"\nsize = \"6k\"\nblock_size = 4096",
+                "size",
+                "\"4KiB\"",
+            ),
+            ("backend = \"memory\"\nsize = 513", "size", "not a multiple"),
+            ("backend = \"memory\"\nsize = -4096", "size", "negative"),
+            (
+                "backend = \"memory\"\nsize = \"1.5GiB\"",
+                "size",
+                "whole number",
+            ),
+            (
+                "backend = \"memory\"\nsize = \"1GB\"",
+                "size",
+                "unknown unit",
+            ),
+        ] {
+            let text = namespace(body);
+            if key.is_empty() {
+                assert!(parse(&text).is_ok(), "{body}");
+            } else {
+                assert_invalid(&text, &format!("{ns}.{key}"), part);
+            }
+        }
+    }
+
+    #[test]
+    fn duplicate_nsids_are_rejected() {
+        let explicit = minimal(
+            "nsid = 3",
+            "[[subsystem.namespace]]\nnsid = 3\nbackend = \"null\"\nsize = \"1GiB\"",
+        );
+        assert_invalid(
+            &explicit,
+            "subsystem[0].namespace[1].nsid",
+            "nsid 3 is already used by subsystem[0].namespace[0]",
+        );
+        // An explicit nsid colliding with a later namespace's positional default.
+        let positional = minimal(
+            "nsid = 2",
+            "[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"",
+        );
+        assert_invalid(
+            &positional,
+            "subsystem[0].namespace[1].nsid",
+            "already used",
+        );
+    }
+
+    // --- pollers ---
+
+    #[test]
+    fn poller_rules() {
+        for (pollers, part) in [
+            ("count = 0", "1 to 256"),
+            ("count = 257", "1 to 256"),
+            ("count = -3", "1 to 256"),
+            ("arena = \"2MiB\"", "minimum of 4MiB"),
+            ("arena = 4194303", "minimum"),
+            ("arena = \"4098k\"", "multiple of 4KiB"),
+            ("arena = \"64 furlongs\"", "unknown unit"),
+            ("arena = -1", "negative"),
+        ] {
+            let key = if pollers.starts_with("count") {
+                "pollers.count"
+            } else {
+                "pollers.arena"
+            };
+            assert_invalid(&minimal("", &format!("[pollers]\n{pollers}")), key, part);
+        }
+        let ok = parse(&minimal("", "[pollers]\ncount = 256\narena = \"4MiB\"")).unwrap();
+        assert_eq!((ok.pollers.count, ok.pollers.arena_bytes), (256, 4 << 20));
+    }
+
+    // --- TOML-level errors ---
+
+    #[test]
+    fn unknown_keys_are_rejected_by_name() {
+        assert_syntax(&format!("colour = \"blue\"\n{}", minimal("", "")), "colour");
+        assert_syntax(&minimal("", "colour = \"blue\""), "colour");
+        assert_syntax(
+            &minimal("", "[[listeners]]\ntransport = \"tcp\""),
+            "listeners",
+        );
+        assert_syntax(&minimal("", "[pollers]\nthreads = 4"), "threads");
+        assert_syntax(
+            &minimal(
+                "",
+                "[[listener]]\ntransport = \"tcp\"\naddress = \"1.2.3.4:1\"\nport = 1",
+            ),
+            "port",
+        );
+        assert_syntax(
+            &minimal(
+                "",
+                "[[subsystem]]\nnqn = \"nqn.2026-11.io.example:b\"\nallow_any_hosts = true",
+            ),
+            "allow_any_hosts",
+        );
+        assert_syntax(&minimal("blocksize = 4096", ""), "blocksize");
+    }
+
+    #[test]
+    fn toml_errors_keep_line_and_column() {
+        let text = minimal("size = ", "");
+        match parse(&text) {
+            Err(ConfigError::Syntax(msg)) => {
+                assert!(msg.contains("line 10"), "{msg}");
+                assert!(msg.contains("column"), "{msg}");
+            }
+            other => panic!("{other:?}"),
+        }
+        assert_syntax(&minimal("read_only = \"yes\"", ""), "read_only");
+        assert_syntax(
+            &minimal(
+                "",
+                "[[subsystem.namespace]]\nbackend = \"null\"\nsize = 1.5",
+            ),
+            "integer number of bytes",
+        );
+        assert_syntax("[[listener]\n", "line");
+    }
+
+    // --- load ---
+
+    #[test]
+    fn load_reads_the_file_and_names_it_on_error() {
+        let dir = std::env::temp_dir();
+        let path = dir.join(format!("rdmablk-config-test-{}.toml", std::process::id()));
+        std::fs::write(&path, EXAMPLE).unwrap();
+        let loaded = load(&path);
+        std::fs::remove_file(&path).unwrap();
+        assert_eq!(loaded.unwrap(), parse(EXAMPLE).unwrap());
+
+        let missing = dir.join("rdmablk-config-test-does-not-exist.toml");
+        let err = load(&missing).unwrap_err();
+        assert!(matches!(err, ConfigError::Io { .. }));
+        assert!(
+            err.to_string().contains(&missing.display().to_string()),
+            "{err}"
+        );
+    }
+
+    // --- quick form ---
+
+    fn quick(f: impl FnOnce(&mut QuickArgs)) -> Result<Config, ConfigError> {
+        let mut q = QuickArgs::default();
+        f(&mut q);
+        from_quick_args(&q)
+    }
+
+    #[track_caller]
+    fn assert_quick_invalid(f: impl FnOnce(&mut QuickArgs), key: &str, part: &str) {
+        match quick(f) {
+            Err(ConfigError::Invalid { key: k, problem }) => {
+                assert_eq!(k, key, "{problem}");
+                assert!(problem.contains(part), "{problem:?} lacks {part:?}");
+            }
+            other => panic!("expected Invalid, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn quick_memory_defaults() {
+        let config = quick(|q| q.memory = Some("1GiB".into())).unwrap();
+        assert_eq!(config, embedded_default());
+    }
+
+    #[test]
+    fn quick_file_over_rdma_with_nqn() {
+        let config = quick(|q| {
+            q.listen = vec!["rdma://10.0.0.1:4420".into(), "tcp://[::1]:4421".into()];
+            q.file = Some(PathBuf::from("/dev/nvme0n1"));
+            q.nqn = Some("nqn.2026-11.io.example:fast".into());
+            q.block_size = Some(4096);
+        })
+        .unwrap();
+        assert_eq!(
+            config.listeners,
+            vec![
+                Listener {
+                    transport: Transport::Rdma,
+                    address: "10.0.0.1:4420".parse().unwrap(),
+                },
+                Listener {
+                    transport: Transport::Tcp,
+                    address: "[::1]:4421".parse().unwrap(),
+                },
+            ]
+        );
+        let subsystem = &config.subsystems[0];
+        assert_eq!(subsystem.nqn, "nqn.2026-11.io.example:fast");
+        assert!(subsystem.allow_any_host);
+        assert_eq!(
+            subsystem.namespaces,
+            vec![Namespace {
+                nsid: 1,
+                backend: Backend::File {
+                    path: PathBuf::from("/dev/nvme0n1"),
+                    create_size: None,
+                },
+                block_size: 4096,
+                read_only: false,
+            }]
+        );
+    }
+
+    #[test]
+    fn quick_null() {
+        let config = quick(|q| q.null = Some("2g".into())).unwrap();
+        assert_eq!(
+            config.subsystems[0].namespaces[0].backend,
+            Backend::Null { size: 2 << 30 }
+        );
+    }
+
+    #[test]
+    fn quick_errors() {
+        assert_quick_invalid(|_| {}, "--memory/--file/--null", "exactly one");
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("1GiB".into());
+                q.null = Some("1GiB".into());
+            },
+            "--memory/--file/--null",
+            "--memory and --null were given together",
+        );
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("1GiB".into());
+                q.file = Some("/x".into());
+                q.null = Some("1GiB".into());
+            },
+            "--memory/--file/--null",
+            "--memory and --file and --null",
+        );
+        assert_quick_invalid(
+            |q| q.memory = Some("1 gigabyte".into()),
+            "--memory",
+            "unknown unit",
+        );
+        assert_quick_invalid(|q| q.null = Some("0".into()), "--null", "greater than 0");
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("6k".into());
+                q.block_size = Some(4096);
+            },
+            "--memory",
+            "multiple of block_size 4096",
+        );
+        assert_quick_invalid(|q| q.file = Some(PathBuf::new()), "--file", "empty path");
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("1GiB".into());
+                q.block_size = Some(1024);
+            },
+            "--block-size",
+            "512 or 4096",
+        );
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("1GiB".into());
+                q.nqn = Some("disk0".into());
+            },
+            "--nqn",
+            "not a valid NQN",
+        );
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("1GiB".into());
+                q.nqn = Some(DISCOVERY_NQN.into());
+            },
+            "--nqn",
+            "discovery",
+        );
+        assert_quick_invalid(
+            |q| {
+                q.memory = Some("1GiB".into());
+                q.listen = vec!["tcp://127.0.0.1:4420".into(), "tcp://127.0.0.1:4420".into()];
+            },
+            "--listen",
+            "given twice",
+        );
+    }
+
+    #[test]
+    fn listen_urls() {
+        let l = parse_listen_url("tcp://127.0.0.1:4420").unwrap();
+        assert_eq!(
+            (l.transport, l.address.to_string().as_str()),
+            (Transport::Tcp, "127.0.0.1:4420")
+        );
+        let l = parse_listen_url("rdma://[fe80::1]:4420").unwrap();
+        assert_eq!((l.transport, l.address.port()), (Transport::Rdma, 4420));
+
+        for (url, part) in [
+            ("127.0.0.1:4420", "not a listen URL"),
+            ("udp://127.0.0.1:4420", "unknown transport \"udp\""),
+            ("tcp://127.0.0.1", "no port"),
+            ("tcp://localhost:4420", "host names"),
+            ("tcp://127.0.0.1:4420/", "not an IP address and port"),
+            ("tcp://127.0.0.1:0", "port 0"),
+            ("", "not a listen URL"),
+        ] {
+            match parse_listen_url(url) {
+                Err(ConfigError::Invalid { key, problem }) => {
+                    assert_eq!(key, "--listen");
+                    assert!(problem.contains(part), "{url}: {problem:?}");
+                }
+                other => panic!("{url}: {other:?}"),
+            }
+        }
+    }
+}

@@ -1,0 +1,621 @@
+//! The NVMe controller as NVMe over Fabrics sees it: Connect (association of
+//! queues with a controller), properties, keep-alive, and the admin command
+//! set. Transport independent: a transport hands in a command and its data
+//! and gets back a status, dword 0 and the data to return.
+
+use crate::subsystem::{Registry, Subsystem};
+use rdmablk_common::fabrics::{fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN};
+use rdmablk_common::nvme::identify::{
+    cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId, IDENTIFY_LEN,
+};
+use rdmablk_common::nvme::log::{lid, LogRequest};
+use rdmablk_common::nvme::{admin, feature, io, property, Sqe, Status, FABRICS_OPCODE};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// Admin queue entries (ASQSZ): the most an admin queue may have.
+pub const ADMIN_QUEUE_SIZE: u16 = 32;
+/// I/O queue entries at most (CAP.MQES + 1).
+pub const MAX_IO_QUEUE_SIZE: u16 = 128;
+/// I/O queues a controller grants at most.
+pub const MAX_IO_QUEUES: u16 = 64;
+/// Maximum data transfer size as a power of two of 4 KiB (8: 1 MiB).
+pub const MDTS: u8 = 8;
+/// Maximum data transfer size in bytes.
+pub const MAX_TRANSFER: u32 = 4096 << MDTS;
+/// Outstanding Asynchronous Event Requests at most (AERL + 1).
+pub const MAX_AERS: usize = 4;
+/// Keep-alive granularity in 100 ms units (KAS).
+const KAS: u16 = 10;
+/// NVMe version 1.3.0.
+const VERSION: u32 = 0x0001_0300;
+
+/// What the transport contributes to Identify Controller.
+#[derive(Clone, Copy, Debug)]
+pub struct TransportCaps {
+    /// I/O command capsule size in 16-byte units (64-byte SQE + in-capsule data).
+    pub ioccsz: u32,
+    /// SGL support bits the transport needs.
+    pub sgls: u32,
+}
+
+/// A controller: one association of a host with a subsystem.
+pub struct Controller {
+    pub cntlid: u16,
+    pub subsys: Arc<Subsystem>,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    registry: Arc<Registry>,
+    caps: TransportCaps,
+    /// Keep-alive timeout in ms; 0 disables it.
+    kato_ms: AtomicU32,
+    /// Milliseconds since `epoch` at the last Keep Alive.
+    last_keep_alive: AtomicU64,
+    epoch: Instant,
+    dead: AtomicBool,
+    state: Mutex<State>,
+}
+
+struct State {
+    cc: u32,
+    csts: u32,
+    /// I/O queues granted (Set Features Number of Queues).
+    io_queues: u16,
+    /// Which I/O queue ids are connected.
+    connected: Vec<bool>,
+    features: HashMap<u8, u32>,
+}
+
+/// A queue's binding after a successful Connect.
+pub struct Association {
+    pub ctrl: Arc<Controller>,
+    pub qid: u16,
+    /// Queue entries (SQSIZE + 1).
+    pub depth: u16,
+}
+
+/// A refused Connect: status, CQE dword 0 and why, for the log.
+#[derive(Debug)]
+pub struct Refusal {
+    pub status: Status,
+    pub dw0: u32,
+    pub reason: String,
+}
+
+fn refuse(status: Status, dw0: u32, reason: String) -> Refusal {
+    Refusal { status, dw0, reason }
+}
+
+/// The outcome of a command the controller executed.
+#[derive(Debug)]
+pub enum Reply {
+    /// Completes now with status, CQE dwords 0 and 1, and data for the host.
+    Done {
+        status: Status,
+        dw0: u32,
+        dw1: u32,
+        data: Vec<u8>,
+    },
+    /// An Asynchronous Event Request: held until an event (or the end of the
+    /// association).
+    Held,
+}
+
+impl Reply {
+    fn status(status: Status) -> Reply {
+        Reply::Done {
+            status,
+            dw0: 0,
+            dw1: 0,
+            data: Vec::new(),
+        }
+    }
+
+    fn ok(dw0: u32) -> Reply {
+        Reply::Done {
+            status: Status::SUCCESS,
+            dw0,
+            dw1: 0,
+            data: Vec::new(),
+        }
+    }
+
+    fn data(data: Vec<u8>) -> Reply {
+        Reply::Done {
+            status: Status::SUCCESS,
+            dw0: 0,
+            dw1: 0,
+            data,
+        }
+    }
+}
+
+/// Handles a Fabrics Connect: creates a controller (admin queue) or binds an
+/// I/O queue to an existing one.
+pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: TransportCaps) -> Result<Association, Refusal> {
+    let cmd = ConnectCmd::from_sqe(sqe);
+    if data.len() < CONNECT_DATA_LEN {
+        return Err(refuse(
+            Status::SGL_DATA_LENGTH_INVALID,
+            0,
+            format!("Connect data is {} bytes, not 1024", data.len()),
+        ));
+    }
+    let d = ConnectData::parse(data);
+    if cmd.recfmt != 0 {
+        return Err(refuse(
+            Status::CONNECT_INCOMPATIBLE_FORMAT,
+            0,
+            format!("record format {} is not 0", cmd.recfmt),
+        ));
+    }
+    let Some(subsys) = registry.find(&d.subnqn) else {
+        return Err(refuse(
+            Status::CONNECT_INVALID_PARAMETERS,
+            invalid_param_dw0(true, ConnectData::SUBNQN_OFFSET),
+            format!("no subsystem {:?} here", d.subnqn),
+        ));
+    };
+    if !subsys.admits(&d.hostnqn) {
+        return Err(refuse(
+            Status::CONNECT_INVALID_HOST,
+            0,
+            format!("host {:?} is not allowed on {}", d.hostnqn, subsys.nqn),
+        ));
+    }
+    let depth = cmd.sqsize as u32 + 1;
+    if cmd.qid == 0 {
+        if cmd.sqsize == 0 || depth > ADMIN_QUEUE_SIZE as u32 {
+            return Err(refuse(
+                Status::CONNECT_INVALID_PARAMETERS,
+                invalid_param_dw0(false, 44),
+                format!("admin queue size {depth} is outside 2..={ADMIN_QUEUE_SIZE}"),
+            ));
+        }
+        if d.cntlid != 0xffff {
+            return Err(refuse(
+                Status::CONNECT_INVALID_PARAMETERS,
+                invalid_param_dw0(true, ConnectData::CNTLID_OFFSET),
+                format!("admin Connect asks for cntlid {:#x}; this target uses the dynamic model (0xFFFF)", d.cntlid),
+            ));
+        }
+        let Some(cntlid) = subsys.allocate_cntlid() else {
+            return Err(refuse(Status::CONTROLLER_BUSY, 0, "no free controller id".into()));
+        };
+        let ctrl = Arc::new(Controller {
+            cntlid,
+            subsys: subsys.clone(),
+            hostnqn: d.hostnqn,
+            hostid: d.hostid,
+            registry: registry.clone(),
+            caps,
+            kato_ms: AtomicU32::new(cmd.kato),
+            last_keep_alive: AtomicU64::new(0),
+            epoch: Instant::now(),
+            dead: AtomicBool::new(false),
+            state: Mutex::new(State {
+                cc: 0,
+                csts: 0,
+                io_queues: 0,
+                connected: Vec::new(),
+                features: HashMap::new(),
+            }),
+        });
+        subsys.register(&ctrl);
+        tracing::info!(
+            cntlid,
+            subsystem = %subsys.nqn,
+            host = %ctrl.hostnqn,
+            kato_ms = cmd.kato,
+            "controller created"
+        );
+        return Ok(Association {
+            ctrl,
+            qid: 0,
+            depth: depth as u16,
+        });
+    }
+
+    if subsys.is_discovery() {
+        return Err(refuse(
+            Status::CONNECT_INVALID_PARAMETERS,
+            invalid_param_dw0(false, 42),
+            "the discovery subsystem has no I/O queues".into(),
+        ));
+    }
+    let Some(ctrl) = subsys.controller(d.cntlid).filter(|c| c.is_live()) else {
+        return Err(refuse(
+            Status::CONNECT_INVALID_PARAMETERS,
+            invalid_param_dw0(true, ConnectData::CNTLID_OFFSET),
+            format!("no live controller {} on {}", d.cntlid, subsys.nqn),
+        ));
+    };
+    if ctrl.hostnqn != d.hostnqn || ctrl.hostid != d.hostid {
+        return Err(refuse(
+            Status::CONNECT_INVALID_PARAMETERS,
+            invalid_param_dw0(true, ConnectData::HOSTNQN_OFFSET),
+            format!("controller {} belongs to another host", d.cntlid),
+        ));
+    }
+    if cmd.sqsize == 0 || depth > MAX_IO_QUEUE_SIZE as u32 {
+        return Err(refuse(
+            Status::CONNECT_INVALID_PARAMETERS,
+            invalid_param_dw0(false, 44),
+            format!("I/O queue size {depth} is outside 2..={MAX_IO_QUEUE_SIZE}"),
+        ));
+    }
+    {
+        let mut st = ctrl.state.lock().expect("controller state");
+        if st.csts & property::CSTS_RDY == 0 {
+            return Err(refuse(
+                Status::COMMAND_SEQUENCE_ERROR,
+                0,
+                format!("controller {} is not enabled yet", ctrl.cntlid),
+            ));
+        }
+        let qid = cmd.qid as usize;
+        if cmd.qid > st.io_queues.max(1) || qid > MAX_IO_QUEUES as usize {
+            return Err(refuse(
+                Status::CONNECT_INVALID_PARAMETERS,
+                invalid_param_dw0(false, 42),
+                format!("queue id {qid} is beyond the {} I/O queues granted", st.io_queues.max(1)),
+            ));
+        }
+        if st.connected.len() <= qid {
+            st.connected.resize(qid + 1, false);
+        }
+        if st.connected[qid] {
+            return Err(refuse(
+                Status::COMMAND_SEQUENCE_ERROR,
+                0,
+                format!("queue {qid} of controller {} is already connected", ctrl.cntlid),
+            ));
+        }
+        st.connected[qid] = true;
+    }
+    Ok(Association {
+        ctrl,
+        qid: cmd.qid,
+        depth: depth as u16,
+    })
+}
+
+impl Controller {
+    /// Whether the association is still alive (no keep-alive expiry, no
+    /// admin queue loss).
+    pub fn is_live(&self) -> bool {
+        !self.dead.load(Ordering::Acquire)
+    }
+
+    /// Ends the association: every queue of it closes.
+    pub fn kill(&self, why: &str) {
+        if !self.dead.swap(true, Ordering::AcqRel) {
+            tracing::info!(cntlid = self.cntlid, subsystem = %self.subsys.nqn, host = %self.hostnqn, "controller ends: {why}");
+        }
+    }
+
+    /// Marks an I/O queue disconnected so the host may connect it again.
+    pub fn release_queue(&self, qid: u16) {
+        let mut st = self.state.lock().expect("controller state");
+        if let Some(c) = st.connected.get_mut(qid as usize) {
+            *c = false;
+        }
+    }
+
+    fn now_ms(&self) -> u64 {
+        self.epoch.elapsed().as_millis() as u64
+    }
+
+    /// Restarts the keep-alive timer.
+    pub fn keep_alive(&self) {
+        self.last_keep_alive.store(self.now_ms(), Ordering::Release);
+    }
+
+    /// True once the host has been silent for longer than KATO.
+    pub fn keep_alive_expired(&self) -> bool {
+        let kato = self.kato_ms.load(Ordering::Acquire) as u64;
+        kato != 0 && self.now_ms().saturating_sub(self.last_keep_alive.load(Ordering::Acquire)) > kato
+    }
+
+    /// A Fabrics command other than Connect on an established queue.
+    pub fn fabrics(&self, sqe: &Sqe, qid: u16) -> Reply {
+        match sqe.fctype() {
+            fctype::PROPERTY_GET if qid == 0 => self.property_get(&PropertyCmd::from_sqe(sqe)),
+            fctype::PROPERTY_SET if qid == 0 => self.property_set(&PropertyCmd::from_sqe(sqe)),
+            fctype::CONNECT => Reply::status(Status::COMMAND_SEQUENCE_ERROR),
+            fctype::DISCONNECT => Reply::ok(0),
+            _ => Reply::status(Status::INVALID_OPCODE),
+        }
+    }
+
+    fn cap(&self) -> u64 {
+        let mqes = if self.subsys.is_discovery() {
+            ADMIN_QUEUE_SIZE - 1
+        } else {
+            MAX_IO_QUEUE_SIZE - 1
+        } as u64;
+        // MQES, CQR (contiguous queues required), TO = 7.5 s, CSS = NVM command set.
+        mqes | 1 << 16 | 15 << 24 | 1 << 37
+    }
+
+    fn property_get(&self, p: &PropertyCmd) -> Reply {
+        let st = self.state.lock().expect("controller state");
+        let value = match (p.offset, p.wide) {
+            (property::CAP, _) => self.cap(),
+            (property::VS, false) => VERSION as u64,
+            (property::CC, false) => st.cc as u64,
+            (property::CSTS, false) => st.csts as u64,
+            _ => return Reply::status(Status::INVALID_FIELD),
+        };
+        Reply::Done {
+            status: Status::SUCCESS,
+            dw0: value as u32,
+            dw1: (value >> 32) as u32,
+            data: Vec::new(),
+        }
+    }
+
+    fn property_set(&self, p: &PropertyCmd) -> Reply {
+        if p.offset != property::CC || p.wide {
+            return Reply::status(Status::INVALID_FIELD);
+        }
+        let cc = p.value as u32;
+        let mut st = self.state.lock().expect("controller state");
+        let was = st.cc;
+        st.cc = cc;
+        if cc & property::CC_EN != 0 && was & property::CC_EN == 0 {
+            // Enable: I/O controllers need 64-byte SQEs and 16-byte CQEs.
+            let (iosqes, iocqes) = ((cc >> 16) & 0xf, (cc >> 20) & 0xf);
+            if !self.subsys.is_discovery() && (iosqes != 6 || iocqes != 4) {
+                tracing::warn!(cntlid = self.cntlid, cc, "CC.EN with IOSQES {iosqes} / IOCQES {iocqes}: fatal status");
+                st.csts = property::CSTS_CFS;
+            } else {
+                st.csts = property::CSTS_RDY;
+                drop(st);
+                self.keep_alive();
+                tracing::debug!(cntlid = self.cntlid, "controller enabled");
+                return Reply::ok(0);
+            }
+        } else if cc & property::CC_EN == 0 && was & property::CC_EN != 0 {
+            st.csts &= !property::CSTS_RDY;
+        }
+        if cc & property::CC_SHN_MASK != 0 {
+            st.csts = (st.csts & !(3 << property::CSTS_SHST_SHIFT)) | property::CSTS_SHST_COMPLETE;
+            tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "host shut the controller down");
+        }
+        Reply::ok(0)
+    }
+
+    /// An admin command.
+    pub fn admin(&self, sqe: &Sqe) -> Reply {
+        let enabled = self.state.lock().expect("controller state").csts & property::CSTS_RDY != 0;
+        if !enabled {
+            return Reply::status(Status::COMMAND_SEQUENCE_ERROR);
+        }
+        match sqe.opcode() {
+            admin::IDENTIFY => self.identify(sqe),
+            admin::GET_LOG_PAGE => self.get_log_page(sqe),
+            admin::SET_FEATURES => self.set_features(sqe),
+            admin::GET_FEATURES => self.get_features(sqe),
+            admin::KEEP_ALIVE => {
+                self.keep_alive();
+                Reply::ok(0)
+            }
+            admin::ASYNC_EVENT => Reply::Held,
+            // Not aborted (bit 0 set): commands here complete quickly anyway.
+            admin::ABORT => Reply::ok(1),
+            _ => Reply::status(Status::INVALID_OPCODE),
+        }
+    }
+
+    fn identify(&self, sqe: &Sqe) -> Reply {
+        let cns = sqe.cdw(10) as u8;
+        let nsid = sqe.nsid();
+        if self.subsys.is_discovery() && cns != cns::CONTROLLER {
+            return Reply::status(Status::INVALID_FIELD);
+        }
+        match cns {
+            cns::CONTROLLER => Reply::data(self.identify_controller().encode()),
+            cns::NAMESPACE => match self.subsys.namespace(nsid) {
+                Some(ns) => Reply::data(
+                    NamespaceId {
+                        nsze: ns.blocks,
+                        ncap: ns.blocks,
+                        nuse: ns.blocks,
+                        nsfeat: 0,
+                        nmic: 1,
+                        dlfeat: 1 | 1 << 3,
+                        nsattr: ns.read_only as u8,
+                        nguid: ns.nguid,
+                        eui64: [0; 8],
+                        lba_shift: ns.lba_shift() as u8,
+                    }
+                    .encode(),
+                ),
+                None if nsid != 0 && nsid <= self.subsys.max_nsid() => Reply::data(vec![0; IDENTIFY_LEN]),
+                None => Reply::status(Status::INVALID_NAMESPACE),
+            },
+            cns::ACTIVE_NS_LIST if nsid < 0xffff_fffe => {
+                Reply::data(encode_ns_list(self.subsys.namespaces.iter().map(|n| n.nsid), nsid))
+            }
+            cns::NS_DESCRIPTORS => match self.subsys.namespace(nsid) {
+                Some(ns) => Reply::data(encode_ns_descriptors(&ns.nguid, &ns.uuid)),
+                None => Reply::status(Status::INVALID_NAMESPACE),
+            },
+            _ => Reply::status(Status::INVALID_FIELD),
+        }
+    }
+
+    fn identify_controller(&self) -> ControllerId {
+        let disc = self.subsys.is_discovery();
+        ControllerId {
+            vid: 0,
+            ssvid: 0,
+            serial: self.subsys.serial.clone(),
+            model: "rdmablk".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            // Multiple controllers per subsystem.
+            cmic: if disc { 0 } else { 1 << 1 },
+            mdts: MDTS,
+            cntlid: self.cntlid,
+            ver: VERSION,
+            oaes: 0,
+            cntrltype: if disc {
+                cntrltype::DISCOVERY
+            } else {
+                cntrltype::IO
+            },
+            acl: 3,
+            aerl: (MAX_AERS - 1) as u8,
+            // Extended data for Get Log Page (64-bit offsets).
+            lpa: 1 << 2,
+            elpe: 0,
+            kas: KAS,
+            sqes: 0x66,
+            cqes: 0x44,
+            maxcmd: if disc {
+                ADMIN_QUEUE_SIZE
+            } else {
+                MAX_IO_QUEUE_SIZE
+            },
+            nn: self.subsys.max_nsid(),
+            oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES },
+            vwc: self.subsys.volatile_cache() as u8,
+            sgls: self.caps.sgls,
+            mnan: 0,
+            subnqn: self.subsys.nqn.clone(),
+            ioccsz: self.caps.ioccsz,
+            iorcsz: 1,
+            icdoff: 0,
+            fcatt: 0,
+            msdbd: 1,
+        }
+    }
+
+    fn get_log_page(&self, sqe: &Sqe) -> Reply {
+        let req = LogRequest::from_sqe(sqe);
+        if req.offset % 4 != 0 {
+            return Reply::status(Status::INVALID_FIELD);
+        }
+        let page = match req.lid {
+            lid::DISCOVERY if self.subsys.is_discovery() => self.registry.discovery_log(&self.hostnqn),
+            _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
+            lid::ERROR => vec![0; 64],
+            lid::SMART => smart_log(),
+            lid::FW_SLOT => {
+                let mut b = vec![0u8; 512];
+                b[0] = 1; // active slot 1
+                rdmablk_common::bytes::put_str(&mut b, 8, 8, env!("CARGO_PKG_VERSION"), b' ');
+                b
+            }
+            lid::CHANGED_NS => vec![0; 4096],
+            lid::CMD_EFFECTS => effects_log(),
+            _ => return Reply::status(Status::INVALID_LOG_PAGE),
+        };
+        Reply::data(req.window(&page))
+    }
+
+    fn set_features(&self, sqe: &Sqe) -> Reply {
+        let cdw10 = sqe.cdw(10);
+        let fid = cdw10 as u8;
+        let value = sqe.cdw(11);
+        if cdw10 & (1 << 31) != 0 {
+            return Reply::status(Status::FEATURE_NOT_SAVEABLE);
+        }
+        let mut st = self.state.lock().expect("controller state");
+        match fid {
+            feature::NUM_QUEUES => {
+                let (nsqr, ncqr) = (value & 0xffff, value >> 16);
+                if nsqr == 0xffff || ncqr == 0xffff {
+                    return Reply::status(Status::INVALID_FIELD);
+                }
+                let granted = (nsqr.min(ncqr) + 1).min(MAX_IO_QUEUES as u32) as u16;
+                st.io_queues = granted;
+                let g = (granted - 1) as u32;
+                Reply::ok(g << 16 | g)
+            }
+            feature::KEEP_ALIVE => {
+                self.kato_ms.store(value, Ordering::Release);
+                drop(st);
+                self.keep_alive();
+                Reply::ok(0)
+            }
+            feature::ASYNC_EVENT
+            | feature::ARBITRATION
+            | feature::POWER_MGMT
+            | feature::TEMP_THRESHOLD
+            | feature::ERROR_RECOVERY
+            | feature::VOLATILE_WC
+            | feature::IRQ_COALESCE
+            | feature::WRITE_ATOMIC => {
+                st.features.insert(fid, value);
+                Reply::ok(0)
+            }
+            _ => Reply::status(Status::INVALID_FIELD),
+        }
+    }
+
+    fn get_features(&self, sqe: &Sqe) -> Reply {
+        let fid = sqe.cdw(10) as u8;
+        let st = self.state.lock().expect("controller state");
+        match fid {
+            feature::NUM_QUEUES => {
+                let g = st.io_queues.max(1) as u32 - 1;
+                Reply::ok(g << 16 | g)
+            }
+            feature::KEEP_ALIVE => Reply::ok(self.kato_ms.load(Ordering::Acquire)),
+            feature::VOLATILE_WC => Reply::ok(
+                st.features
+                    .get(&fid)
+                    .copied()
+                    .unwrap_or(self.subsys.volatile_cache() as u32),
+            ),
+            feature::HOST_ID => Reply::data(self.hostid.to_vec()),
+            feature::ASYNC_EVENT
+            | feature::ARBITRATION
+            | feature::POWER_MGMT
+            | feature::TEMP_THRESHOLD
+            | feature::ERROR_RECOVERY
+            | feature::IRQ_COALESCE
+            | feature::WRITE_ATOMIC => Reply::ok(st.features.get(&fid).copied().unwrap_or(0)),
+            _ => Reply::status(Status::INVALID_FIELD),
+        }
+    }
+}
+
+/// SMART / Health Information: nothing to warn about.
+fn smart_log() -> Vec<u8> {
+    let mut b = vec![0u8; 512];
+    rdmablk_common::bytes::put_u16(&mut b, 1, 300); // composite temperature, kelvin
+    b[3] = 100; // available spare %
+    b[4] = 10; // spare threshold %
+    b
+}
+
+/// Commands Supported and Effects: which opcodes exist and which change data.
+fn effects_log() -> Vec<u8> {
+    const CSUPP: u32 = 1;
+    const LBCC: u32 = 1 << 1;
+    let mut b = vec![0u8; 4096];
+    let put = |b: &mut [u8], base: usize, opc: u8, v: u32| rdmablk_common::bytes::put_u32(b, base + opc as usize * 4, v);
+    for opc in [
+        admin::GET_LOG_PAGE,
+        admin::IDENTIFY,
+        admin::ABORT,
+        admin::SET_FEATURES,
+        admin::GET_FEATURES,
+        admin::ASYNC_EVENT,
+        admin::KEEP_ALIVE,
+        FABRICS_OPCODE,
+    ] {
+        put(&mut b, 0, opc, CSUPP);
+    }
+    put(&mut b, 1024, io::FLUSH, CSUPP);
+    put(&mut b, 1024, io::READ, CSUPP);
+    for opc in [io::WRITE, io::WRITE_ZEROES, io::DSM] {
+        put(&mut b, 1024, opc, CSUPP | LBCC);
+    }
+    b
+}

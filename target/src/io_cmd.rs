@@ -1,0 +1,130 @@
+//! NVM command set I/O commands: decoding and validation against the
+//! namespace, before any data moves. Transport independent.
+
+use crate::controller::MAX_TRANSFER;
+use crate::subsystem::{Namespace, Subsystem};
+use rdmablk_common::bytes::{get_u32, get_u64};
+use rdmablk_common::nvme::{io, Sqe, Status};
+use std::sync::Arc;
+
+/// Size of one Dataset Management range.
+pub const DSM_RANGE_LEN: usize = 16;
+
+/// What an I/O command asks the backend to do.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum IoKind {
+    /// Read `len` bytes at `offset` and return them to the host.
+    Read,
+    /// Receive `len` bytes from the host and write them at `offset`.
+    Write { fua: bool },
+    Flush,
+    /// Zero `len` bytes at `offset`, deallocating if allowed.
+    WriteZeroes { deallocate: bool },
+    /// Dataset Management: receive `len` bytes of ranges; deallocate them when
+    /// `deallocate` is set (other attributes are hints and need no action).
+    Dsm { deallocate: bool },
+}
+
+/// A validated I/O command.
+pub struct IoRequest {
+    pub kind: IoKind,
+    pub ns: Arc<Namespace>,
+    /// Byte offset in the namespace.
+    pub offset: u64,
+    /// Bytes of data the command moves (Read/Write/DSM), or zeroes (Write Zeroes).
+    pub len: u64,
+}
+
+impl IoRequest {
+    /// Bytes the host sends (Write, DSM ranges).
+    pub fn data_to_controller(&self) -> usize {
+        match self.kind {
+            IoKind::Write { .. } | IoKind::Dsm { .. } => self.len as usize,
+            _ => 0,
+        }
+    }
+
+    /// Bytes returned to the host (Read).
+    pub fn data_to_host(&self) -> usize {
+        match self.kind {
+            IoKind::Read => self.len as usize,
+            _ => 0,
+        }
+    }
+}
+
+/// Decodes an I/O command; `sgl_len` is the length the data pointer describes.
+pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, Status> {
+    let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?.clone();
+    let bs = ns.block_size as u64;
+    let rw_range = |ns: &Namespace| -> Result<(u64, u64), Status> {
+        let slba = sqe.cdw10_11();
+        let nlb = (sqe.cdw(12) & 0xffff) as u64 + 1;
+        match slba.checked_add(nlb) {
+            Some(end) if end <= ns.blocks => Ok((slba * bs, nlb * bs)),
+            _ => Err(Status::LBA_OUT_OF_RANGE),
+        }
+    };
+    let writable = |ns: &Namespace| {
+        if ns.read_only {
+            Err(Status::NAMESPACE_WRITE_PROTECTED)
+        } else {
+            Ok(())
+        }
+    };
+    let (kind, offset, len) = match sqe.opcode() {
+        io::READ | io::WRITE => {
+            let (offset, len) = rw_range(&ns)?;
+            if len > MAX_TRANSFER as u64 {
+                return Err(Status::INVALID_FIELD);
+            }
+            if sgl_len as u64 != len {
+                return Err(Status::SGL_DATA_LENGTH_INVALID);
+            }
+            if sqe.opcode() == io::READ {
+                (IoKind::Read, offset, len)
+            } else {
+                writable(&ns)?;
+                let fua = sqe.cdw(12) & (1 << 30) != 0;
+                (IoKind::Write { fua }, offset, len)
+            }
+        }
+        io::FLUSH => (IoKind::Flush, 0, 0),
+        io::WRITE_ZEROES => {
+            writable(&ns)?;
+            let (offset, len) = rw_range(&ns)?;
+            let deallocate = sqe.cdw(12) & (1 << 25) != 0;
+            (IoKind::WriteZeroes { deallocate }, offset, len)
+        }
+        io::DSM => {
+            let ranges = (sqe.cdw(10) & 0xff) as u64 + 1;
+            let len = ranges * DSM_RANGE_LEN as u64;
+            if (sgl_len as u64) < len {
+                return Err(Status::SGL_DATA_LENGTH_INVALID);
+            }
+            let deallocate = sqe.cdw(11) & (1 << 2) != 0;
+            if deallocate {
+                writable(&ns)?;
+            }
+            (IoKind::Dsm { deallocate }, 0, len)
+        }
+        _ => return Err(Status::INVALID_OPCODE),
+    };
+    Ok(IoRequest { kind, ns, offset, len })
+}
+
+/// Decodes DSM ranges into byte (offset, length) pairs, checking each.
+pub fn dsm_ranges(ns: &Namespace, data: &[u8]) -> Result<Vec<(u64, u64)>, Status> {
+    let bs = ns.block_size as u64;
+    data.chunks_exact(DSM_RANGE_LEN)
+        .map(|r| {
+            let nlb = get_u32(r, 4) as u64;
+            let slba = get_u64(r, 8);
+            match slba.checked_add(nlb) {
+                Some(end) if end <= ns.blocks => Ok((slba * bs, nlb * bs)),
+                _ => Err(Status::LBA_OUT_OF_RANGE),
+            }
+        })
+        .filter(|r| !matches!(r, Ok((_, 0))))
+        .collect()
+}

@@ -1,0 +1,245 @@
+//! Subsystems, their namespaces and allowed hosts, the live controllers of
+//! each, and the discovery subsystem's log.
+
+use crate::backend::{Backend, FileBackend, MemoryBackend};
+use crate::config::{self, Config, Listener, Transport};
+use crate::controller::Controller;
+use rdmablk_common::fabrics::discovery::{self, adrfam, subtype, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::DISCOVERY_NQN;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, Weak};
+
+/// An exported namespace.
+pub struct Namespace {
+    pub nsid: u32,
+    /// Logical block size in bytes (512 or 4096).
+    pub block_size: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+    pub read_only: bool,
+    pub backend: Backend,
+    /// Namespace globally unique identifier, stable across restarts.
+    pub nguid: [u8; 16],
+    /// UUID, stable across restarts.
+    pub uuid: [u8; 16],
+}
+
+impl Namespace {
+    /// log2 of the block size.
+    pub fn lba_shift(&self) -> u32 {
+        self.block_size.trailing_zeros()
+    }
+}
+
+/// An NVM subsystem (or the discovery subsystem).
+pub struct Subsystem {
+    pub nqn: String,
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+    pub namespaces: Vec<Arc<Namespace>>,
+    /// Serial number reported by every controller of the subsystem.
+    pub serial: String,
+    controllers: Mutex<Controllers>,
+}
+
+struct Controllers {
+    live: HashMap<u16, Weak<Controller>>,
+    next: u16,
+}
+
+/// Highest controller id of the dynamic model (0xFFF0.. are reserved).
+const MAX_CNTLID: u16 = 0xffef;
+
+impl Subsystem {
+    fn new(nqn: &str, allow_any_host: bool, hosts: Vec<String>, namespaces: Vec<Arc<Namespace>>) -> Self {
+        let serial = format!("{:08x}{:08x}", crc32c::crc32c(nqn.as_bytes()), stable_hash(nqn, 1) as u32);
+        Subsystem {
+            nqn: nqn.to_string(),
+            allow_any_host,
+            hosts,
+            namespaces,
+            serial,
+            controllers: Mutex::new(Controllers {
+                live: HashMap::new(),
+                next: 1,
+            }),
+        }
+    }
+
+    /// Whether this is the discovery subsystem.
+    pub fn is_discovery(&self) -> bool {
+        self.nqn == DISCOVERY_NQN
+    }
+
+    /// Whether `hostnqn` may connect.
+    pub fn admits(&self, hostnqn: &str) -> bool {
+        self.allow_any_host || self.is_discovery() || self.hosts.iter().any(|h| h == hostnqn)
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
+        self.namespaces.iter().find(|n| n.nsid == nsid)
+    }
+
+    /// Highest namespace id (Identify NN).
+    pub fn max_nsid(&self) -> u32 {
+        self.namespaces.iter().map(|n| n.nsid).max().unwrap_or(0)
+    }
+
+    /// Whether any namespace has a volatile write cache.
+    pub fn volatile_cache(&self) -> bool {
+        self.namespaces.iter().any(|n| n.backend.volatile_cache())
+    }
+
+    /// Reserves a free controller id; `None` when all are taken.
+    pub fn allocate_cntlid(&self) -> Option<u16> {
+        let mut c = self.controllers.lock().expect("controllers lock");
+        c.live.retain(|_, w| w.strong_count() > 0);
+        for _ in 0..MAX_CNTLID {
+            let id = c.next;
+            c.next = if id >= MAX_CNTLID { 1 } else { id + 1 };
+            if !c.live.contains_key(&id) {
+                c.live.insert(id, Weak::new());
+                return Some(id);
+            }
+        }
+        None
+    }
+
+    /// Records a new controller under its reserved id.
+    pub fn register(&self, ctrl: &Arc<Controller>) {
+        let mut c = self.controllers.lock().expect("controllers lock");
+        c.live.insert(ctrl.cntlid, Arc::downgrade(ctrl));
+    }
+
+    /// The live controller with this id.
+    pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
+        let c = self.controllers.lock().expect("controllers lock");
+        c.live.get(&cntlid).and_then(Weak::upgrade)
+    }
+}
+
+/// Everything the target exports, shared by all pollers.
+pub struct Registry {
+    pub subsystems: Vec<Arc<Subsystem>>,
+    pub discovery: Arc<Subsystem>,
+    pub listeners: Vec<Listener>,
+}
+
+impl Registry {
+    /// Opens every namespace's backend and builds the registry.
+    pub fn open(cfg: &Config) -> Result<Registry, String> {
+        let mut subsystems = Vec::new();
+        for (si, s) in cfg.subsystems.iter().enumerate() {
+            let mut namespaces = Vec::new();
+            for (ni, n) in s.namespaces.iter().enumerate() {
+                let key = format!("subsystem[{si}].namespace[{ni}]");
+                let ns = open_namespace(&s.nqn, n).map_err(|e| format!("{key} ({}): {e}", s.nqn))?;
+                tracing::info!(
+                    subsystem = %s.nqn,
+                    nsid = ns.nsid,
+                    blocks = ns.blocks,
+                    block_size = ns.block_size,
+                    read_only = ns.read_only,
+                    "namespace on {}",
+                    ns.backend.describe()
+                );
+                namespaces.push(Arc::new(ns));
+            }
+            subsystems.push(Arc::new(Subsystem::new(&s.nqn, s.allow_any_host, s.hosts.clone(), namespaces)));
+        }
+        Ok(Registry {
+            subsystems,
+            discovery: Arc::new(Subsystem::new(DISCOVERY_NQN, true, Vec::new(), Vec::new())),
+            listeners: cfg.listeners.clone(),
+        })
+    }
+
+    /// The subsystem (or the discovery subsystem) with this NQN.
+    pub fn find(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
+        if nqn == DISCOVERY_NQN {
+            return Some(&self.discovery);
+        }
+        self.subsystems.iter().find(|s| s.nqn == nqn)
+    }
+
+    /// The discovery log page as `hostnqn` may see it: one entry per
+    /// (subsystem it is allowed on, listener).
+    pub fn discovery_log(&self, hostnqn: &str) -> Vec<u8> {
+        let mut entries = Vec::new();
+        for s in self.subsystems.iter().filter(|s| s.admits(hostnqn)) {
+            for (port, l) in self.listeners.iter().enumerate() {
+                entries.push(DiscoveryEntry {
+                    trtype: match l.transport {
+                        Transport::Tcp => trtype::TCP,
+                        Transport::Rdma => trtype::RDMA,
+                    },
+                    adrfam: if l.address.is_ipv4() {
+                        adrfam::IPV4
+                    } else {
+                        adrfam::IPV6
+                    },
+                    subtype: subtype::NVME,
+                    treq: 2, // secure channel not required
+                    portid: port as u16 + 1,
+                    cntlid: 0xffff,
+                    asqsz: crate::controller::ADMIN_QUEUE_SIZE,
+                    trsvcid: l.address.port().to_string(),
+                    subnqn: s.nqn.clone(),
+                    traddr: l.address.ip().to_string(),
+                    tsas: [0; 32],
+                });
+            }
+        }
+        // The generation counter changes only with the configuration, which is
+        // fixed for the daemon's life.
+        discovery::encode_log(1, &entries)
+    }
+}
+
+fn open_namespace(nqn: &str, n: &config::Namespace) -> std::io::Result<Namespace> {
+    let (backend, size) = match &n.backend {
+        config::Backend::File { path, create_size } => {
+            let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
+            let size = f.size();
+            (Backend::File(f), size)
+        }
+        config::Backend::Memory { size } => (Backend::Memory(MemoryBackend::new(*size)?), *size),
+        config::Backend::Null { size } => (Backend::Null, *size),
+    };
+    let blocks = size / n.block_size as u64;
+    if blocks == 0 {
+        return Err(std::io::Error::other(format!(
+            "smaller than one {}-byte block; give it a size",
+            n.block_size
+        )));
+    }
+    let key = format!("{nqn}/{}", n.nsid);
+    let nguid = id128(&key, 0x6e);
+    let mut uuid = id128(&key, 0x75);
+    uuid[6] = (uuid[6] & 0x0f) | 0x80; // version 8: custom
+    uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+    Ok(Namespace {
+        nsid: n.nsid,
+        block_size: n.block_size,
+        blocks,
+        read_only: n.read_only,
+        backend,
+        nguid,
+        uuid,
+    })
+}
+
+/// A stable 64-bit hash (not DefaultHasher, whose output may change between releases).
+fn stable_hash(s: &str, seed: u8) -> u64 {
+    let lo = crc32c::crc32c_append(seed as u32, s.as_bytes());
+    let hi = crc32c::crc32c_append(lo ^ 0x5bd1_e995, s.as_bytes());
+    (hi as u64) << 32 | lo as u64
+}
+
+/// A stable 128-bit identifier derived from `key`.
+fn id128(key: &str, seed: u8) -> [u8; 16] {
+    let mut out = [0u8; 16];
+    out[..8].copy_from_slice(&stable_hash(key, seed).to_be_bytes());
+    out[8..].copy_from_slice(&stable_hash(key, seed.wrapping_add(1)).to_be_bytes());
+    out
+}

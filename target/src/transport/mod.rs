@@ -1,0 +1,4 @@
+//! Transports: how capsules, data and responses travel. Each connection
+//! lives on one poller for its whole life.
+
+pub mod tcp;

@@ -1,0 +1,649 @@
+//! NVMe/TCP queues: the ICReq/ICResp handshake, capsule parsing, R2T and
+//! H2CData for host data, C2HData for controller data, CapsuleResp, and
+//! C2HTermReq on protocol errors. Socket I/O goes through the poller's ring.
+
+use crate::command::{self, Command, Connected, Progress, Work};
+use crate::controller::{Association, TransportCaps};
+use crate::poller::{Io, Token};
+use io_uring::{opcode, types};
+use rdmablk_common::nvme::identify::sgls;
+use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::tcp::{self, fes, flags, Digests, Header, PduError, Transfer};
+use std::collections::VecDeque;
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::os::unix::io::AsRawFd;
+use std::time::{Duration, Instant};
+
+/// In-capsule data the target accepts (beyond the 64-byte command).
+pub const IN_CAPSULE_DATA: usize = 8192;
+/// Largest H2CData payload the target accepts (MAXH2CDATA).
+pub const MAX_H2C_DATA: usize = 128 << 10;
+/// Largest C2HData payload the target sends; larger reads are split.
+pub const MAX_C2H_DATA: usize = 128 << 10;
+/// Largest PDU accepted: an H2CData PDU with digests and the most padding.
+const MAX_PDU: usize = MAX_H2C_DATA + 256;
+/// Receive buffer: room for a whole largest PDU plus the start of the next.
+const RX_BUF: usize = 2 * MAX_PDU;
+/// Commands per queue before Connect says how deep it is.
+const INITIAL_SLOTS: usize = 32;
+/// A connection that sends no ICReq within this time is closed.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection that was sent a TermReq is closed after this time at most.
+const TERMINATE_GRACE: Duration = Duration::from_secs(1);
+/// PDUs gathered into one sendmsg at most.
+const MAX_IOV_PDUS: usize = 32;
+
+/// What NVMe/TCP contributes to Identify Controller.
+pub fn caps() -> TransportCaps {
+    TransportCaps {
+        ioccsz: ((64 + IN_CAPSULE_DATA) / 16) as u32,
+        sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
+    }
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Phase {
+    /// Waiting for ICReq.
+    Handshake,
+    Live,
+    /// A TermReq is queued; close once it is sent.
+    Terminating,
+    /// Shut down; freed once no operation is in flight.
+    Closing,
+}
+
+/// One PDU waiting to be sent: header bytes (with any owned data), an
+/// optional payload in the arena, and a data digest.
+struct TxPdu {
+    head: Vec<u8>,
+    body: *const u8,
+    body_len: usize,
+    digest: Option<[u8; 4]>,
+    /// Command slot to release once this PDU is on the wire.
+    release: Option<u16>,
+}
+
+impl TxPdu {
+    fn len(&self) -> usize {
+        self.head.len() + self.body_len + if self.digest.is_some() { 4 } else { 0 }
+    }
+}
+
+/// One NVMe/TCP connection: one queue (admin or I/O) of a controller.
+pub struct TcpConn {
+    sock: TcpStream,
+    peer: String,
+    idx: usize,
+    phase: Phase,
+    since: Instant,
+    digests: Digests,
+    /// Alignment of data in C2H PDUs the host asked for (HPDA).
+    c2h_align: usize,
+    rx: Box<[u8]>,
+    rx_head: usize,
+    rx_tail: usize,
+    recv_busy: bool,
+    tx: VecDeque<TxPdu>,
+    /// Bytes of the front PDU already sent.
+    tx_sent: usize,
+    send_busy: bool,
+    iov: Vec<libc::iovec>,
+    msg: Box<libc::msghdr>,
+    assoc: Option<Association>,
+    cmds: Vec<Option<Command>>,
+    /// Backend operations in flight.
+    backend_ops: usize,
+    /// CIDs of held Asynchronous Event Requests.
+    held_aers: Vec<u16>,
+    /// Submission queue head reported in responses.
+    sq_head: u16,
+    /// A capsule is waiting for a command slot or arena space.
+    stalled: bool,
+    /// C2HData PDUs sent (for tests and stats).
+    pub c2h_pdus: u64,
+}
+
+/// Why a PDU cannot be handled: the connection ends with a TermReq.
+struct Fatal {
+    fes: u16,
+    fei: u32,
+    why: String,
+}
+
+impl From<PduError> for Fatal {
+    fn from(e: PduError) -> Fatal {
+        Fatal {
+            fes: e.fes(),
+            fei: e.fei(),
+            why: e.to_string(),
+        }
+    }
+}
+
+fn fatal(fes: u16, fei: u32, why: impl Into<String>) -> Fatal {
+    Fatal {
+        fes,
+        fei,
+        why: why.into(),
+    }
+}
+
+/// What became of one received PDU.
+enum Flow {
+    Consumed,
+    /// Leave it in the buffer and retry later (no slot or buffer free, or
+    /// the daemon is stopping and takes no new commands).
+    Stall,
+}
+
+impl TcpConn {
+    pub fn new(sock: TcpStream, peer: SocketAddr, idx: usize) -> Self {
+        let _ = sock.set_nodelay(true);
+        TcpConn {
+            sock,
+            peer: peer.to_string(),
+            idx,
+            phase: Phase::Handshake,
+            since: Instant::now(),
+            digests: Digests::default(),
+            c2h_align: 1,
+            rx: vec![0u8; RX_BUF].into_boxed_slice(),
+            rx_head: 0,
+            rx_tail: 0,
+            recv_busy: false,
+            tx: VecDeque::new(),
+            tx_sent: 0,
+            send_busy: false,
+            iov: Vec::with_capacity(MAX_IOV_PDUS * 3),
+            // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
+            msg: Box::new(unsafe { std::mem::zeroed() }),
+            assoc: None,
+            cmds: (0..INITIAL_SLOTS).map(|_| None).collect(),
+            backend_ops: 0,
+            held_aers: Vec::new(),
+            sq_head: 0,
+            stalled: false,
+            c2h_pdus: 0,
+        }
+    }
+
+    /// Whether the connection is shut down and nothing refers to it any more.
+    pub fn can_free(&self) -> bool {
+        self.phase == Phase::Closing && !self.recv_busy && !self.send_busy && self.backend_ops == 0
+    }
+
+    /// Commands in progress (held AERs excluded).
+    fn busy_commands(&self) -> usize {
+        self.cmds.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Starts closing the connection: the socket is shut down so that pending
+    /// socket operations complete, and nothing new is started.
+    pub fn close(&mut self, why: &str) {
+        if self.phase == Phase::Closing {
+            return;
+        }
+        match &self.assoc {
+            Some(a) => tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}"),
+            None => tracing::info!(peer = %self.peer, "connection closed: {why}"),
+        }
+        self.phase = Phase::Closing;
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
+
+    /// Frees what the connection holds; call once `can_free`.
+    pub fn teardown(&mut self, io: &mut Io) {
+        for c in self.cmds.iter_mut().filter_map(Option::take) {
+            let mut c = c;
+            c.release(io.arena);
+        }
+        if let Some(a) = self.assoc.take() {
+            if a.qid == 0 {
+                a.ctrl.kill("admin queue closed");
+            } else {
+                a.ctrl.release_queue(a.qid);
+            }
+        }
+    }
+
+    /// Periodic checks: handshake and keep-alive timeouts, a dead controller.
+    pub fn on_tick(&mut self) {
+        match self.phase {
+            Phase::Handshake if self.since.elapsed() > HANDSHAKE_TIMEOUT => self.close("no ICReq within 10 s"),
+            Phase::Terminating if self.since.elapsed() > TERMINATE_GRACE => self.close("terminated"),
+            Phase::Live => {
+                if let Some(a) = &self.assoc {
+                    if a.qid == 0 && a.ctrl.keep_alive_expired() {
+                        a.ctrl.kill("keep-alive timeout (no Keep Alive within KATO)");
+                    }
+                    if !a.ctrl.is_live() {
+                        self.close("controller ended");
+                    }
+                }
+            }
+            _ => {}
+        }
+    }
+
+    /// Does whatever the connection can do now: parse buffered PDUs, keep a
+    /// receive and a send in flight, finish a drain.
+    pub fn pump(&mut self, io: &mut Io) {
+        if matches!(self.phase, Phase::Handshake | Phase::Live) {
+            self.process_rx(io);
+        }
+        if matches!(self.phase, Phase::Handshake | Phase::Live) && !self.recv_busy {
+            self.start_recv(io);
+        }
+        if !self.send_busy && !self.tx.is_empty() && self.phase != Phase::Closing {
+            self.start_send(io);
+        }
+        let drained = self.tx.is_empty() && !self.send_busy;
+        if self.phase == Phase::Terminating && drained {
+            self.close("terminated after a protocol error");
+        }
+        if io.stopping && self.phase != Phase::Closing && drained && self.busy_commands() == 0 {
+            self.close("target shutting down");
+        }
+    }
+
+    fn start_recv(&mut self, io: &mut Io) {
+        if self.rx_head == self.rx_tail {
+            self.rx_head = 0;
+            self.rx_tail = 0;
+        } else if self.rx_tail == self.rx.len() {
+            self.rx.copy_within(self.rx_head..self.rx_tail, 0);
+            self.rx_tail -= self.rx_head;
+            self.rx_head = 0;
+        }
+        let free = self.rx.len() - self.rx_tail;
+        if free == 0 {
+            return; // a stalled full buffer: wait for resources
+        }
+        let ptr = self.rx[self.rx_tail..].as_mut_ptr();
+        let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, free as u32)
+            .build()
+            .user_data(Token::Recv(self.idx).encode());
+        io.sq.push(e);
+        self.recv_busy = true;
+    }
+
+    pub fn on_recv(&mut self, res: i32) {
+        self.recv_busy = false;
+        if self.phase == Phase::Closing {
+            return;
+        }
+        if res == 0 {
+            self.close("host closed the connection");
+        } else if res < 0 {
+            self.close(&format!("receive failed: {}", std::io::Error::from_raw_os_error(-res)));
+        } else {
+            self.rx_tail += res as usize;
+        }
+    }
+
+    fn start_send(&mut self, io: &mut Io) {
+        self.iov.clear();
+        let mut skip = self.tx_sent;
+        for p in self.tx.iter().take(MAX_IOV_PDUS) {
+            let digest = p.digest.as_ref().map(|d| d.as_ptr()).unwrap_or(std::ptr::null());
+            for (ptr, len) in [
+                (p.head.as_ptr(), p.head.len()),
+                (p.body, p.body_len),
+                (digest, if p.digest.is_some() { 4 } else { 0 }),
+            ] {
+                if len <= skip {
+                    skip -= len;
+                    continue;
+                }
+                self.iov.push(libc::iovec {
+                    // SAFETY: `skip < len`, so the pointer stays inside the region.
+                    iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
+                    iov_len: len - skip,
+                });
+                skip = 0;
+            }
+        }
+        self.msg.msg_iov = self.iov.as_mut_ptr();
+        self.msg.msg_iovlen = self.iov.len();
+        let e = opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), &*self.msg)
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build()
+            .user_data(Token::Send(self.idx).encode());
+        io.sq.push(e);
+        self.send_busy = true;
+    }
+
+    pub fn on_send(&mut self, res: i32, io: &mut Io) {
+        self.send_busy = false;
+        if res < 0 {
+            self.close(&format!("send failed: {}", std::io::Error::from_raw_os_error(-res)));
+            return;
+        }
+        let mut n = res as usize + self.tx_sent;
+        while let Some(front) = self.tx.front() {
+            let len = front.len();
+            if n < len {
+                break;
+            }
+            n -= len;
+            let done = self.tx.pop_front().expect("front exists");
+            if let Some(slot) = done.release {
+                self.free_slot(slot, io);
+            }
+        }
+        self.tx_sent = n;
+    }
+
+    fn free_slot(&mut self, slot: u16, io: &mut Io) {
+        if let Some(mut c) = self.cmds.get_mut(slot as usize).and_then(Option::take) {
+            c.release(io.arena);
+        }
+    }
+
+    pub fn on_backend(&mut self, slot: u16, res: i32, io: &mut Io) {
+        self.backend_ops -= 1;
+        let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if let Some(next) = cmd.on_backend_done(res, io.arena) {
+            io.sq.push(next.user_data(Token::Backend(self.idx, slot).encode()));
+            self.backend_ops += 1;
+        } else if cmd.ops_in_flight == 0 {
+            self.complete(slot, io);
+        }
+    }
+
+    fn process_rx(&mut self, io: &mut Io) {
+        // Take the buffer out so that PDUs can borrow it while `self` changes.
+        let rx = std::mem::take(&mut self.rx);
+        self.stalled = false;
+        while matches!(self.phase, Phase::Handshake | Phase::Live) {
+            let avail = &rx[self.rx_head..self.rx_tail];
+            let expect = if self.phase == Phase::Handshake {
+                Digests::default()
+            } else {
+                self.digests
+            };
+            let res = tcp::decode(avail, expect, MAX_PDU).map_err(Fatal::from).and_then(|d| match d {
+                None => Ok(None),
+                Some((pdu, n)) => self.handle_pdu(&pdu, io).map(|f| Some((f, n))),
+            });
+            match res {
+                Ok(None) => break,
+                Ok(Some((Flow::Consumed, n))) => self.rx_head += n,
+                Ok(Some((Flow::Stall, _))) => {
+                    self.stalled = true;
+                    break;
+                }
+                Err(f) => {
+                    let hdr = &avail[..avail.len().min(tcp::TERM_REQ_MAX_DATA)];
+                    self.terminate(f, hdr);
+                }
+            }
+        }
+        self.rx = rx;
+    }
+
+    /// Sends a C2HTermReq carrying the offending header and ends the connection.
+    fn terminate(&mut self, f: Fatal, bad_header: &[u8]) {
+        tracing::warn!(peer = %self.peer, fes = f.fes, fei = f.fei, "protocol error: {}; sending C2HTermReq", f.why);
+        let h = Header::TermReq {
+            from_host: false,
+            fes: f.fes,
+            fei: f.fei,
+        };
+        self.queue(tcp::encode(&h, 0, bad_header, self.digests, 1), None);
+        self.phase = Phase::Terminating;
+        self.since = Instant::now();
+    }
+
+    fn handle_pdu(&mut self, pdu: &tcp::Pdu<'_>, io: &mut Io) -> Result<Flow, Fatal> {
+        match (self.phase, pdu.header) {
+            (
+                Phase::Handshake,
+                Header::IcReq {
+                    pfv, hpda, digests, ..
+                },
+            ) => {
+                if pfv != 0 {
+                    return Err(fatal(fes::UNSUPPORTED_PARAMETER, 8, format!("PDU format version {pfv}")));
+                }
+                if hpda > 31 {
+                    return Err(fatal(fes::INVALID_HEADER_FIELD, 10, format!("HPDA {hpda} is above 31")));
+                }
+                self.digests = digests;
+                self.c2h_align = (hpda as usize + 1) * 4;
+                let resp = Header::IcResp {
+                    pfv: 0,
+                    cpda: 0,
+                    digests,
+                    maxh2cdata: MAX_H2C_DATA as u32,
+                };
+                self.queue(tcp::encode(&resp, 0, &[], Digests::default(), 1), None);
+                self.phase = Phase::Live;
+                tracing::debug!(peer = %self.peer, ?digests, hpda, "NVMe/TCP connection initialized");
+                Ok(Flow::Consumed)
+            }
+            (Phase::Handshake, _) => Err(fatal(fes::INVALID_HEADER_FIELD, 0, "expected ICReq first")),
+            (Phase::Live, Header::CapsuleCmd(sqe)) => {
+                if io.stopping {
+                    return Ok(Flow::Stall);
+                }
+                self.handle_capsule(&sqe, pdu.data, pdu.data_digest_ok, io)
+            }
+            (Phase::Live, Header::H2CData(t)) => {
+                self.handle_h2c(t, pdu.data, pdu.data_digest_ok, io)?;
+                Ok(Flow::Consumed)
+            }
+            (_, Header::TermReq { fes, fei, .. }) => {
+                tracing::warn!(peer = %self.peer, fes, fei, "host terminated the connection (H2CTermReq)");
+                self.close("host sent H2CTermReq");
+                Ok(Flow::Consumed)
+            }
+            (_, h) => Err(fatal(
+                fes::INVALID_HEADER_FIELD,
+                0,
+                format!("PDU type {:#04x} is not one a host sends here", h.pdu_type()),
+            )),
+        }
+    }
+
+    fn handle_capsule(&mut self, sqe: &Sqe, data: &[u8], digest_ok: bool, io: &mut Io) -> Result<Flow, Fatal> {
+        let cid = sqe.cid();
+        let sgl = sqe.sgl();
+        let in_capsule = match sgl {
+            Sgl::InCapsule { offset, len } => {
+                if offset != 0 {
+                    return Ok(self.respond_now(cid, Status::SGL_OFFSET_INVALID));
+                }
+                if len as usize != data.len() || data.len() > IN_CAPSULE_DATA {
+                    return Ok(self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID));
+                }
+                true
+            }
+            Sgl::Transport { .. } | Sgl::Null => {
+                if !data.is_empty() {
+                    return Ok(self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID));
+                }
+                false
+            }
+            Sgl::Keyed { .. } | Sgl::Unsupported(_) => {
+                return Ok(self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID));
+            }
+        };
+        let mut cmd = match command::plan(self.assoc.as_ref(), sqe, sgl.len()) {
+            Ok(c) => c,
+            Err(st) => return Ok(self.respond_now(cid, st)),
+        };
+        if cmd.len > 0 && cmd.to_host == in_capsule {
+            // Data to the host must use a transport SGL; data from the host
+            // is in the capsule exactly when the SGL says so.
+            return Ok(self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID));
+        }
+        let Some(slot) = self.cmds.iter().position(Option::is_none) else {
+            return Ok(Flow::Stall);
+        };
+        if cmd.len > 0 {
+            match io.arena.alloc(cmd.len) {
+                Some(b) => cmd.buf = Some(b),
+                None => return Ok(Flow::Stall),
+            }
+        }
+        self.sq_head = self.sq_head.wrapping_add(1);
+        let slot16 = slot as u16;
+        if in_capsule {
+            let b = cmd.buf.as_ref().expect("allocated above");
+            io.arena.bytes_mut(b, data.len()).copy_from_slice(data);
+            cmd.received = data.len();
+            if !digest_ok {
+                cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
+            }
+        }
+        let needs_r2t = !cmd.to_host && cmd.received < cmd.len;
+        let len = cmd.len;
+        self.cmds[slot] = Some(cmd);
+        if needs_r2t {
+            let r2t = Header::R2T(Transfer {
+                cccid: cid,
+                ttag: slot16,
+                offset: 0,
+                len: len as u32,
+            });
+            self.queue(tcp::encode(&r2t, 0, &[], self.digests, 1), None);
+        } else {
+            self.run(slot16, io);
+        }
+        Ok(Flow::Consumed)
+    }
+
+    fn handle_h2c(&mut self, t: Transfer, data: &[u8], digest_ok: bool, io: &mut Io) -> Result<(), Fatal> {
+        let cmd = self
+            .cmds
+            .get_mut(t.ttag as usize)
+            .and_then(Option::as_mut)
+            .filter(|c| c.sqe.cid() == t.cccid && !c.to_host && c.received < c.len)
+            .ok_or_else(|| fatal(fes::INVALID_HEADER_FIELD, 10, format!("H2CData for unknown transfer tag {}", t.ttag)))?;
+        if data.len() > MAX_H2C_DATA {
+            return Err(fatal(fes::DATA_LIMIT_EXCEEDED, 16, "H2CData larger than MAXH2CDATA"));
+        }
+        let end = t.offset as usize + data.len();
+        if t.offset as usize != cmd.received || end > cmd.len {
+            return Err(fatal(
+                fes::DATA_OUT_OF_RANGE,
+                12,
+                format!("H2CData offset {} length {} outside the expected {}..{}", t.offset, data.len(), cmd.received, cmd.len),
+            ));
+        }
+        let b = cmd.buf.as_ref().expect("data command has a buffer");
+        io.arena.bytes_mut(b, end)[t.offset as usize..].copy_from_slice(data);
+        cmd.received = end;
+        if !digest_ok {
+            tracing::warn!(peer = %self.peer, cid = t.cccid, "H2CData data digest mismatch");
+            cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
+        }
+        if end == cmd.len {
+            self.run(t.ttag, io);
+        }
+        Ok(())
+    }
+
+    /// Executes a command whose data (if any) has arrived.
+    fn run(&mut self, slot: u16, io: &mut Io) {
+        let cmd = self.cmds[slot as usize].as_mut().expect("running a live slot");
+        if !cmd.status.is_success() {
+            self.complete(slot, io);
+            return;
+        }
+        if matches!(cmd.work, Work::Connect) {
+            if let Connected::Yes(a) = cmd.connect(io.registry, io.arena, caps(), &self.peer) {
+                if a.depth as usize > self.cmds.len() {
+                    self.cmds.resize_with(a.depth as usize, || None);
+                }
+                self.assoc = Some(a);
+            }
+            self.complete(slot, io);
+            return;
+        }
+        let assoc = self.assoc.as_ref().expect("plan() requires an association");
+        match cmd.execute(assoc, io.arena, self.held_aers.len()) {
+            Progress::Complete => self.complete(slot, io),
+            Progress::Held => {
+                self.held_aers.push(cmd.sqe.cid());
+                self.free_slot(slot, io);
+            }
+            Progress::Waiting(entries) => {
+                for e in entries {
+                    io.sq.push(e.user_data(Token::Backend(self.idx, slot).encode()));
+                    self.backend_ops += 1;
+                }
+            }
+        }
+    }
+
+    /// Queues the data (for reads) and the response of a finished command.
+    fn complete(&mut self, slot: u16, io: &mut Io) {
+        let cmd = self.cmds[slot as usize].as_ref().expect("completing a live slot");
+        let (cid, status, dw0, dw1) = (cmd.sqe.cid(), cmd.status, cmd.dw0, cmd.dw1);
+        if cmd.to_host && status.is_success() && cmd.len > 0 {
+            let buf = cmd.buf.as_ref().expect("data command has a buffer");
+            let mut at = 0;
+            while at < cmd.len {
+                let n = (cmd.len - at).min(MAX_C2H_DATA);
+                let last = at + n == cmd.len;
+                let h = Header::C2HData(Transfer {
+                    cccid: cid,
+                    ttag: 0,
+                    offset: at as u32,
+                    len: n as u32,
+                });
+                let mut head = Vec::with_capacity(64);
+                let fl = if last { flags::LAST_PDU } else { 0 };
+                tcp::encode_header(&mut head, &h, fl, n, self.digests, self.c2h_align);
+                let digest = self.digests.data.then(|| tcp::data_digest(&io.arena.bytes(buf, at + n)[at..]));
+                self.tx.push_back(TxPdu {
+                    head,
+                    body: io.arena.addr(buf, at),
+                    body_len: n,
+                    digest,
+                    release: None,
+                });
+                self.c2h_pdus += 1;
+                at += n;
+            }
+        }
+        self.respond(cid, status, dw0, dw1, Some(slot));
+    }
+
+    fn respond(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32, release: Option<u16>) {
+        if !status.is_success() {
+            tracing::debug!(peer = %self.peer, cid, %status, "command failed");
+        }
+        let cqe = Cqe {
+            dw0,
+            dw1,
+            sqhd: self.sq_head,
+            sqid: self.assoc.as_ref().map_or(0, |a| a.qid),
+            cid,
+            status: status.to_field(),
+        };
+        let pdu = tcp::encode(&Header::CapsuleResp(cqe), 0, &[], self.digests, 1);
+        self.queue(pdu, release);
+    }
+
+    /// Completes a command that never got a slot (refused while parsing).
+    fn respond_now(&mut self, cid: u16, status: Status) -> Flow {
+        self.sq_head = self.sq_head.wrapping_add(1);
+        self.respond(cid, status, 0, 0, None);
+        Flow::Consumed
+    }
+
+    fn queue(&mut self, head: Vec<u8>, release: Option<u16>) {
+        self.tx.push_back(TxPdu {
+            head,
+            body: std::ptr::null(),
+            body_len: 0,
+            digest: None,
+            release,
+        });
+    }
+}
