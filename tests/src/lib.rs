@@ -1,1 +1,411 @@
+//! End-to-end test harness: finds the built binaries, runs `rdmablk-target`
+//! on a free loopback port with its log captured, and speaks NVMe/TCP to it
+//! through [`client`].
+//!
+//! When a test panics, every [`Target`] it holds prints the tail of its log
+//! and keeps its temporary directory for inspection.
 
+pub mod client;
+
+use std::fs;
+use std::io::{Read, Seek, SeekFrom};
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+
+/// How long a daemon may take to start listening, and to exit after SIGTERM.
+pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+/// Bytes of log shown when a test fails.
+const LOG_TAIL: usize = 8 << 10;
+
+/// The workspace root (the parent of this crate).
+pub fn workspace_root() -> PathBuf {
+    Path::new(env!("CARGO_MANIFEST_DIR"))
+        .parent()
+        .expect("tests/ has a parent")
+        .to_path_buf()
+}
+
+/// A built binary: `$RDMABLK_BIN_DIR/name`, else `build/release/name`, else
+/// `build/debug/name` in the workspace.
+pub fn bin_path(name: &str) -> PathBuf {
+    if let Some(dir) = std::env::var_os("RDMABLK_BIN_DIR") {
+        let p = Path::new(&dir).join(name);
+        assert!(
+            p.is_file(),
+            "{} does not exist (RDMABLK_BIN_DIR is set)",
+            p.display()
+        );
+        return p;
+    }
+    let build = workspace_root().join("build");
+    let candidates = [
+        build.join("release").join(name),
+        build.join("debug").join(name),
+    ];
+    candidates
+        .iter()
+        .find(|p| p.is_file())
+        .cloned()
+        .unwrap_or_else(|| {
+            panic!(
+                "{name} not found in {} or {}: run `cargo build --release` first \
+             (or point RDMABLK_BIN_DIR at the binaries)",
+                candidates[0].display(),
+                candidates[1].display()
+            )
+        })
+}
+
+/// A temporary directory, removed on drop unless the thread is panicking
+/// (then it is kept and its path printed).
+pub struct TempDir {
+    path: PathBuf,
+}
+
+impl TempDir {
+    pub fn new(label: &str) -> TempDir {
+        static COUNTER: AtomicU32 = AtomicU32::new(0);
+        let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+        let path =
+            std::env::temp_dir().join(format!("rdmablk-tests-{label}-{}-{n}", std::process::id()));
+        let _ = fs::remove_dir_all(&path);
+        fs::create_dir_all(&path).unwrap_or_else(|e| panic!("creating {}: {e}", path.display()));
+        TempDir { path }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    pub fn join(&self, name: &str) -> PathBuf {
+        self.path.join(name)
+    }
+}
+
+impl Drop for TempDir {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!("kept for inspection: {}", self.path.display());
+        } else {
+            let _ = fs::remove_dir_all(&self.path);
+        }
+    }
+}
+
+/// A loopback port that was free a moment ago.
+pub fn free_port() -> u16 {
+    let l = TcpListener::bind("127.0.0.1:0").expect("bind 127.0.0.1:0");
+    l.local_addr().expect("local_addr").port()
+}
+
+/// Number of open file descriptors of process `pid`.
+pub fn fd_count(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/fd: {e}"))
+        .count()
+}
+
+/// The last `max` bytes of a file, lossily decoded, starting at a line.
+fn file_tail(path: &Path, max: usize) -> String {
+    let Ok(mut f) = fs::File::open(path) else {
+        return format!("(no log at {})", path.display());
+    };
+    let len = f.metadata().map(|m| m.len()).unwrap_or(0);
+    let start = len.saturating_sub(max as u64);
+    let mut buf = Vec::new();
+    if f.seek(SeekFrom::Start(start))
+        .and_then(|_| f.read_to_end(&mut buf))
+        .is_err()
+    {
+        return format!("(cannot read {})", path.display());
+    }
+    let text = String::from_utf8_lossy(&buf);
+    let text = if start > 0 {
+        text.split_once('\n').map_or(&*text, |(_, rest)| rest)
+    } else {
+        &text
+    };
+    if text.trim().is_empty() {
+        "(log is empty)".into()
+    } else {
+        text.to_string()
+    }
+}
+
+/// A running `rdmablk-target`, killed on drop.
+pub struct Target {
+    child: Child,
+    addr: SocketAddr,
+    log_path: PathBuf,
+    exit: Option<ExitStatus>,
+    // Last, so the daemon is gone before its directory is removed.
+    dir: TempDir,
+}
+
+impl Target {
+    /// Starts the daemon with `args`. Unless they contain `--listen` or
+    /// `--config`, it listens on a free loopback port.
+    pub fn start(args: &[&str]) -> Target {
+        if let Some(i) = args.iter().position(|a| *a == "--listen") {
+            let url = args.get(i + 1).expect("--listen needs a value");
+            let addr = url
+                .strip_prefix("tcp://")
+                .and_then(|a| a.parse().ok())
+                .unwrap_or_else(|| {
+                    panic!("the harness understands --listen tcp://IP:PORT, not {url}")
+                });
+            return Target::spawn(args, addr).unwrap_or_else(|e| panic!("{e}"));
+        }
+        if let Some(i) = args.iter().position(|a| *a == "--config") {
+            let path = args.get(i + 1).expect("--config needs a value");
+            let text = fs::read_to_string(path).unwrap_or_else(|e| panic!("reading {path}: {e}"));
+            let addr = first_listener(&text)
+                .unwrap_or_else(|| panic!("no tcp listener address in {path}"));
+            return Target::spawn(args, addr).unwrap_or_else(|e| panic!("{e}"));
+        }
+        Target::with_free_port(|port| {
+            let listen = format!("tcp://127.0.0.1:{port}");
+            let mut all = vec!["--listen", listen.as_str()];
+            all.extend_from_slice(args);
+            Target::spawn(&all, loopback(port))
+        })
+    }
+
+    /// Starts the daemon listening on `port` with `extra_args`.
+    pub fn start_on(port: u16, extra_args: &[&str]) -> Target {
+        let listen = format!("tcp://127.0.0.1:{port}");
+        let mut all = vec!["--listen", listen.as_str()];
+        all.extend_from_slice(extra_args);
+        Target::spawn(&all, loopback(port)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    /// Starts the daemon with a configuration file made from `toml_text`, in
+    /// which `{port}` is replaced by a free loopback port. The file is kept
+    /// in the daemon's temporary directory.
+    pub fn start_config(toml_text: &str) -> Target {
+        Target::with_free_port(|port| {
+            let dir = TempDir::new("target");
+            let path = dir.join("target.toml");
+            fs::write(&path, toml_text.replace("{port}", &port.to_string()))
+                .expect("writing the config");
+            let path = path.to_str().expect("UTF-8 temp path").to_string();
+            Target::spawn_in(dir, &["--config", &path], loopback(port))
+        })
+    }
+
+    /// Runs `spawn` with fresh ports until one is not taken by someone else
+    /// between our probe and the daemon's bind.
+    fn with_free_port(mut spawn: impl FnMut(u16) -> Result<Target, String>) -> Target {
+        let mut last = String::new();
+        for _ in 0..3 {
+            match spawn(free_port()) {
+                Ok(t) => return t,
+                Err(e) if e.contains("in use") => last = e,
+                Err(e) => panic!("{e}"),
+            }
+        }
+        panic!("{last}")
+    }
+
+    fn spawn(args: &[&str], addr: SocketAddr) -> Result<Target, String> {
+        Target::spawn_in(TempDir::new("target"), args, addr)
+    }
+
+    /// Spawns the daemon with its log in `dir` and waits until `addr` accepts.
+    /// Err (with the log tail) if it exits first, so a lost port race can retry.
+    fn spawn_in(dir: TempDir, args: &[&str], addr: SocketAddr) -> Result<Target, String> {
+        let bin = bin_path("rdmablk-target");
+        let log_path = dir.join("target.log");
+        let log = fs::File::create(&log_path).expect("creating the log file");
+        let mut cmd = Command::new(&bin);
+        cmd.args(args)
+            .stdin(Stdio::null())
+            .stdout(log.try_clone().expect("dup log fd"))
+            .stderr(log);
+        if std::env::var_os("RUST_LOG").is_none() {
+            cmd.env("RUST_LOG", "debug");
+        }
+        let child = cmd
+            .spawn()
+            .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
+        let mut t = Target {
+            child,
+            addr,
+            log_path,
+            exit: None,
+            dir,
+        };
+        let deadline = Instant::now() + START_TIMEOUT;
+        loop {
+            if let Some(status) = t.child.try_wait().expect("try_wait") {
+                t.exit = Some(status);
+                let msg = format!(
+                    "rdmablk-target {args:?} exited ({status}) before listening on {addr}\n{}",
+                    t.log_tail()
+                );
+                return Err(msg);
+            }
+            if TcpStream::connect_timeout(&addr, Duration::from_millis(200)).is_ok() {
+                return Ok(t);
+            }
+            if Instant::now() >= deadline {
+                // Dropping `t` during the panic kills it and prints its log.
+                panic!("rdmablk-target {args:?} not accepting on {addr} after {START_TIMEOUT:?}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    pub fn port(&self) -> u16 {
+        self.addr.port()
+    }
+
+    /// The daemon's temporary directory (its log, and its config if any).
+    pub fn dir(&self) -> &Path {
+        self.dir.path()
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The whole log so far.
+    pub fn log(&self) -> String {
+        fs::read_to_string(&self.log_path).unwrap_or_default()
+    }
+
+    /// The end of the log, framed for a failure message.
+    pub fn log_tail(&self) -> String {
+        format!(
+            "---- rdmablk-target log tail ({}) ----\n{}\n---- end of log ----",
+            self.log_path.display(),
+            file_tail(&self.log_path, LOG_TAIL)
+        )
+    }
+
+    /// Whether the process is still running.
+    pub fn is_running(&mut self) -> bool {
+        if self.exit.is_some() {
+            return false;
+        }
+        match self.child.try_wait().expect("try_wait") {
+            Some(status) => {
+                self.exit = Some(status);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Sends SIGTERM without waiting.
+    pub fn terminate(&mut self) {
+        if !self.is_running() {
+            return;
+        }
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) takes plain integers and touches no memory of ours;
+        // the pid is our own child, not yet reaped, so it cannot be reused.
+        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
+        assert_eq!(rc, 0, "kill(SIGTERM): {}", std::io::Error::last_os_error());
+    }
+
+    /// Waits up to `timeout` for the process to exit; panics (with the log
+    /// tail) if it does not.
+    pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
+        let deadline = Instant::now() + timeout;
+        while self.is_running() {
+            if Instant::now() >= deadline {
+                panic!(
+                    "rdmablk-target (pid {}) still running {timeout:?} after SIGTERM",
+                    self.pid()
+                );
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.exit.expect("exited")
+    }
+
+    /// SIGTERM, then wait up to 10 s for the exit status.
+    pub fn stop(&mut self) -> ExitStatus {
+        self.terminate();
+        self.wait(STOP_TIMEOUT)
+    }
+
+    /// SIGKILL and reap.
+    pub fn kill(&mut self) {
+        if self.is_running() {
+            let _ = self.child.kill();
+            if let Ok(status) = self.child.wait() {
+                self.exit = Some(status);
+            }
+        }
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        self.kill();
+        if std::thread::panicking() {
+            eprintln!("{}", self.log_tail());
+        }
+    }
+}
+
+fn loopback(port: u16) -> SocketAddr {
+    SocketAddr::from(([127, 0, 0, 1], port))
+}
+
+/// The first `address = "…"` of a `[[listener]]` with tcp transport (a line
+/// scan is enough for the configs tests write).
+fn first_listener(toml_text: &str) -> Option<SocketAddr> {
+    toml_text.lines().find_map(|line| {
+        let (key, value) = line.split_once('=')?;
+        (key.trim() == "address")
+            .then(|| value.trim().trim_matches('"').parse().ok())
+            .flatten()
+    })
+}
+
+/// A deterministic xorshift generator for test data and random LBAs.
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    /// Uniform-ish in `0..n`.
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n
+    }
+
+    pub fn fill(&mut self, buf: &mut [u8]) {
+        for chunk in buf.chunks_mut(8) {
+            let v = self.next_u64().to_le_bytes();
+            chunk.copy_from_slice(&v[..chunk.len()]);
+        }
+    }
+
+    pub fn bytes(&mut self, len: usize) -> Vec<u8> {
+        let mut v = vec![0; len];
+        self.fill(&mut v);
+        v
+    }
+}

@@ -475,9 +475,8 @@ impl TcpConn {
             Ok(c) => c,
             Err(st) => return Ok(self.respond_now(cid, st)),
         };
-        if cmd.len > 0 && cmd.to_host == in_capsule {
-            // Data to the host must use a transport SGL; data from the host
-            // is in the capsule exactly when the SGL says so.
+        if cmd.len > 0 && cmd.to_host && in_capsule {
+            // Data to the host must travel in C2HData PDUs, not in the capsule.
             return Ok(self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID));
         }
         let Some(slot) = self.cmds.iter().position(Option::is_none) else {

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Installs the system packages rdmablk needs to build and test, idempotently.
+# Debian 12 with only the Rust toolchain is enough to start from; run as root
+# (or with sudo available).
+set -euo pipefail
+
+# Build: gcc and pkg-config for -sys crates.
+BUILD_PKGS=(gcc pkg-config)
+# Tests with real clients we did not write.
+TEST_PKGS=(fio nbdkit libnbd-bin nbdfuse e2fsprogs fuse3 util-linux qemu-utils)
+
+want=("${BUILD_PKGS[@]}")
+case "${1:-}" in
+  --test) want+=("${TEST_PKGS[@]}") ;;
+  "") ;;
+  *) echo "usage: $0 [--test]" >&2; exit 2 ;;
+esac
+
+missing=()
+for p in "${want[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then
+  SUDO="sudo"
+fi
+echo "setup: installing ${missing[*]}" >&2
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null

@@ -1,0 +1,1015 @@
+//! A small blocking NVMe/TCP host for tests, built only from `rdmablk_common`.
+//!
+//! It does what the Linux host does on the wire (ICReq, Connect, property
+//! handshake, in-capsule or R2T-driven writes, C2HData reads) and is strict
+//! about what it receives: anything a real host would choke on is an error
+//! whose message says what was wrong. Errors are `io::Error`s; a TermReq from
+//! the target is one too, and [`term_req_of`] recovers its FES and FEI.
+
+use rdmablk_common::fabrics::discovery::{parse_log_entries, parse_log_header};
+use rdmablk_common::fabrics::{
+    ConnectCmd, ConnectData, DiscoveryEntry, PropertyCmd, DISCOVERY_ENTRY_LEN,
+    DISCOVERY_LOG_HEADER_LEN, DISCOVERY_NQN,
+};
+use rdmablk_common::nvme::identify::{cns, ControllerId, IDENTIFY_LEN};
+use rdmablk_common::nvme::log::{lid::DISCOVERY as DISCOVERY_LOG, LogRequest};
+use rdmablk_common::nvme::{
+    admin, feature, io as nvm, property, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE,
+};
+use rdmablk_common::tcp::{
+    data_digest, decode, encode, encode_header, flags, Digests, Header, Transfer, CH_LEN,
+};
+use std::collections::{HashMap, VecDeque};
+use std::io::{self, BufReader, Read, Write};
+use std::net::{Shutdown, SocketAddr, TcpStream};
+use std::sync::{mpsc, Arc, Mutex, MutexGuard, PoisonError};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// How long a read may block before the test fails instead of hanging.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
+/// In-capsule data limit used until the controller's IOCCSZ is known; the
+/// Linux host's admin queue uses the same 8 KiB.
+pub const DEFAULT_IN_CAPSULE: u32 = 8192;
+/// Largest PDU this host accepts (PLEN), a sanity bound against garbage.
+const MAX_PDU: usize = 16 << 20;
+/// Connect data is always sent in the capsule.
+const CONNECT_DATA_LEN: u32 = 1024;
+
+/// A finished command.
+#[derive(Clone, Debug)]
+pub struct Completion {
+    pub cid: u16,
+    pub cqe: Cqe,
+    /// Data the controller sent (C2HData), `data_in_len` bytes.
+    pub data: Vec<u8>,
+}
+
+impl Completion {
+    pub fn status(&self) -> Status {
+        self.cqe.status()
+    }
+
+    /// The completion, or an error naming `what` and the status if it failed.
+    pub fn check(self, what: &str) -> io::Result<Completion> {
+        if self.status().is_success() {
+            Ok(self)
+        } else {
+            Err(other(format!("{what} failed: {}", self.status())))
+        }
+    }
+}
+
+/// Counters of what went over the wire, for tests that assert on the path taken.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct Stats {
+    /// Commands whose data went in the capsule.
+    pub in_capsule_writes: u64,
+    pub r2ts: u64,
+    pub h2c_pdus: u64,
+    pub c2h_pdus: u64,
+    /// Largest DATAL of any C2HData seen.
+    pub c2h_max_len: u32,
+}
+
+/// The FES and FEI of a TermReq the target sent, carried inside the `io::Error`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct TermReq {
+    pub fes: u16,
+    pub fei: u32,
+}
+
+impl std::fmt::Display for TermReq {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let name = match self.fes {
+            1 => "Invalid PDU Header Field",
+            2 => "PDU Sequence Error",
+            3 => "Header Digest Error",
+            4 => "Data Transfer Out of Range",
+            5 => "R2T Limit Exceeded",
+            6 => "Unsupported Parameter",
+            _ => "unknown FES",
+        };
+        write!(
+            f,
+            "target sent C2HTermReq: FES {:#x} ({name}), FEI {}",
+            self.fes, self.fei
+        )
+    }
+}
+
+impl std::error::Error for TermReq {}
+
+/// The TermReq inside an error from [`Queue`], if that is what it was.
+pub fn term_req_of(e: &io::Error) -> Option<TermReq> {
+    e.get_ref()?.downcast_ref::<TermReq>().copied()
+}
+
+fn other(msg: String) -> io::Error {
+    io::Error::new(io::ErrorKind::InvalidData, msg)
+}
+
+/// One command in flight.
+struct Pending {
+    data_out: Option<Vec<u8>>,
+    /// Bytes of `data_out` already requested by R2Ts.
+    r2t_end: u32,
+    data_in: Vec<u8>,
+    /// Bytes of C2HData received so far (they must arrive in order).
+    received: u32,
+}
+
+/// One NVMe/TCP connection: an admin or I/O queue.
+pub struct Queue {
+    reader: BufReader<TcpStream>,
+    writer: TcpStream,
+    addr: SocketAddr,
+    digests: Digests,
+    maxh2cdata: u32,
+    /// Alignment of data in PDUs we send, from CPDA.
+    data_align: usize,
+    in_capsule_limit: u32,
+    no_data_sgl: Sgl,
+    timeout: Duration,
+    next_cid: u16,
+    pending: HashMap<u16, Pending>,
+    done: VecDeque<Completion>,
+    pub stats: Stats,
+}
+
+impl Queue {
+    /// A TCP connection with nothing sent yet (for bad-input tests that
+    /// misbehave before or instead of the ICReq).
+    pub fn connect_raw(addr: SocketAddr) -> io::Result<Queue> {
+        let stream = TcpStream::connect_timeout(&addr, DEFAULT_TIMEOUT)?;
+        stream.set_nodelay(true)?;
+        stream.set_read_timeout(Some(DEFAULT_TIMEOUT))?;
+        stream.set_write_timeout(Some(DEFAULT_TIMEOUT))?;
+        Ok(Queue {
+            reader: BufReader::with_capacity(256 << 10, stream.try_clone()?),
+            writer: stream,
+            addr,
+            digests: Digests::default(),
+            maxh2cdata: 0,
+            data_align: 1,
+            in_capsule_limit: DEFAULT_IN_CAPSULE,
+            no_data_sgl: Sgl::Null,
+            timeout: DEFAULT_TIMEOUT,
+            next_cid: 0,
+            pending: HashMap::new(),
+            done: VecDeque::new(),
+            stats: Stats::default(),
+        })
+    }
+
+    /// Connects and exchanges ICReq/ICResp, requesting `digests`.
+    pub fn connect(addr: SocketAddr, digests: Digests) -> io::Result<Queue> {
+        let mut q = Queue::connect_raw(addr)?;
+        let icreq = Header::IcReq {
+            pfv: 0,
+            hpda: 0,
+            digests,
+            maxr2t: 0,
+        };
+        q.send_raw(&encode(&icreq, 0, &[], Digests::default(), 1))?;
+        let (header, _) = q.recv_pdu()?;
+        let Header::IcResp {
+            pfv,
+            cpda,
+            digests: got,
+            maxh2cdata,
+        } = header
+        else {
+            return Err(other(format!("expected ICResp, got {header:?}")));
+        };
+        if pfv != 0 {
+            return Err(other(format!("ICResp PFV {pfv}, expected 0")));
+        }
+        if (got.header && !digests.header) || (got.data && !digests.data) {
+            return Err(other(format!(
+                "ICResp enables digests {got:?} that were not requested ({digests:?})"
+            )));
+        }
+        if maxh2cdata < 4096 || maxh2cdata & 3 != 0 {
+            return Err(other(format!(
+                "ICResp MAXH2CDATA {maxh2cdata}: must be at least 4096 and a multiple of 4"
+            )));
+        }
+        q.digests = got;
+        q.maxh2cdata = maxh2cdata;
+        q.data_align = if cpda == 0 {
+            1
+        } else {
+            (cpda as usize + 1) * 4
+        };
+        Ok(q)
+    }
+
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Digests the target agreed to.
+    pub fn digests(&self) -> Digests {
+        self.digests
+    }
+
+    /// MAXH2CDATA from the ICResp.
+    pub fn maxh2cdata(&self) -> u32 {
+        self.maxh2cdata
+    }
+
+    /// Writes up to this many bytes go in the capsule; larger ones wait for R2T.
+    pub fn set_in_capsule_limit(&mut self, bytes: u32) {
+        self.in_capsule_limit = bytes;
+    }
+
+    /// The SGL of commands without data: [`Sgl::Null`] by default; the Linux
+    /// host sends `Sgl::Transport { len: 0 }`, and a target must take both.
+    pub fn set_no_data_sgl(&mut self, sgl: Sgl) {
+        self.no_data_sgl = sgl;
+    }
+
+    /// How long a read may block (default 10 s).
+    pub fn set_timeout(&mut self, t: Duration) -> io::Result<()> {
+        self.timeout = t;
+        self.writer.set_read_timeout(Some(t))
+    }
+
+    /// Commands submitted and not yet returned by `wait`/`wait_any`.
+    pub fn outstanding(&self) -> usize {
+        self.pending.len() + self.done.len()
+    }
+
+    // ---- raw access -------------------------------------------------------
+
+    pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {
+        self.writer.write_all(bytes)
+    }
+
+    /// Closes our sending side (the target sees EOF).
+    pub fn shutdown_write(&mut self) -> io::Result<()> {
+        self.writer.shutdown(Shutdown::Write)
+    }
+
+    /// Reads the next whole PDU, of any type. A PDU that does not decode is
+    /// an error naming the problem; EOF is `UnexpectedEof`.
+    pub fn recv_pdu(&mut self) -> io::Result<(Header, Vec<u8>)> {
+        let (header, _flags, data) = self.recv_pdu_flags()?;
+        Ok((header, data))
+    }
+
+    fn recv_pdu_flags(&mut self) -> io::Result<(Header, u8, Vec<u8>)> {
+        let mut buf = vec![0u8; CH_LEN];
+        self.read_exact(&mut buf, "a PDU header")?;
+        let plen = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
+        if !(CH_LEN..=MAX_PDU).contains(&plen) {
+            return Err(other(format!(
+                "received PDU type {:#04x} with PLEN {plen}: not a sane PDU length",
+                buf[0]
+            )));
+        }
+        buf.resize(plen, 0);
+        self.read_exact(&mut buf[CH_LEN..], "the rest of a PDU")?;
+        let (pdu, _) = decode(&buf, self.digests, MAX_PDU)
+            .map_err(|e| other(format!("received a bad PDU (type {:#04x}): {e}", buf[0])))?
+            .ok_or_else(|| other("decode wants more bytes than PLEN".into()))?;
+        if !pdu.data_digest_ok {
+            return Err(other(format!("data digest mismatch in {:?}", pdu.header)));
+        }
+        Ok((pdu.header, pdu.flags, pdu.data.to_vec()))
+    }
+
+    fn read_exact(&mut self, buf: &mut [u8], what: &str) -> io::Result<()> {
+        self.reader.read_exact(buf).map_err(|e| match e.kind() {
+            io::ErrorKind::UnexpectedEof => io::Error::new(
+                io::ErrorKind::UnexpectedEof,
+                format!("target closed the connection while we waited for {what}"),
+            ),
+            io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut => io::Error::new(
+                io::ErrorKind::TimedOut,
+                format!(
+                    "nothing from the target for {:?} while we waited for {what} \
+                     ({} commands outstanding)",
+                    self.timeout,
+                    self.pending.len()
+                ),
+            ),
+            _ => io::Error::new(e.kind(), format!("reading {what}: {e}")),
+        })
+    }
+
+    /// Whether the peer closes the connection (EOF or reset) within `within`.
+    /// Anything read meanwhile is discarded.
+    pub fn is_closed_by_peer(&mut self, within: Duration) -> bool {
+        let deadline = Instant::now() + within;
+        let mut scratch = vec![0u8; 64 << 10];
+        let closed = loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                break false;
+            }
+            if self.writer.set_read_timeout(Some(left)).is_err() {
+                break true;
+            }
+            match self.reader.read(&mut scratch) {
+                Ok(0) => break true,
+                Ok(_) => {}
+                Err(e)
+                    if matches!(
+                        e.kind(),
+                        io::ErrorKind::WouldBlock | io::ErrorKind::TimedOut
+                    ) => {}
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(_) => break true,
+            }
+        };
+        let _ = self.writer.set_read_timeout(Some(self.timeout));
+        closed
+    }
+
+    // ---- commands ---------------------------------------------------------
+
+    fn alloc_cid(&mut self) -> u16 {
+        loop {
+            let cid = self.next_cid;
+            self.next_cid = self.next_cid.wrapping_add(1);
+            if !self.pending.contains_key(&cid) && !self.done.iter().any(|c| c.cid == cid) {
+                return cid;
+            }
+        }
+    }
+
+    /// Sends a command; returns its CID. The SGL is chosen here: in-capsule
+    /// data for writes up to the in-capsule limit (and always for Connect),
+    /// a transport SGL for larger writes and for reads, none without data.
+    pub fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        data_out: Option<&[u8]>,
+        data_in_len: u32,
+    ) -> io::Result<u16> {
+        let cid = self.alloc_cid();
+        sqe.set_cid(cid);
+        let is_connect = sqe.opcode() == FABRICS_OPCODE && sqe.fctype() == 0x01;
+        let mut in_capsule: &[u8] = &[];
+        let sgl = match data_out {
+            Some(d) => {
+                let len = u32::try_from(d.len()).map_err(|_| other("data over 4 GiB".into()))?;
+                if len <= self.in_capsule_limit || (is_connect && len == CONNECT_DATA_LEN) {
+                    in_capsule = d;
+                    self.stats.in_capsule_writes += 1;
+                    Sgl::InCapsule { offset: 0, len }
+                } else {
+                    Sgl::Transport { len }
+                }
+            }
+            None if data_in_len > 0 => Sgl::Transport { len: data_in_len },
+            None => self.no_data_sgl,
+        };
+        sqe.set_sgl(&sgl);
+        let pdu = encode(
+            &Header::CapsuleCmd(sqe),
+            0,
+            in_capsule,
+            self.digests,
+            self.data_align,
+        );
+        self.pending.insert(
+            cid,
+            Pending {
+                data_out: data_out
+                    .filter(|_| in_capsule.is_empty())
+                    .map(<[u8]>::to_vec),
+                r2t_end: 0,
+                data_in: vec![0; data_in_len as usize],
+                received: 0,
+            },
+        );
+        if let Err(e) = self.send_raw(&pdu) {
+            self.pending.remove(&cid);
+            return Err(e);
+        }
+        Ok(cid)
+    }
+
+    /// Waits for command `cid`, serving R2Ts and data for every command meanwhile.
+    pub fn wait(&mut self, cid: u16) -> io::Result<Completion> {
+        loop {
+            if let Some(i) = self.done.iter().position(|c| c.cid == cid) {
+                return Ok(self.done.remove(i).expect("index from position"));
+            }
+            if !self.pending.contains_key(&cid) {
+                return Err(other(format!(
+                    "wait for cid {cid}, which is not outstanding"
+                )));
+            }
+            self.process_one()?;
+        }
+    }
+
+    /// Waits for whichever command finishes first.
+    pub fn wait_any(&mut self) -> io::Result<Completion> {
+        loop {
+            if let Some(c) = self.done.pop_front() {
+                return Ok(c);
+            }
+            if self.pending.is_empty() {
+                return Err(other("wait_any with no command outstanding".into()));
+            }
+            self.process_one()?;
+        }
+    }
+
+    /// Submit and wait; the caller checks the status.
+    pub fn exec(
+        &mut self,
+        sqe: Sqe,
+        data_out: Option<&[u8]>,
+        data_in_len: u32,
+    ) -> io::Result<Completion> {
+        let cid = self.submit(sqe, data_out, data_in_len)?;
+        self.wait(cid)
+    }
+
+    /// `exec` that fails unless the command succeeds.
+    fn exec_ok(
+        &mut self,
+        what: &str,
+        sqe: Sqe,
+        data_out: Option<&[u8]>,
+        data_in_len: u32,
+    ) -> io::Result<Completion> {
+        self.exec(sqe, data_out, data_in_len)?.check(what)
+    }
+
+    /// Reads and handles one PDU.
+    fn process_one(&mut self) -> io::Result<()> {
+        let (header, fl, data) = self.recv_pdu_flags()?;
+        match header {
+            Header::CapsuleResp(cqe) => {
+                let p = self.take_pending(cqe.cid, "CapsuleResp")?;
+                if cqe.status().is_success() && p.received as usize != p.data_in.len() {
+                    return Err(other(format!(
+                        "cid {}: success after {} of {} bytes of C2HData",
+                        cqe.cid,
+                        p.received,
+                        p.data_in.len()
+                    )));
+                }
+                self.done.push_back(Completion {
+                    cid: cqe.cid,
+                    cqe,
+                    data: p.data_in,
+                });
+            }
+            Header::C2HData(t) => self.on_c2h(t, fl, &data)?,
+            Header::R2T(t) => self.on_r2t(t)?,
+            Header::TermReq { fes, fei, .. } => {
+                return Err(io::Error::new(
+                    io::ErrorKind::ConnectionAborted,
+                    TermReq { fes, fei },
+                ));
+            }
+            h => return Err(other(format!("unexpected PDU from the target: {h:?}"))),
+        }
+        Ok(())
+    }
+
+    fn take_pending(&mut self, cid: u16, what: &str) -> io::Result<Pending> {
+        self.pending
+            .remove(&cid)
+            .ok_or_else(|| other(format!("{what} for cid {cid}, which is not outstanding")))
+    }
+
+    fn on_c2h(&mut self, t: Transfer, fl: u8, data: &[u8]) -> io::Result<()> {
+        self.stats.c2h_pdus += 1;
+        self.stats.c2h_max_len = self.stats.c2h_max_len.max(t.len);
+        let p = self.pending.get_mut(&t.cccid).ok_or_else(|| {
+            other(format!(
+                "C2HData for cid {}, which is not outstanding",
+                t.cccid
+            ))
+        })?;
+        let end = t.offset as u64 + t.len as u64;
+        if t.offset != p.received || end > p.data_in.len() as u64 {
+            return Err(other(format!(
+                "cid {}: C2HData offset {} len {} but {} of {} bytes received so far",
+                t.cccid,
+                t.offset,
+                t.len,
+                p.received,
+                p.data_in.len()
+            )));
+        }
+        p.data_in[t.offset as usize..end as usize].copy_from_slice(data);
+        p.received = end as u32;
+        if fl & flags::SUCCESS != 0 {
+            if fl & flags::LAST_PDU == 0 {
+                return Err(other(format!(
+                    "cid {}: C2HData with SUCCESS but not LAST_PDU",
+                    t.cccid
+                )));
+            }
+            let p = self.take_pending(t.cccid, "C2HData")?;
+            if p.received as usize != p.data_in.len() {
+                return Err(other(format!(
+                    "cid {}: SUCCESS after {} of {} bytes",
+                    t.cccid,
+                    p.received,
+                    p.data_in.len()
+                )));
+            }
+            self.done.push_back(Completion {
+                cid: t.cccid,
+                cqe: Cqe::new(t.cccid, Status::SUCCESS),
+                data: p.data_in,
+            });
+        }
+        Ok(())
+    }
+
+    fn on_r2t(&mut self, t: Transfer) -> io::Result<()> {
+        self.stats.r2ts += 1;
+        let p = self
+            .pending
+            .get_mut(&t.cccid)
+            .ok_or_else(|| other(format!("R2T for cid {}, which is not outstanding", t.cccid)))?;
+        let Some(out) = p.data_out.take() else {
+            return Err(other(format!(
+                "R2T for cid {}, which has no data to send",
+                t.cccid
+            )));
+        };
+        let end = t.offset as u64 + t.len as u64;
+        if t.len == 0 || t.offset < p.r2t_end || end > out.len() as u64 {
+            return Err(other(format!(
+                "cid {}: R2T offset {} len {} for {} bytes of which {} already requested",
+                t.cccid,
+                t.offset,
+                t.len,
+                out.len(),
+                p.r2t_end
+            )));
+        }
+        p.r2t_end = end as u32;
+        let chunk = self.maxh2cdata as usize;
+        let range = &out[t.offset as usize..end as usize];
+        let mut pdu = Vec::with_capacity(chunk + 64);
+        let mut sent = 0;
+        let mut result = Ok(());
+        for piece in range.chunks(chunk) {
+            let last = sent + piece.len() == range.len();
+            let h = Header::H2CData(Transfer {
+                cccid: t.cccid,
+                ttag: t.ttag,
+                offset: t.offset + sent as u32,
+                len: piece.len() as u32,
+            });
+            pdu.clear();
+            let fl = if last { flags::LAST_PDU } else { 0 };
+            encode_header(&mut pdu, &h, fl, piece.len(), self.digests, self.data_align);
+            pdu.extend_from_slice(piece);
+            if self.digests.data {
+                pdu.extend_from_slice(&data_digest(piece));
+            }
+            result = self.writer.write_all(&pdu);
+            if result.is_err() {
+                break;
+            }
+            self.stats.h2c_pdus += 1;
+            sent += piece.len();
+        }
+        if let Some(p) = self.pending.get_mut(&t.cccid) {
+            p.data_out = Some(out);
+        }
+        result
+    }
+
+    // ---- fabrics and admin helpers -----------------------------------------
+
+    /// Fabrics Connect; the caller inspects the status. `sqsize` is 0's based;
+    /// `cntlid` is 0xFFFF on the admin queue.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fabrics_connect(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        kato_ms: u32,
+        subnqn: &str,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        cntlid: u16,
+    ) -> io::Result<Cqe> {
+        let cmd = ConnectCmd {
+            recfmt: 0,
+            qid,
+            sqsize,
+            cattr: 0,
+            kato: kato_ms,
+        };
+        let data = ConnectData {
+            hostid,
+            cntlid,
+            subnqn: subnqn.into(),
+            hostnqn: hostnqn.into(),
+        }
+        .encode();
+        let sqe = cmd.to_sqe(0, &Sgl::Null);
+        Ok(self.exec(sqe, Some(&data), 0)?.cqe)
+    }
+
+    /// Property Get: 8 bytes when `wide`, else 4.
+    pub fn prop_get(&mut self, offset: u32, wide: bool) -> io::Result<u64> {
+        let sqe = PropertyCmd {
+            wide,
+            offset,
+            value: 0,
+        }
+        .to_sqe(0, false);
+        let c = self.exec_ok(&format!("Property Get {offset:#x}"), sqe, None, 0)?;
+        Ok(if wide {
+            c.cqe.dw0 as u64 | (c.cqe.dw1 as u64) << 32
+        } else {
+            c.cqe.dw0 as u64
+        })
+    }
+
+    /// Property Set of a 4-byte property.
+    pub fn prop_set(&mut self, offset: u32, value: u32) -> io::Result<()> {
+        let sqe = PropertyCmd {
+            wide: false,
+            offset,
+            value: value as u64,
+        }
+        .to_sqe(0, true);
+        self.exec_ok(&format!("Property Set {offset:#x}"), sqe, None, 0)?;
+        Ok(())
+    }
+
+    /// The Identify command for `cns`/`nsid`, for callers that check the status.
+    pub fn identify_sqe(cns: u8, nsid: u32) -> Sqe {
+        let mut sqe = Sqe::new(admin::IDENTIFY, 0);
+        sqe.set_nsid(nsid);
+        sqe.set_cdw(10, cns as u32);
+        sqe
+    }
+
+    /// Identify; the 4 KiB data structure.
+    pub fn identify(&mut self, cns: u8, nsid: u32) -> io::Result<Vec<u8>> {
+        let what = format!("Identify CNS {cns:#x} nsid {nsid}");
+        let sqe = Queue::identify_sqe(cns, nsid);
+        Ok(self.exec_ok(&what, sqe, None, IDENTIFY_LEN as u32)?.data)
+    }
+
+    /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` from `offset`.
+    pub fn get_log(&mut self, lid: u8, len: u32, offset: u64) -> io::Result<Vec<u8>> {
+        let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 0);
+        // As libnvme does: the discovery log names no namespace, the others
+        // ask for the controller-wide page.
+        sqe.set_nsid(if lid == DISCOVERY_LOG { 0 } else { 0xffff_ffff });
+        LogRequest {
+            lid,
+            rae: false,
+            len: len as usize,
+            offset,
+        }
+        .to_sqe(&mut sqe);
+        let what = format!("Get Log Page {lid:#04x} ({len} bytes at {offset})");
+        Ok(self.exec_ok(&what, sqe, None, len)?.data)
+    }
+
+    /// Set Features; returns CQE dword 0.
+    pub fn set_features(&mut self, fid: u8, cdw11: u32) -> io::Result<u32> {
+        let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+        sqe.set_cdw(10, fid as u32);
+        sqe.set_cdw(11, cdw11);
+        Ok(self
+            .exec_ok(&format!("Set Features {fid:#04x}"), sqe, None, 0)?
+            .cqe
+            .dw0)
+    }
+
+    /// Get Features (current value); returns CQE dword 0.
+    pub fn get_features(&mut self, fid: u8) -> io::Result<u32> {
+        let mut sqe = Sqe::new(admin::GET_FEATURES, 0);
+        sqe.set_cdw(10, fid as u32);
+        Ok(self
+            .exec_ok(&format!("Get Features {fid:#04x}"), sqe, None, 0)?
+            .cqe
+            .dw0)
+    }
+
+    pub fn keep_alive(&mut self) -> io::Result<()> {
+        self.exec_ok("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), None, 0)?;
+        Ok(())
+    }
+
+    // ---- namespace I/O ----------------------------------------------------
+
+    /// A Read or Write command: SLBA in cdw10/11, `nlb` blocks (1-based here,
+    /// 0's based on the wire) in cdw12.
+    pub fn rw_sqe(opcode: u8, nsid: u32, slba: u64, nlb: u32) -> Sqe {
+        let mut sqe = Sqe::new(opcode, 0);
+        sqe.set_nsid(nsid);
+        sqe.set_cdw(10, slba as u32);
+        sqe.set_cdw(11, (slba >> 32) as u32);
+        sqe.set_cdw(12, nlb.wrapping_sub(1) & 0xffff);
+        sqe
+    }
+
+    pub fn read(&mut self, nsid: u32, slba: u64, nlb: u32, block_size: u32) -> io::Result<Vec<u8>> {
+        let sqe = Queue::rw_sqe(nvm::READ, nsid, slba, nlb);
+        let what = format!("Read nsid {nsid} slba {slba} nlb {nlb}");
+        Ok(self.exec_ok(&what, sqe, None, nlb * block_size)?.data)
+    }
+
+    pub fn write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        data: &[u8],
+        block_size: u32,
+        fua: bool,
+    ) -> io::Result<()> {
+        let nlb = data.len() / block_size as usize;
+        if nlb == 0 || nlb * block_size as usize != data.len() || nlb > 1 << 16 {
+            return Err(other(format!(
+                "write of {} bytes: not 1 to 65536 whole {block_size}-byte blocks",
+                data.len()
+            )));
+        }
+        let nlb = nlb as u32;
+        let mut sqe = Queue::rw_sqe(nvm::WRITE, nsid, slba, nlb);
+        if fua {
+            sqe.set_cdw(12, sqe.cdw(12) | 1 << 30);
+        }
+        let what = format!("Write nsid {nsid} slba {slba} nlb {nlb}");
+        self.exec_ok(&what, sqe, Some(data), 0)?;
+        Ok(())
+    }
+
+    pub fn flush(&mut self, nsid: u32) -> io::Result<()> {
+        let mut sqe = Sqe::new(nvm::FLUSH, 0);
+        sqe.set_nsid(nsid);
+        self.exec_ok(&format!("Flush nsid {nsid}"), sqe, None, 0)?;
+        Ok(())
+    }
+
+    pub fn write_zeroes(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        nlb: u32,
+        deallocate: bool,
+    ) -> io::Result<()> {
+        let mut sqe = Queue::rw_sqe(nvm::WRITE_ZEROES, nsid, slba, nlb);
+        if deallocate {
+            sqe.set_cdw(12, sqe.cdw(12) | 1 << 25);
+        }
+        let what = format!("Write Zeroes nsid {nsid} slba {slba} nlb {nlb}");
+        self.exec_ok(&what, sqe, None, 0)?;
+        Ok(())
+    }
+
+    /// Dataset Management with the Deallocate attribute over `(slba, nlb)` ranges.
+    pub fn deallocate(&mut self, nsid: u32, ranges: &[(u64, u32)]) -> io::Result<()> {
+        if ranges.is_empty() || ranges.len() > 256 {
+            return Err(other(format!(
+                "DSM takes 1 to 256 ranges, not {}",
+                ranges.len()
+            )));
+        }
+        let mut data = vec![0u8; ranges.len() * 16];
+        for (r, &(slba, nlb)) in data.chunks_exact_mut(16).zip(ranges) {
+            r[4..8].copy_from_slice(&nlb.to_le_bytes());
+            r[8..16].copy_from_slice(&slba.to_le_bytes());
+        }
+        let mut sqe = Sqe::new(nvm::DSM, 0);
+        sqe.set_nsid(nsid);
+        sqe.set_cdw(10, ranges.len() as u32 - 1);
+        sqe.set_cdw(11, 1 << 2);
+        self.exec_ok(
+            &format!("DSM deallocate nsid {nsid} {ranges:?}"),
+            sqe,
+            Some(&data),
+            0,
+        )?;
+        Ok(())
+    }
+}
+
+/// How [`Controller::open`] sets up the association.
+#[derive(Clone, Debug)]
+pub struct Opts {
+    pub io_queues: u16,
+    /// I/O submission queue size, 0's based.
+    pub sqsize: u16,
+    pub kato_ms: u32,
+    /// Send Keep Alive every KATO/2 from a background thread, as the Linux
+    /// host does. Off for tests that want a silent host.
+    pub auto_keep_alive: bool,
+    pub digests: Digests,
+    pub hostid: [u8; 16],
+}
+
+impl Default for Opts {
+    fn default() -> Self {
+        Opts {
+            io_queues: 1,
+            sqsize: 127,
+            kato_ms: 5000,
+            auto_keep_alive: true,
+            digests: Digests::default(),
+            hostid: *b"rdmablk-test-hid",
+        }
+    }
+}
+
+/// An enabled controller: its admin queue and I/O queues.
+///
+/// The admin queue sits behind a mutex because the keep-alive thread uses
+/// it too; [`Controller::admin`] locks it.
+pub struct Controller {
+    pub id: ControllerId,
+    pub cntlid: u16,
+    /// The CAP property.
+    pub cap: u64,
+    pub io: Vec<Queue>,
+    admin: Arc<Mutex<Queue>>,
+    keep_alive: Option<(mpsc::Sender<()>, JoinHandle<()>)>,
+}
+
+const CC_IOSQES: u32 = 6 << 16;
+const CC_IOCQES: u32 = 4 << 20;
+const READY_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Polls `f` every few milliseconds until it returns true or `timeout` passes.
+fn poll(timeout: Duration, mut f: impl FnMut() -> io::Result<bool>) -> io::Result<bool> {
+    let deadline = Instant::now() + timeout;
+    loop {
+        if f()? {
+            return Ok(true);
+        }
+        if Instant::now() >= deadline {
+            return Ok(false);
+        }
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+/// Sends Keep Alive every `period` until told to stop or it fails (the
+/// test then sees the broken admin queue itself).
+fn keep_alive_thread(
+    admin: Arc<Mutex<Queue>>,
+    period: Duration,
+) -> (mpsc::Sender<()>, JoinHandle<()>) {
+    let (stop, stopped) = mpsc::channel::<()>();
+    let thread = std::thread::spawn(move || {
+        while let Err(mpsc::RecvTimeoutError::Timeout) = stopped.recv_timeout(period) {
+            let mut q = admin.lock().unwrap_or_else(PoisonError::into_inner);
+            if q.keep_alive().is_err() {
+                return;
+            }
+        }
+    });
+    (stop, thread)
+}
+
+impl Controller {
+    /// What the Linux host does: admin queue, Connect, CAP, CC.EN, CSTS.RDY,
+    /// Identify Controller, Number of Queues, then the I/O queues.
+    pub fn open(
+        addr: SocketAddr,
+        subnqn: &str,
+        hostnqn: &str,
+        opts: &Opts,
+    ) -> io::Result<Controller> {
+        let mut admin = Queue::connect(addr, opts.digests)?;
+        let cqe =
+            admin.fabrics_connect(0, 31, opts.kato_ms, subnqn, hostnqn, opts.hostid, 0xffff)?;
+        if !cqe.status().is_success() {
+            return Err(other(format!(
+                "admin Connect to {subnqn} as {hostnqn} failed: {} (dw0 {:#x})",
+                cqe.status(),
+                cqe.dw0
+            )));
+        }
+        let cntlid = cqe.dw0 as u16;
+        let cap = admin.prop_get(property::CAP, true)?;
+        admin.prop_set(property::CC, property::CC_EN | CC_IOSQES | CC_IOCQES)?;
+        let mut csts = 0;
+        let ready = poll(READY_TIMEOUT, || {
+            csts = admin.prop_get(property::CSTS, false)? as u32;
+            Ok(csts & property::CSTS_RDY != 0)
+        })?;
+        if !ready {
+            return Err(other(format!(
+                "CSTS.RDY not set {READY_TIMEOUT:?} after CC.EN (CSTS {csts:#x})"
+            )));
+        }
+        let id = ControllerId::parse(&admin.identify(cns::CONTROLLER, 0)?);
+        if opts.io_queues > 0 {
+            let n = opts.io_queues as u32 - 1;
+            admin.set_features(feature::NUM_QUEUES, n | n << 16)?;
+        }
+        let admin = Arc::new(Mutex::new(admin));
+        let keep_alive = (opts.auto_keep_alive && opts.kato_ms > 0).then(|| {
+            keep_alive_thread(
+                admin.clone(),
+                Duration::from_millis(opts.kato_ms as u64 / 2),
+            )
+        });
+        let mut ctrl = Controller {
+            id,
+            cntlid,
+            cap,
+            io: Vec::new(),
+            admin,
+            keep_alive,
+        };
+        // IOCCSZ counts 16-byte units of the whole capsule, SQE included.
+        let in_capsule = (ctrl.id.ioccsz * 16)
+            .saturating_sub(64)
+            .min(DEFAULT_IN_CAPSULE);
+        for qid in 1..=opts.io_queues {
+            let mut q = Queue::connect(addr, opts.digests)?;
+            let cqe =
+                q.fabrics_connect(qid, opts.sqsize, 0, subnqn, hostnqn, opts.hostid, cntlid)?;
+            if !cqe.status().is_success() {
+                return Err(other(format!(
+                    "I/O queue {qid} Connect (cntlid {cntlid}) failed: {} (dw0 {:#x})",
+                    cqe.status(),
+                    cqe.dw0
+                )));
+            }
+            q.set_in_capsule_limit(in_capsule);
+            ctrl.io.push(q);
+        }
+        Ok(ctrl)
+    }
+
+    /// The admin queue (locked against the keep-alive thread).
+    pub fn admin(&self) -> MutexGuard<'_, Queue> {
+        self.admin.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Normal shutdown: CC.SHN = 01b, then wait for CSTS.SHST = 10b.
+    pub fn shutdown(&mut self) -> io::Result<()> {
+        let mut admin = self.admin();
+        let cc = admin.prop_get(property::CC, false)? as u32;
+        let cc = (cc & !property::CC_SHN_MASK) | 1 << property::CC_SHN_SHIFT;
+        admin.prop_set(property::CC, cc)?;
+        let mut csts = 0;
+        let done = poll(READY_TIMEOUT, || {
+            csts = admin.prop_get(property::CSTS, false)? as u32;
+            Ok(csts & (3 << property::CSTS_SHST_SHIFT) == property::CSTS_SHST_COMPLETE)
+        })?;
+        if !done {
+            return Err(other(format!(
+                "shutdown not complete after {READY_TIMEOUT:?} (CSTS {csts:#x})"
+            )));
+        }
+        Ok(())
+    }
+
+    /// The discovery log as `hostnqn` sees it. Like the Linux host, a
+    /// non-persistent discovery association uses KATO 0.
+    pub fn discover(addr: SocketAddr, hostnqn: &str) -> io::Result<Vec<DiscoveryEntry>> {
+        let opts = Opts {
+            io_queues: 0,
+            kato_ms: 0,
+            ..Opts::default()
+        };
+        let mut c = Controller::open(addr, DISCOVERY_NQN, hostnqn, &opts)?;
+        let header_len = DISCOVERY_LOG_HEADER_LEN as u32;
+        let page = {
+            let mut admin = c.admin();
+            let (genctr, numrec) =
+                parse_log_header(&admin.get_log(DISCOVERY_LOG, header_len, 0)?);
+            if numrec > 1024 {
+                return Err(other(format!("discovery log claims {numrec} records")));
+            }
+            let len = header_len + numrec as u32 * DISCOVERY_ENTRY_LEN as u32;
+            let page = admin.get_log(DISCOVERY_LOG, len, 0)?;
+            let (genctr2, numrec2) = parse_log_header(&page);
+            if (genctr2, numrec2) != (genctr, numrec) {
+                return Err(other(format!(
+                    "discovery log changed between reads: genctr/numrec {genctr}/{numrec}, then {genctr2}/{numrec2}"
+                )));
+            }
+            page
+        };
+        c.shutdown()?;
+        Ok(parse_log_entries(&page))
+    }
+}
+
+impl Drop for Controller {
+    fn drop(&mut self) {
+        if let Some((stop, thread)) = self.keep_alive.take() {
+            drop(stop);
+            let _ = thread.join();
+        }
+    }
+}
