@@ -126,7 +126,7 @@ pub fn format_size(bytes: u64) -> String {
     const UNITS: [(u64, &str); 4] = [(TIB, "TiB"), (GIB, "GiB"), (MIB, "MiB"), (KIB, "KiB")];
     if bytes != 0 {
         for (multiplier, unit) in UNITS {
-            if bytes % multiplier == 0 {
+            if bytes.is_multiple_of(multiplier) {
                 return format!("{}{unit}", bytes / multiplier);
             }
         }

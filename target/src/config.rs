@@ -758,7 +758,7 @@ fn validate_pollers(pollers: &Pollers) -> Result<(), ConfigError> {
             ),
         ));
     }
-    if arena % ARENA_ALIGN_BYTES != 0 {
+    if !arena.is_multiple_of(ARENA_ALIGN_BYTES) {
         return Err(invalid(
             "pollers.arena",
             format!(
@@ -991,7 +991,7 @@ fn size_problem(size: u64, block_size: u32) -> Option<String> {
     if size == 0 {
         return Some("must be greater than 0; e.g. size = \"1GiB\"".to_owned());
     }
-    if size % block != 0 {
+    if !size.is_multiple_of(block) {
         let suggestion = (size / block * block).max(block);
         return Some(format!(
             "{size} bytes is not a multiple of block_size {block_size}; \

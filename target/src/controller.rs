@@ -181,10 +181,7 @@ pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: Transport
                 format!("admin Connect asks for cntlid {:#x}; this target uses the dynamic model (0xFFFF)", d.cntlid),
             ));
         }
-        let Some(cntlid) = subsys.allocate_cntlid() else {
-            return Err(refuse(Status::CONTROLLER_BUSY, 0, "no free controller id".into()));
-        };
-        let ctrl = Arc::new(Controller {
+        let make = |cntlid| Controller {
             cntlid,
             subsys: subsys.clone(),
             hostnqn: d.hostnqn,
@@ -202,10 +199,12 @@ pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: Transport
                 connected: Vec::new(),
                 features: HashMap::new(),
             }),
-        });
-        subsys.register(&ctrl);
+        };
+        let Some(ctrl) = subsys.add_controller(make) else {
+            return Err(refuse(Status::CONTROLLER_BUSY, 0, "no free controller id".into()));
+        };
         tracing::info!(
-            cntlid,
+            cntlid = ctrl.cntlid,
             subsystem = %subsys.nqn,
             host = %ctrl.hostnqn,
             kato_ms = cmd.kato,
@@ -496,7 +495,7 @@ impl Controller {
 
     fn get_log_page(&self, sqe: &Sqe) -> Reply {
         let req = LogRequest::from_sqe(sqe);
-        if req.offset % 4 != 0 {
+        if !req.offset.is_multiple_of(4) {
             return Reply::status(Status::INVALID_FIELD);
         }
         let page = match req.lid {

@@ -90,25 +90,21 @@ impl Subsystem {
         self.namespaces.iter().any(|n| n.backend.volatile_cache())
     }
 
-    /// Reserves a free controller id; `None` when all are taken.
-    pub fn allocate_cntlid(&self) -> Option<u16> {
+    /// Creates a controller with a free id (`make` receives it) and records
+    /// it; `None` when all ids are taken.
+    pub fn add_controller(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
         let mut c = self.controllers.lock().expect("controllers lock");
         c.live.retain(|_, w| w.strong_count() > 0);
         for _ in 0..MAX_CNTLID {
             let id = c.next;
             c.next = if id >= MAX_CNTLID { 1 } else { id + 1 };
-            if !c.live.contains_key(&id) {
-                c.live.insert(id, Weak::new());
-                return Some(id);
+            if let std::collections::hash_map::Entry::Vacant(e) = c.live.entry(id) {
+                let ctrl = Arc::new(make(id));
+                e.insert(Arc::downgrade(&ctrl));
+                return Some(ctrl);
             }
         }
         None
-    }
-
-    /// Records a new controller under its reserved id.
-    pub fn register(&self, ctrl: &Arc<Controller>) {
-        let mut c = self.controllers.lock().expect("controllers lock");
-        c.live.insert(ctrl.cntlid, Arc::downgrade(ctrl));
     }
 
     /// The live controller with this id.

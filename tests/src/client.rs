@@ -388,7 +388,10 @@ impl Queue {
         );
         if let Err(e) = self.send_raw(&pdu) {
             self.pending.remove(&cid);
-            return Err(e);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("sending the capsule of cid {cid}: {e}"),
+            ));
         }
         Ok(cid)
     }
@@ -573,7 +576,12 @@ impl Queue {
             if self.digests.data {
                 pdu.extend_from_slice(&data_digest(piece));
             }
-            result = self.writer.write_all(&pdu);
+            result = self.writer.write_all(&pdu).map_err(|e| {
+                io::Error::new(
+                    e.kind(),
+                    format!("sending H2CData for cid {}: {e}", t.cccid),
+                )
+            });
             if result.is_err() {
                 break;
             }

@@ -10,6 +10,7 @@ pub mod client;
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -61,7 +62,7 @@ pub fn bin_path(name: &str) -> PathBuf {
 }
 
 /// A temporary directory, removed on drop unless the thread is panicking
-/// (then it is kept and its path printed).
+/// or `RDMABLK_KEEP_TEMP` is set (then it is kept and its path printed).
 pub struct TempDir {
     path: PathBuf,
 }
@@ -90,6 +91,8 @@ impl Drop for TempDir {
     fn drop(&mut self) {
         if std::thread::panicking() {
             eprintln!("kept for inspection: {}", self.path.display());
+        } else if std::env::var_os("RDMABLK_KEEP_TEMP").is_some() {
+            eprintln!("kept (RDMABLK_KEEP_TEMP): {}", self.path.display());
         } else {
             let _ = fs::remove_dir_all(&self.path);
         }
@@ -141,6 +144,9 @@ pub struct Target {
     child: Child,
     addr: SocketAddr,
     log_path: PathBuf,
+    /// Bound to `$NOTIFY_SOCKET`: where the daemon's sd_notify states arrive.
+    notify: UnixDatagram,
+    notified: Vec<String>,
     exit: Option<ExitStatus>,
     // Last, so the daemon is gone before its directory is removed.
     dir: TempDir,
@@ -221,8 +227,11 @@ impl Target {
         let bin = bin_path("rdmablk-target");
         let log_path = dir.join("target.log");
         let log = fs::File::create(&log_path).expect("creating the log file");
+        let notify_path = dir.join("notify.sock");
+        let notify = UnixDatagram::bind(&notify_path).expect("binding the notify socket");
         let mut cmd = Command::new(&bin);
-        cmd.args(args)
+        cmd.env("NOTIFY_SOCKET", &notify_path)
+            .args(args)
             .stdin(Stdio::null())
             .stdout(log.try_clone().expect("dup log fd"))
             .stderr(log);
@@ -236,6 +245,8 @@ impl Target {
             child,
             addr,
             log_path,
+            notify,
+            notified: Vec::new(),
             exit: None,
             dir,
         };
@@ -289,6 +300,32 @@ impl Target {
             self.log_path.display(),
             file_tail(&self.log_path, LOG_TAIL)
         )
+    }
+
+    /// Waits up to `timeout` for the daemon to send the sd_notify `state`
+    /// (e.g. `"STOPPING=1"`); true if it has, now or before.
+    pub fn wait_notify(&mut self, state: &str, timeout: Duration) -> bool {
+        let deadline = Instant::now() + timeout;
+        let mut buf = [0u8; 4096];
+        loop {
+            if self.notified.iter().any(|s| s == state) {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(Instant::now());
+            // With no time left, still take what is already queued.
+            let wait = left.max(Duration::from_millis(1));
+            self.notify
+                .set_read_timeout(Some(wait))
+                .expect("notify socket timeout");
+            match self.notify.recv(&mut buf) {
+                Ok(n) => {
+                    let text = String::from_utf8_lossy(&buf[..n]);
+                    self.notified.extend(text.lines().map(str::to_string));
+                }
+                Err(_) if left.is_zero() => return false,
+                Err(_) => {}
+            }
+        }
     }
 
     /// Whether the process is still running.

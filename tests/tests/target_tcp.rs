@@ -65,7 +65,7 @@ fn assert_same(got: &[u8], want: &[u8], what: &str) {
     assert_eq!(got.len(), want.len(), "{what}: length");
     if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
         panic!(
-            "{what}: first difference at byte {i} (block {} of 512 B): got {:#04x}, want {:#04x}",
+            "{what}: first difference at byte {i} (512-byte sector {}): got {:#04x}, want {:#04x}",
             i / 512,
             got[i],
             want[i]
@@ -1150,7 +1150,17 @@ fn graceful_shutdown_drains() {
             .or_panic(format_args!("submit write #{i}"));
         cids.insert(cid, i);
     }
+    assert!(
+        t.wait_notify("READY=1", Duration::ZERO),
+        "no READY=1 on $NOTIFY_SOCKET although the daemon listens"
+    );
     t.terminate();
+    // Answer the R2Ts only once the daemon is stopping, so the writes are
+    // really in flight while it drains.
+    assert!(
+        t.wait_notify("STOPPING=1", Duration::from_secs(5)),
+        "no STOPPING=1 on $NOTIFY_SOCKET within 5 s of SIGTERM"
+    );
     let mut done = 0;
     while done < data.len() {
         let c = q.wait_any().unwrap_or_else(|e| {
