@@ -4,6 +4,8 @@
 //! Decoding validates every header field before anything else looks at it;
 //! errors carry the Fatal Error Status and field offset that a TermReq reports.
 
+pub mod stream;
+
 use crate::bytes::{get_u16, get_u32, put_u16, put_u32};
 use crate::nvme::{Cqe, Sqe, CQE_LEN, SQE_LEN};
 

@@ -8,8 +8,8 @@ use crate::poller::{Io, Token};
 use io_uring::{opcode, types};
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
 use rdmablk_common::tcp::{self, fes, flags, Digests, Header, PduError, Transfer};
-use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
@@ -30,8 +30,6 @@ const INITIAL_SLOTS: usize = 32;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// A connection that was sent a TermReq is closed after this time at most.
 const TERMINATE_GRACE: Duration = Duration::from_secs(1);
-/// PDUs gathered into one sendmsg at most.
-const MAX_IOV_PDUS: usize = 32;
 
 /// What NVMe/TCP contributes to Identify Controller.
 pub fn caps() -> TransportCaps {
@@ -52,23 +50,6 @@ enum Phase {
     Closing,
 }
 
-/// One PDU waiting to be sent: header bytes (with any owned data), an
-/// optional payload in the arena, and a data digest.
-struct TxPdu {
-    head: Vec<u8>,
-    body: *const u8,
-    body_len: usize,
-    digest: Option<[u8; 4]>,
-    /// Command slot to release once this PDU is on the wire.
-    release: Option<u16>,
-}
-
-impl TxPdu {
-    fn len(&self) -> usize {
-        self.head.len() + self.body_len + if self.digest.is_some() { 4 } else { 0 }
-    }
-}
-
 /// One NVMe/TCP connection: one queue (admin or I/O) of a controller.
 pub struct TcpConn {
     sock: TcpStream,
@@ -79,16 +60,13 @@ pub struct TcpConn {
     digests: Digests,
     /// Alignment of data in C2H PDUs the host asked for (HPDA).
     c2h_align: usize,
-    rx: Box<[u8]>,
-    rx_head: usize,
-    rx_tail: usize,
+    rx: RxBuf,
     recv_busy: bool,
-    tx: VecDeque<TxPdu>,
-    /// Bytes of the front PDU already sent.
-    tx_sent: usize,
+    /// Queued PDUs; a token is a command slot to release once sent.
+    tx: TxQueue,
     send_busy: bool,
-    iov: Vec<libc::iovec>,
-    msg: Box<libc::msghdr>,
+    /// Slots whose last PDU went out (scratch for `TxQueue::advance`).
+    sent_slots: Vec<u64>,
     assoc: Option<Association>,
     cmds: Vec<Option<Command>>,
     /// Backend operations in flight.
@@ -147,16 +125,11 @@ impl TcpConn {
             since: Instant::now(),
             digests: Digests::default(),
             c2h_align: 1,
-            rx: vec![0u8; RX_BUF].into_boxed_slice(),
-            rx_head: 0,
-            rx_tail: 0,
+            rx: RxBuf::new(RX_BUF),
             recv_busy: false,
-            tx: VecDeque::new(),
-            tx_sent: 0,
+            tx: TxQueue::default(),
             send_busy: false,
-            iov: Vec::with_capacity(MAX_IOV_PDUS * 3),
-            // SAFETY: msghdr is plain old data; all-zero is a valid empty header.
-            msg: Box::new(unsafe { std::mem::zeroed() }),
+            sent_slots: Vec::new(),
             assoc: None,
             cmds: (0..INITIAL_SLOTS).map(|_| None).collect(),
             backend_ops: 0,
@@ -247,20 +220,11 @@ impl TcpConn {
     }
 
     fn start_recv(&mut self, io: &mut Io) {
-        if self.rx_head == self.rx_tail {
-            self.rx_head = 0;
-            self.rx_tail = 0;
-        } else if self.rx_tail == self.rx.len() {
-            self.rx.copy_within(self.rx_head..self.rx_tail, 0);
-            self.rx_tail -= self.rx_head;
-            self.rx_head = 0;
+        let spare = self.rx.spare();
+        if spare.is_empty() {
+            return; // full of a stalled PDU: wait for resources
         }
-        let free = self.rx.len() - self.rx_tail;
-        if free == 0 {
-            return; // a stalled full buffer: wait for resources
-        }
-        let ptr = self.rx[self.rx_tail..].as_mut_ptr();
-        let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, free as u32)
+        let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), spare.as_mut_ptr(), spare.len() as u32)
             .build()
             .user_data(Token::Recv(self.idx).encode());
         io.sq.push(e);
@@ -277,35 +241,12 @@ impl TcpConn {
         } else if res < 0 {
             self.close(&format!("receive failed: {}", std::io::Error::from_raw_os_error(-res)));
         } else {
-            self.rx_tail += res as usize;
+            self.rx.filled(res as usize);
         }
     }
 
     fn start_send(&mut self, io: &mut Io) {
-        self.iov.clear();
-        let mut skip = self.tx_sent;
-        for p in self.tx.iter().take(MAX_IOV_PDUS) {
-            let digest = p.digest.as_ref().map(|d| d.as_ptr()).unwrap_or(std::ptr::null());
-            for (ptr, len) in [
-                (p.head.as_ptr(), p.head.len()),
-                (p.body, p.body_len),
-                (digest, if p.digest.is_some() { 4 } else { 0 }),
-            ] {
-                if len <= skip {
-                    skip -= len;
-                    continue;
-                }
-                self.iov.push(libc::iovec {
-                    // SAFETY: `skip < len`, so the pointer stays inside the region.
-                    iov_base: unsafe { ptr.add(skip) } as *mut libc::c_void,
-                    iov_len: len - skip,
-                });
-                skip = 0;
-            }
-        }
-        self.msg.msg_iov = self.iov.as_mut_ptr();
-        self.msg.msg_iovlen = self.iov.len();
-        let e = opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), &*self.msg)
+        let e = opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), self.tx.message())
             .flags(libc::MSG_NOSIGNAL as u32)
             .build()
             .user_data(Token::Send(self.idx).encode());
@@ -319,19 +260,12 @@ impl TcpConn {
             self.close(&format!("send failed: {}", std::io::Error::from_raw_os_error(-res)));
             return;
         }
-        let mut n = res as usize + self.tx_sent;
-        while let Some(front) = self.tx.front() {
-            let len = front.len();
-            if n < len {
-                break;
-            }
-            n -= len;
-            let done = self.tx.pop_front().expect("front exists");
-            if let Some(slot) = done.release {
-                self.free_slot(slot, io);
-            }
+        let mut sent = std::mem::take(&mut self.sent_slots);
+        self.tx.advance(res as usize, &mut sent);
+        for slot in sent.drain(..) {
+            self.free_slot(slot as u16, io);
         }
-        self.tx_sent = n;
+        self.sent_slots = sent;
     }
 
     fn free_slot(&mut self, slot: u16, io: &mut Io) {
@@ -355,10 +289,10 @@ impl TcpConn {
 
     fn process_rx(&mut self, io: &mut Io) {
         // Take the buffer out so that PDUs can borrow it while `self` changes.
-        let rx = std::mem::take(&mut self.rx);
+        let mut rx = std::mem::replace(&mut self.rx, RxBuf::new(0));
         self.stalled = false;
         while matches!(self.phase, Phase::Handshake | Phase::Live) {
-            let avail = &rx[self.rx_head..self.rx_tail];
+            let avail = rx.pending();
             let expect = if self.phase == Phase::Handshake {
                 Digests::default()
             } else {
@@ -370,7 +304,7 @@ impl TcpConn {
             });
             match res {
                 Ok(None) => break,
-                Ok(Some((Flow::Consumed, n))) => self.rx_head += n,
+                Ok(Some((Flow::Consumed, n))) => rx.consume(n),
                 Ok(Some((Flow::Stall, _))) => {
                     self.stalled = true;
                     break;
@@ -599,13 +533,7 @@ impl TcpConn {
                 let fl = if last { flags::LAST_PDU } else { 0 };
                 tcp::encode_header(&mut head, &h, fl, n, self.digests, self.c2h_align);
                 let digest = self.digests.data.then(|| tcp::data_digest(&io.arena.bytes(buf, at + n)[at..]));
-                self.tx.push_back(TxPdu {
-                    head,
-                    body: io.arena.addr(buf, at),
-                    body_len: n,
-                    digest,
-                    release: None,
-                });
+                self.tx.push_with_body(head, io.arena.addr(buf, at), n, digest, None);
                 self.c2h_pdus += 1;
                 at += n;
             }
@@ -637,12 +565,6 @@ impl TcpConn {
     }
 
     fn queue(&mut self, head: Vec<u8>, release: Option<u16>) {
-        self.tx.push_back(TxPdu {
-            head,
-            body: std::ptr::null(),
-            body_len: 0,
-            digest: None,
-            release,
-        });
+        self.tx.push(head, release.map(u64::from));
     }
 }
