@@ -1164,7 +1164,11 @@ fn graceful_shutdown_drains() {
     let mut done = 0;
     while done < data.len() {
         let c = q.wait_any().unwrap_or_else(|e| {
-            panic!("after SIGTERM, {done} of 32 in-flight writes completed, then: {e}")
+            panic!(
+                "after SIGTERM, {done} of 32 in-flight writes completed, then: {e} \
+                 (the host had received {} R2Ts and sent {} H2CData PDUs)",
+                q.stats.r2ts, q.stats.h2c_pdus
+            )
         });
         let i = cids[&c.cid];
         assert_status(
