@@ -46,5 +46,7 @@ pub fn put_str(b: &mut [u8], off: usize, width: usize, s: &str, pad: u8) {
 pub fn get_str(b: &[u8], off: usize, width: usize) -> String {
     let field = &b[off..off + width];
     let end = field.iter().position(|&c| c == 0).unwrap_or(width);
-    String::from_utf8_lossy(&field[..end]).trim_end().to_string()
+    String::from_utf8_lossy(&field[..end])
+        .trim_end()
+        .to_string()
 }

@@ -73,7 +73,11 @@ fn tcp_streams(pcap: &[u8]) -> BTreeMap<(u16, u16), Stream> {
         if s.isn.is_none() {
             s.first_seen = index;
             // SYN consumes one sequence number.
-            s.isn = Some(if tcp_flags & 0x02 != 0 { seq.wrapping_add(1) } else { seq });
+            s.isn = Some(if tcp_flags & 0x02 != 0 {
+                seq.wrapping_add(1)
+            } else {
+                seq
+            });
         }
         if payload.is_empty() {
             continue;
@@ -90,15 +94,25 @@ fn tcp_streams(pcap: &[u8]) -> BTreeMap<(u16, u16), Stream> {
 #[test]
 fn every_captured_pdu_round_trips() {
     let streams = tcp_streams(PCAP);
-    assert!(streams.len() >= 6, "expected 3 connections, found {} streams", streams.len());
+    assert!(
+        streams.len() >= 6,
+        "expected 3 connections, found {} streams",
+        streams.len()
+    );
     let mut counts: BTreeMap<u8, usize> = BTreeMap::new();
     let mut digest_pdus = 0;
     for ((sport, dport), s) in &streams {
         // The ICResp of a connection tells which digests it uses; find it in
         // the target-to-host direction.
-        let c2h_key = if *dport == NVME_PORT { (*dport, *sport) } else { (*sport, *dport) };
+        let c2h_key = if *dport == NVME_PORT {
+            (*dport, *sport)
+        } else {
+            (*sport, *dport)
+        };
         let ic = &streams[&c2h_key].bytes;
-        let (icresp, _) = tcp::decode(ic, Digests::default(), 1 << 24).unwrap().unwrap();
+        let (icresp, _) = tcp::decode(ic, Digests::default(), 1 << 24)
+            .unwrap()
+            .unwrap();
         let Header::IcResp { digests, .. } = icresp.header else {
             panic!("stream {c2h_key:?} does not start with ICResp");
         };
@@ -113,7 +127,11 @@ fn every_captured_pdu_round_trips() {
             let raw = &s.bytes[at..at + n];
             let extra = pdu.flags & (flags::LAST_PDU | flags::SUCCESS);
             let re = tcp::encode(&pdu.header, extra, pdu.data, expect, 1);
-            assert_eq!(re, raw, "re-encoding differs: stream {sport}->{dport} at byte {at}: {:?}", pdu.header);
+            assert_eq!(
+                re, raw,
+                "re-encoding differs: stream {sport}->{dport} at byte {at}: {:?}",
+                pdu.header
+            );
             *counts.entry(pdu.header.pdu_type()).or_default() += 1;
             if pdu.flags & flags::HDGST != 0 {
                 digest_pdus += 1;
@@ -124,7 +142,10 @@ fn every_captured_pdu_round_trips() {
     }
     // The capture holds every PDU type the host and target exchange.
     for ty in [0u8, 1, 4, 5, 6, 7, 9] {
-        assert!(counts.get(&ty).copied().unwrap_or(0) > 0, "no PDU of type {ty:#x} in capture: {counts:?}");
+        assert!(
+            counts.get(&ty).copied().unwrap_or(0) > 0,
+            "no PDU of type {ty:#x} in capture: {counts:?}"
+        );
     }
     assert!(digest_pdus > 0, "the digest connection was not seen");
     eprintln!("PDUs by type: {counts:?}, with header digest: {digest_pdus}");

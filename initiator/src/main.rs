@@ -1,1 +1,391 @@
-fn main() {}
+//! rdmablk: discover NVMe-oF subsystems, connect a remote namespace and
+//! export it locally, or benchmark it.
+
+use clap::{Args, Parser, Subcommand};
+use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
+use rdmablk::host::engine::Engine;
+use rdmablk::host::tcp::IoQueue;
+use rdmablk::host::{HostError, Params, Session};
+use rdmablk::hostid;
+use rdmablk_common::fabrics::discovery::{adrfam, subtype, trtype, DiscoveryEntry};
+use rdmablk_common::tcp::Digests;
+use rdmablk_common::units;
+use std::net::{SocketAddr, ToSocketAddrs};
+use std::process::ExitCode;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// NVMe over Fabrics host: discover subsystems, connect a namespace as a
+/// local disk (NBD), or benchmark it. Flags follow nvme-cli.
+#[derive(Parser)]
+#[command(name = "rdmablk", version)]
+struct Cli {
+    /// Log level when RUST_LOG is not set: error, warn, info, debug, trace.
+    #[arg(long, global = true, value_name = "LEVEL", default_value = "warn")]
+    log_level: String,
+    #[command(subcommand)]
+    cmd: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Print the discovery log of a target, as `nvme discover` does.
+    #[command(after_help = "Example:\n  rdmablk discover -t tcp -a 127.0.0.1 -s 4420")]
+    Discover(Target),
+    /// Benchmark a namespace: IOPS, bandwidth, latency percentiles.
+    #[command(after_help = "Examples:
+  rdmablk bench -t tcp -a 127.0.0.1 -s 4420 -n NQN --rw randread --bs 4k --qd 32 --runtime 10s
+  rdmablk bench -t tcp -a 127.0.0.1 -s 4420 -n NQN --rw randrw --bs 64k --qd 16 --verify --json")]
+    Bench(BenchArgs),
+}
+
+/// Where the target is and who we are.
+#[derive(Args, Clone)]
+struct Target {
+    /// Transport: tcp (rdma comes with the NVMe/RDMA transport).
+    #[arg(short = 't', long = "transport", default_value = "tcp")]
+    transport: String,
+    /// Target address (IP or host name).
+    #[arg(short = 'a', long = "traddr")]
+    traddr: String,
+    /// Target port.
+    #[arg(short = 's', long = "trsvcid", default_value_t = 4420)]
+    trsvcid: u16,
+    /// Host NQN (default: /etc/nvme/hostnqn, else derived from /etc/machine-id).
+    #[arg(short = 'q', long = "hostnqn")]
+    hostnqn: Option<String>,
+    /// Host identifier, a UUID (default: /etc/nvme/hostid, else derived from /etc/machine-id).
+    #[arg(short = 'I', long = "hostid")]
+    hostid: Option<String>,
+    /// Header digests (CRC32C).
+    #[arg(short = 'g', long = "hdr-digest")]
+    hdr_digest: bool,
+    /// Data digests (CRC32C).
+    #[arg(short = 'G', long = "data-digest")]
+    data_digest: bool,
+}
+
+/// A subsystem to use.
+#[derive(Args, Clone)]
+struct Subsys {
+    #[command(flatten)]
+    target: Target,
+    /// Subsystem NQN.
+    #[arg(short = 'n', long = "nqn")]
+    nqn: String,
+    /// Namespace id (default: the first active namespace).
+    #[arg(long)]
+    nsid: Option<u32>,
+    /// I/O queue entries.
+    #[arg(short = 'Q', long = "queue-size", default_value_t = 128)]
+    queue_size: u16,
+    /// Keep-alive timeout in seconds (0 disables keep-alive).
+    #[arg(short = 'k', long = "keep-alive-tmo", default_value_t = 5)]
+    keep_alive_tmo: u32,
+}
+
+#[derive(Args)]
+struct BenchArgs {
+    #[command(flatten)]
+    subsys: Subsys,
+    /// Access pattern: randread, randwrite, read, write, randrw.
+    #[arg(long, default_value = "randread")]
+    rw: Pattern,
+    /// Bytes per I/O (e.g. 4k, 128k, 1m); larger than the target's MDTS is split.
+    #[arg(long, default_value = "4k")]
+    bs: String,
+    /// I/Os in flight per queue.
+    #[arg(long, default_value_t = 32)]
+    qd: usize,
+    /// How long to run (e.g. 10s, 500ms, 2m).
+    #[arg(long, default_value = "10s")]
+    runtime: String,
+    /// I/O queues (one thread each).
+    #[arg(long, default_value_t = 1)]
+    queues: u16,
+    /// Write self-checking blocks (LBA, run id, CRC32C) and check every block read back.
+    #[arg(long)]
+    verify: bool,
+    /// Print the result as one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    tracing_subscriber::fmt()
+        .with_env_filter(filter)
+        .with_writer(std::io::stderr)
+        .with_target(false)
+        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
+        .init();
+    let result = match cli.cmd {
+        Command::Discover(t) => discover(&t),
+        Command::Bench(b) => run_bench(&b),
+    };
+    match result {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("rdmablk: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn params(
+    t: &Target,
+    subnqn: &str,
+    kato_s: u32,
+    queue_size: u16,
+    io_queues: u16,
+) -> Result<Params, String> {
+    match t.transport.as_str() {
+        "tcp" => {}
+        "rdma" => {
+            return Err("-t rdma: this build has no NVMe/RDMA transport yet; use -t tcp".into())
+        }
+        other => return Err(format!("-t {other}: unknown transport; use tcp")),
+    }
+    let addr: SocketAddr = (t.traddr.as_str(), t.trsvcid)
+        .to_socket_addrs()
+        .map_err(|e| format!("-a {}: {e}", t.traddr))?
+        .next()
+        .ok_or_else(|| format!("-a {}: no address", t.traddr))?;
+    let hostid = match &t.hostid {
+        Some(s) => hostid::parse_uuid(s)
+            .ok_or_else(|| format!("-I {s}: not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"))?,
+        None => hostid::default_hostid(),
+    };
+    Ok(Params {
+        addr,
+        subnqn: subnqn.into(),
+        hostnqn: t.hostnqn.clone().unwrap_or_else(hostid::default_hostnqn),
+        hostid,
+        digests: Digests {
+            header: t.hdr_digest,
+            data: t.data_digest,
+        },
+        kato: Duration::from_secs(kato_s as u64),
+        queue_size,
+        io_queues,
+    })
+}
+
+fn discover(t: &Target) -> Result<ExitCode, String> {
+    let p = params(t, "", 0, 32, 1)?;
+    let entries = Session::discover(&p).map_err(|e| e.to_string())?;
+    println!(
+        "\nDiscovery Log Number of Records {}, Generation counter 1",
+        entries.len()
+    );
+    for (i, e) in entries.iter().enumerate() {
+        print_entry(i, e);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn print_entry(i: usize, e: &DiscoveryEntry) {
+    let trtype = match e.trtype {
+        trtype::TCP => "tcp",
+        trtype::RDMA => "rdma",
+        _ => "unrecognized",
+    };
+    let adrfam = match e.adrfam {
+        adrfam::IPV4 => "ipv4",
+        adrfam::IPV6 => "ipv6",
+        _ => "unrecognized",
+    };
+    let subtype = match e.subtype {
+        subtype::NVME => "nvme subsystem",
+        subtype::REFERRAL => "discovery subsystem referral",
+        subtype::CURRENT_DISCOVERY => "current discovery subsystem",
+        _ => "unrecognized",
+    };
+    let treq = match e.treq & 3 {
+        1 => "required",
+        2 => "not required",
+        _ => "not specified",
+    };
+    println!("=====Discovery Log Entry {i}======");
+    println!("trtype:  {trtype}");
+    println!("adrfam:  {adrfam}");
+    println!("subtype: {subtype}");
+    println!("treq:    {treq}");
+    println!("portid:  {}", e.portid);
+    println!("trsvcid: {}", e.trsvcid);
+    println!("subnqn:  {}", e.subnqn);
+    println!("traddr:  {}", e.traddr);
+}
+
+/// Connects and picks the namespace to use.
+fn open(s: &Subsys, io_queues: u16) -> Result<(Session, rdmablk::host::NamespaceInfo), HostError> {
+    let p = params(&s.target, &s.nqn, s.keep_alive_tmo, s.queue_size, io_queues)
+        .map_err(HostError::Protocol)?;
+    let session = Session::connect(&p)?;
+    let nsid = match s.nsid {
+        Some(n) => n,
+        None => *session
+            .namespaces()?
+            .first()
+            .ok_or_else(|| HostError::Protocol(format!("subsystem {} has no namespaces", s.nqn)))?,
+    };
+    let ns = session.namespace(nsid)?;
+    Ok((session, ns))
+}
+
+fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
+    let bs = units::parse_size(&b.bs).map_err(|e| format!("--bs: {e}"))? as usize;
+    let runtime = units::parse_duration(&b.runtime).map_err(|e| format!("--runtime: {e}"))?;
+    if b.qd == 0 || b.qd > 4096 {
+        return Err(format!("--qd {}: use 1 to 4096", b.qd));
+    }
+    if b.queues == 0 {
+        return Err("--queues 0: use at least 1".into());
+    }
+    let (session, ns) = open(&b.subsys, b.queues).map_err(|e| e.to_string())?;
+    let block = ns.block_size as usize;
+    if bs == 0 || !bs.is_multiple_of(block) || bs > rdmablk_common::mem::MAX_BUF {
+        return Err(format!(
+            "--bs {}: use a multiple of the namespace's {block}-byte blocks, at most {}",
+            b.bs,
+            units::format_size(rdmablk_common::mem::MAX_BUF as u64)
+        ));
+    }
+    if b.verify && ns.read_only {
+        return Err("--verify writes, but the namespace is read-only".into());
+    }
+    let queues = session.io_queues.min(b.queues) as u64;
+    let units_total = ns.size_bytes() / bs as u64;
+    if units_total < queues {
+        return Err(format!(
+            "the namespace ({} bytes) is smaller than {queues} I/Os of --bs",
+            ns.size_bytes()
+        ));
+    }
+    let per_queue = units_total / queues;
+    let run_id = (std::process::id() as u64) << 32
+        ^ Instant::now().elapsed().as_nanos() as u64
+        ^ now_nanos();
+    let progress = Arc::new(Progress::default());
+    spawn_signal_watch(progress.clone());
+    let mut threads = Vec::new();
+    for q in 0..queues {
+        let (sock, limits) = session
+            .open_io_queue(q as u16 + 1)
+            .map_err(|e| e.to_string())?;
+        let qd = b.qd.min(limits.depth as usize - 1).max(1);
+        let job = Job {
+            pattern: b.rw,
+            bs,
+            qd,
+            runtime,
+            verify: b.verify,
+            ns,
+            first_unit: q * per_queue,
+            units: per_queue,
+            max_transfer: session.max_transfer(),
+            run_id,
+        };
+        let arena = (qd * bs.next_power_of_two().max(4096) + (8 << 20)).next_multiple_of(4 << 20);
+        let engine = Engine::new(
+            IoQueue::new(sock, limits),
+            arena,
+            Duration::from_millis(100),
+        )
+        .map_err(|e| e.to_string())?;
+        let progress = progress.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("bench-{}", q + 1))
+                .spawn(move || {
+                    let mut bench =
+                        Bench::new(job, progress, run_id ^ (q + 1).wrapping_mul(0x9e37_79b9));
+                    let r = engine.run(&mut bench);
+                    (r, bench.stats, bench.problems)
+                })
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let start = Instant::now();
+    let mut last = (0u64, 0u64);
+    while threads.iter().any(|t| !t.is_finished()) {
+        std::thread::sleep(Duration::from_millis(200));
+        if start.elapsed().as_millis() / 1000 != (start.elapsed().as_millis() - 200) / 1000 {
+            let ios =
+                progress.reads.load(Ordering::Relaxed) + progress.writes.load(Ordering::Relaxed);
+            let bytes = progress.bytes.load(Ordering::Relaxed);
+            eprint!(
+                "\r[{:>4.0}s] {:>10.0} IOPS {:>9.1} MiB/s  errors {}   ",
+                start.elapsed().as_secs_f64(),
+                (ios - last.0) as f64,
+                (bytes - last.1) as f64 / (1 << 20) as f64,
+                progress.errors.load(Ordering::Relaxed)
+            );
+            last = (ios, bytes);
+        }
+    }
+    eprintln!();
+    let mut total = Stats::default();
+    let mut failure = None;
+    for t in threads {
+        let (r, stats, problems) = t
+            .join()
+            .map_err(|_| "a benchmark thread panicked".to_string())?;
+        total.merge(&stats);
+        for p in problems {
+            eprintln!("rdmablk: {p}");
+        }
+        if let Err(e) = r {
+            failure = Some(e);
+        }
+    }
+    if let Err(e) = session.shutdown() {
+        tracing::warn!("controller shutdown: {e}");
+    }
+    if b.subsys.target.data_digest || b.subsys.target.hdr_digest {
+        tracing::debug!("digests were on");
+    }
+    if b.json {
+        println!("{}", bench::to_json(&total));
+    } else {
+        print!("{}", bench::to_text(&total));
+    }
+    if let Some(e) = failure {
+        eprintln!("rdmablk: I/O queue failed: {e}");
+        return Ok(ExitCode::FAILURE);
+    }
+    let errors = total.read.errors + total.write.errors;
+    if errors > 0 || total.verify_errors > 0 {
+        eprintln!(
+            "rdmablk: {errors} I/O errors, {} verify mismatches",
+            total.verify_errors
+        );
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn now_nanos() -> u64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| d.as_nanos() as u64)
+}
+
+/// Ends the benchmark early on SIGINT/SIGTERM, reporting what ran.
+fn spawn_signal_watch(progress: Arc<Progress>) {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    if set.thread_block().is_err() {
+        return;
+    }
+    std::thread::spawn(move || {
+        if set.wait().is_ok() {
+            progress.stop.store(true, Ordering::Relaxed);
+        }
+    });
+}

@@ -8,9 +8,9 @@ use crate::controller::{self, Association, Reply, TransportCaps, MAX_AERS, MAX_T
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
 use io_uring::squeue;
+use rdmablk_common::fabrics::fctype;
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE};
-use rdmablk_common::fabrics::fctype;
 use std::sync::Arc;
 
 /// What kind of work a command is.
@@ -59,7 +59,11 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
         Some(a) if a.qid == 0 => Work::Admin,
         Some(a) => Work::Io(io_cmd::decode(&a.ctrl.subsys, sqe, sgl_len)?),
     };
-    let dir = DataDirection::from_code(if is_fabrics { sqe.fctype() } else { sqe.opcode() });
+    let dir = DataDirection::from_code(if is_fabrics {
+        sqe.fctype()
+    } else {
+        sqe.opcode()
+    });
     let len = match (&work, dir) {
         (Work::Io(req), _) => req.data_to_controller().max(req.data_to_host()),
         (_, DataDirection::None) => 0,
@@ -113,7 +117,10 @@ impl Command {
     }
 
     fn fixed(&self, arena: &Arena, from: usize) -> FixedBuf {
-        let buf = self.buf.as_ref().expect("I/O command with data has a buffer");
+        let buf = self
+            .buf
+            .as_ref()
+            .expect("I/O command with data has a buffer");
         FixedBuf {
             ptr: arena.addr(buf, from),
             len: self.len - from,
@@ -122,11 +129,23 @@ impl Command {
     }
 
     /// Executes a Connect on a queue that has no association yet.
-    pub fn connect(&mut self, registry: &Arc<Registry>, arena: &Arena, caps: TransportCaps, peer: &str) -> Connected {
+    pub fn connect(
+        &mut self,
+        registry: &Arc<Registry>,
+        arena: &Arena,
+        caps: TransportCaps,
+        peer: &str,
+    ) -> Connected {
         match controller::connect(registry, &self.sqe, self.data(arena), caps) {
             Ok(a) => {
                 self.dw0 = a.ctrl.cntlid as u32;
-                tracing::debug!(peer, cntlid = a.ctrl.cntlid, qid = a.qid, depth = a.depth, "queue connected");
+                tracing::debug!(
+                    peer,
+                    cntlid = a.ctrl.cntlid,
+                    qid = a.qid,
+                    depth = a.depth,
+                    "queue connected"
+                );
                 Connected::Yes(a)
             }
             Err(r) => {
@@ -140,7 +159,12 @@ impl Command {
 
     /// Executes the command on an associated queue. `held_aers` is how many
     /// AERs the queue already holds.
-    pub fn execute(&mut self, assoc: &Association, arena: &mut Arena, held_aers: usize) -> Progress {
+    pub fn execute(
+        &mut self,
+        assoc: &Association,
+        arena: &mut Arena,
+        held_aers: usize,
+    ) -> Progress {
         let reply = match &self.work {
             Work::Connect => unreachable!("Connect runs through Command::connect"),
             Work::Fabrics => assoc.ctrl.fabrics(&self.sqe, assoc.qid),
@@ -153,7 +177,12 @@ impl Command {
                 Progress::Complete
             }
             Reply::Held => Progress::Held,
-            Reply::Done { status, dw0, dw1, data } => {
+            Reply::Done {
+                status,
+                dw0,
+                dw1,
+                data,
+            } => {
                 self.status = status;
                 self.dw0 = dw0;
                 self.dw1 = dw1;
@@ -182,7 +211,10 @@ impl Command {
             IoKind::WriteZeroes { deallocate } => vec![ns.backend.zero(offset, len, deallocate)],
             IoKind::Dsm { deallocate: false } => Vec::new(),
             IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(&ns, self.data(arena)) {
-                Ok(ranges) => ranges.iter().map(|&(o, l)| ns.backend.zero(o, l, true)).collect(),
+                Ok(ranges) => ranges
+                    .iter()
+                    .map(|&(o, l)| ns.backend.zero(o, l, true))
+                    .collect(),
                 Err(st) => {
                     self.status = st;
                     Vec::new()
@@ -215,7 +247,9 @@ impl Command {
         let rw = matches!(req.kind, IoKind::Read | IoKind::Write { .. });
         if res < 0 {
             let errno = -res;
-            if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::WriteZeroes { deallocate: false }) {
+            if errno == libc::EOPNOTSUPP
+                && matches!(req.kind, IoKind::WriteZeroes { deallocate: false })
+            {
                 // No ZERO_RANGE on this file system: a hole reads back as zeroes too.
                 return Some(req.ns.backend.zero(req.offset, req.len, true).into_entry());
             }
@@ -236,7 +270,10 @@ impl Command {
             self.done_bytes += res as usize;
             if self.done_bytes < self.len {
                 if res == 0 {
-                    tracing::error!(offset = req.offset, "backend returned end of file inside the namespace");
+                    tracing::error!(
+                        offset = req.offset,
+                        "backend returned end of file inside the namespace"
+                    );
                     self.status = Status::INTERNAL_ERROR;
                 } else {
                     // Short transfer: continue where it stopped.

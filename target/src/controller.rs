@@ -4,12 +4,15 @@
 //! and gets back a status, dword 0 and the data to return.
 
 use crate::subsystem::{Registry, Subsystem};
-use rdmablk_common::fabrics::{fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN};
+use rdmablk_common::fabrics::{
+    fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN,
+};
 use rdmablk_common::nvme::identify::{
-    cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId, IDENTIFY_LEN,
+    cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId,
+    IDENTIFY_LEN,
 };
 use rdmablk_common::nvme::log::{lid, LogRequest};
-use rdmablk_common::nvme::{admin, feature, io, property, Sqe, Status, FABRICS_OPCODE};
+use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status, FABRICS_OPCODE};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -85,7 +88,11 @@ pub struct Refusal {
 }
 
 fn refuse(status: Status, dw0: u32, reason: String) -> Refusal {
-    Refusal { status, dw0, reason }
+    Refusal {
+        status,
+        dw0,
+        reason,
+    }
 }
 
 /// The outcome of a command the controller executed.
@@ -134,7 +141,12 @@ impl Reply {
 
 /// Handles a Fabrics Connect: creates a controller (admin queue) or binds an
 /// I/O queue to an existing one.
-pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: TransportCaps) -> Result<Association, Refusal> {
+pub fn connect(
+    registry: &Arc<Registry>,
+    sqe: &Sqe,
+    data: &[u8],
+    caps: TransportCaps,
+) -> Result<Association, Refusal> {
     let cmd = ConnectCmd::from_sqe(sqe);
     if data.len() < CONNECT_DATA_LEN {
         return Err(refuse(
@@ -201,7 +213,11 @@ pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: Transport
             }),
         };
         let Some(ctrl) = subsys.add_controller(make) else {
-            return Err(refuse(Status::CONTROLLER_BUSY, 0, "no free controller id".into()));
+            return Err(refuse(
+                Status::CONTROLLER_BUSY,
+                0,
+                "no free controller id".into(),
+            ));
         };
         tracing::info!(
             cntlid = ctrl.cntlid,
@@ -259,7 +275,10 @@ pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: Transport
             return Err(refuse(
                 Status::CONNECT_INVALID_PARAMETERS,
                 invalid_param_dw0(false, 42),
-                format!("queue id {qid} is beyond the {} I/O queues granted", st.io_queues.max(1)),
+                format!(
+                    "queue id {qid} is beyond the {} I/O queues granted",
+                    st.io_queues.max(1)
+                ),
             ));
         }
         if st.connected.len() <= qid {
@@ -269,7 +288,10 @@ pub fn connect(registry: &Arc<Registry>, sqe: &Sqe, data: &[u8], caps: Transport
             return Err(refuse(
                 Status::COMMAND_SEQUENCE_ERROR,
                 0,
-                format!("queue {qid} of controller {} is already connected", ctrl.cntlid),
+                format!(
+                    "queue {qid} of controller {} is already connected",
+                    ctrl.cntlid
+                ),
             ));
         }
         st.connected[qid] = true;
@@ -315,7 +337,11 @@ impl Controller {
     /// True once the host has been silent for longer than KATO.
     pub fn keep_alive_expired(&self) -> bool {
         let kato = self.kato_ms.load(Ordering::Acquire) as u64;
-        kato != 0 && self.now_ms().saturating_sub(self.last_keep_alive.load(Ordering::Acquire)) > kato
+        kato != 0
+            && self
+                .now_ms()
+                .saturating_sub(self.last_keep_alive.load(Ordering::Acquire))
+                > kato
     }
 
     /// A Fabrics command other than Connect on an established queue.
@@ -368,7 +394,11 @@ impl Controller {
             // Enable: I/O controllers need 64-byte SQEs and 16-byte CQEs.
             let (iosqes, iocqes) = ((cc >> 16) & 0xf, (cc >> 20) & 0xf);
             if !self.subsys.is_discovery() && (iosqes != 6 || iocqes != 4) {
-                tracing::warn!(cntlid = self.cntlid, cc, "CC.EN with IOSQES {iosqes} / IOCQES {iocqes}: fatal status");
+                tracing::warn!(
+                    cntlid = self.cntlid,
+                    cc,
+                    "CC.EN with IOSQES {iosqes} / IOCQES {iocqes}: fatal status"
+                );
                 st.csts = property::CSTS_CFS;
             } else {
                 st.csts = property::CSTS_RDY;
@@ -433,12 +463,15 @@ impl Controller {
                     }
                     .encode(),
                 ),
-                None if nsid != 0 && nsid <= self.subsys.max_nsid() => Reply::data(vec![0; IDENTIFY_LEN]),
+                None if nsid != 0 && nsid <= self.subsys.max_nsid() => {
+                    Reply::data(vec![0; IDENTIFY_LEN])
+                }
                 None => Reply::status(Status::INVALID_NAMESPACE),
             },
-            cns::ACTIVE_NS_LIST if nsid < 0xffff_fffe => {
-                Reply::data(encode_ns_list(self.subsys.namespaces.iter().map(|n| n.nsid), nsid))
-            }
+            cns::ACTIVE_NS_LIST if nsid < 0xffff_fffe => Reply::data(encode_ns_list(
+                self.subsys.namespaces.iter().map(|n| n.nsid),
+                nsid,
+            )),
             cns::NS_DESCRIPTORS => match self.subsys.namespace(nsid) {
                 Some(ns) => Reply::data(encode_ns_descriptors(&ns.nguid, &ns.uuid)),
                 None => Reply::status(Status::INVALID_NAMESPACE),
@@ -480,7 +513,11 @@ impl Controller {
                 MAX_IO_QUEUE_SIZE
             },
             nn: self.subsys.max_nsid(),
-            oncs: if disc { 0 } else { oncs::DSM | oncs::WRITE_ZEROES },
+            oncs: if disc {
+                0
+            } else {
+                oncs::DSM | oncs::WRITE_ZEROES
+            },
             vwc: self.subsys.volatile_cache() as u8,
             sgls: self.caps.sgls,
             mnan: 0,
@@ -499,7 +536,9 @@ impl Controller {
             return Reply::status(Status::INVALID_FIELD);
         }
         let page = match req.lid {
-            lid::DISCOVERY if self.subsys.is_discovery() => self.registry.discovery_log(&self.hostnqn),
+            lid::DISCOVERY if self.subsys.is_discovery() => {
+                self.registry.discovery_log(&self.hostnqn)
+            }
             _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
             lid::ERROR => vec![0; 64],
             lid::SMART => smart_log(),
@@ -598,7 +637,9 @@ fn effects_log() -> Vec<u8> {
     const CSUPP: u32 = 1;
     const LBCC: u32 = 1 << 1;
     let mut b = vec![0u8; 4096];
-    let put = |b: &mut [u8], base: usize, opc: u8, v: u32| rdmablk_common::bytes::put_u32(b, base + opc as usize * 4, v);
+    let put = |b: &mut [u8], base: usize, opc: u8, v: u32| {
+        rdmablk_common::bytes::put_u32(b, base + opc as usize * 4, v)
+    };
     for opc in [
         admin::GET_LOG_PAGE,
         admin::IDENTIFY,
@@ -611,9 +652,9 @@ fn effects_log() -> Vec<u8> {
     ] {
         put(&mut b, 0, opc, CSUPP);
     }
-    put(&mut b, 1024, io::FLUSH, CSUPP);
-    put(&mut b, 1024, io::READ, CSUPP);
-    for opc in [io::WRITE, io::WRITE_ZEROES, io::DSM] {
+    put(&mut b, 1024, nvm::FLUSH, CSUPP);
+    put(&mut b, 1024, nvm::READ, CSUPP);
+    for opc in [nvm::WRITE, nvm::WRITE_ZEROES, nvm::DSM] {
         put(&mut b, 1024, opc, CSUPP | LBCC);
     }
     b

@@ -4,7 +4,7 @@
 use crate::controller::MAX_TRANSFER;
 use crate::subsystem::{Namespace, Subsystem};
 use rdmablk_common::bytes::{get_u32, get_u64};
-use rdmablk_common::nvme::{io, Sqe, Status};
+use rdmablk_common::nvme::{nvm, Sqe, Status};
 use std::sync::Arc;
 
 /// Size of one Dataset Management range.
@@ -16,13 +16,19 @@ pub enum IoKind {
     /// Read `len` bytes at `offset` and return them to the host.
     Read,
     /// Receive `len` bytes from the host and write them at `offset`.
-    Write { fua: bool },
+    Write {
+        fua: bool,
+    },
     Flush,
     /// Zero `len` bytes at `offset`, deallocating if allowed.
-    WriteZeroes { deallocate: bool },
+    WriteZeroes {
+        deallocate: bool,
+    },
     /// Dataset Management: receive `len` bytes of ranges; deallocate them when
     /// `deallocate` is set (other attributes are hints and need no action).
-    Dsm { deallocate: bool },
+    Dsm {
+        deallocate: bool,
+    },
 }
 
 /// A validated I/O command.
@@ -55,7 +61,10 @@ impl IoRequest {
 
 /// Decodes an I/O command; `sgl_len` is the length the data pointer describes.
 pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, Status> {
-    let ns = subsys.namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?.clone();
+    let ns = subsys
+        .namespace(sqe.nsid())
+        .ok_or(Status::INVALID_NAMESPACE)?
+        .clone();
     let bs = ns.block_size as u64;
     let rw_range = |ns: &Namespace| -> Result<(u64, u64), Status> {
         let slba = sqe.cdw10_11();
@@ -73,7 +82,7 @@ pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, 
         }
     };
     let (kind, offset, len) = match sqe.opcode() {
-        io::READ | io::WRITE => {
+        nvm::READ | nvm::WRITE => {
             let (offset, len) = rw_range(&ns)?;
             if len > MAX_TRANSFER as u64 {
                 return Err(Status::INVALID_FIELD);
@@ -81,7 +90,7 @@ pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, 
             if sgl_len as u64 != len {
                 return Err(Status::SGL_DATA_LENGTH_INVALID);
             }
-            if sqe.opcode() == io::READ {
+            if sqe.opcode() == nvm::READ {
                 (IoKind::Read, offset, len)
             } else {
                 writable(&ns)?;
@@ -89,14 +98,14 @@ pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, 
                 (IoKind::Write { fua }, offset, len)
             }
         }
-        io::FLUSH => (IoKind::Flush, 0, 0),
-        io::WRITE_ZEROES => {
+        nvm::FLUSH => (IoKind::Flush, 0, 0),
+        nvm::WRITE_ZEROES => {
             writable(&ns)?;
             let (offset, len) = rw_range(&ns)?;
             let deallocate = sqe.cdw(12) & (1 << 25) != 0;
             (IoKind::WriteZeroes { deallocate }, offset, len)
         }
-        io::DSM => {
+        nvm::DSM => {
             let ranges = (sqe.cdw(10) & 0xff) as u64 + 1;
             let len = ranges * DSM_RANGE_LEN as u64;
             if (sgl_len as u64) < len {
@@ -110,7 +119,12 @@ pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, 
         }
         _ => return Err(Status::INVALID_OPCODE),
     };
-    Ok(IoRequest { kind, ns, offset, len })
+    Ok(IoRequest {
+        kind,
+        ns,
+        offset,
+        len,
+    })
 }
 
 /// Decodes DSM ranges into byte (offset, length) pairs, checking each.

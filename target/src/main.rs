@@ -91,7 +91,10 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    match serve(cfg, args.config.is_none() && args.listen.is_empty() && !has_quick_backend(&args)) {
+    match serve(
+        cfg,
+        args.config.is_none() && args.listen.is_empty() && !has_quick_backend(&args),
+    ) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -120,7 +123,11 @@ fn init_logging(level: &str) {
 fn load_config(a: &Args) -> Result<Config, String> {
     let mut cfg = if let Some(path) = &a.config {
         config::load(path).map_err(|e| e.to_string())?
-    } else if a.listen.is_empty() && !has_quick_backend(a) && a.nqn.is_none() && a.block_size.is_none() {
+    } else if a.listen.is_empty()
+        && !has_quick_backend(a)
+        && a.nqn.is_none()
+        && a.block_size.is_none()
+    {
         config::embedded_default()
     } else {
         let q = QuickArgs {
@@ -139,7 +146,11 @@ fn load_config(a: &Args) -> Result<Config, String> {
         }
         cfg.pollers.count = n;
     }
-    if let Some(l) = cfg.listeners.iter().find(|l| l.transport == Transport::Rdma) {
+    if let Some(l) = cfg
+        .listeners
+        .iter()
+        .find(|l| l.transport == Transport::Rdma)
+    {
         return Err(format!(
             "listener rdma://{}: this build has no NVMe/RDMA transport yet; use tcp://",
             l.address
@@ -154,7 +165,9 @@ fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
-    signals.thread_block().map_err(|e| format!("blocking signals: {e}"))?;
+    signals
+        .thread_block()
+        .map_err(|e| format!("blocking signals: {e}"))?;
 
     let registry = Arc::new(Registry::open(&cfg)?);
     let shared = Arc::new(Shared {
@@ -171,7 +184,8 @@ fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
     let pollers = Arc::new(links);
 
     for l in &cfg.listeners {
-        let listener = TcpListener::bind(l.address).map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
+        let listener = TcpListener::bind(l.address)
+            .map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
             tracing::warn!(
@@ -206,7 +220,9 @@ fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
     }
     notify::notify("READY=1");
 
-    let sig = signals.wait().map_err(|e| format!("waiting for signals: {e}"))?;
+    let sig = signals
+        .wait()
+        .map_err(|e| format!("waiting for signals: {e}"))?;
     notify::notify("STOPPING=1");
     tracing::info!(
         "{sig:?}: draining {} connection(s)",

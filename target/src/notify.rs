@@ -14,7 +14,8 @@ pub fn notify(state: &str) {
         Some(name) => SocketAddr::from_abstract_name(name.as_bytes()),
         None => SocketAddr::from_pathname(&path),
     };
-    let sent = addr.and_then(|a| UnixDatagram::unbound().and_then(|s| s.send_to_addr(state.as_bytes(), &a)));
+    let sent = addr
+        .and_then(|a| UnixDatagram::unbound().and_then(|s| s.send_to_addr(state.as_bytes(), &a)));
     if let Err(e) = sent {
         tracing::warn!("cannot notify systemd ({path}) of {state:?}: {e}");
     }

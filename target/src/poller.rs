@@ -104,7 +104,11 @@ fn wake(fd: &OwnedFd) {
 }
 
 /// Creates a poller (ring, arena, registration) and starts its thread.
-pub fn spawn(id: usize, shared: Arc<Shared>, arena_bytes: usize) -> io::Result<(PollerLink, JoinHandle<()>)> {
+pub fn spawn(
+    id: usize,
+    shared: Arc<Shared>,
+    arena_bytes: usize,
+) -> io::Result<(PollerLink, JoinHandle<()>)> {
     let ring: IoUring = IoUring::builder().build(RING_ENTRIES)?;
     let arena = Arena::new(arena_bytes, true)?;
     let iov = libc::iovec {
@@ -114,8 +118,12 @@ pub fn spawn(id: usize, shared: Arc<Shared>, arena_bytes: usize) -> io::Result<(
     // SAFETY: the iovec describes the arena's mapping, which lives in the same
     // Poller as the ring and is declared after it, so it is unmapped only
     // after the ring (and its registration) is gone.
-    unsafe { ring.submitter().register_buffers(&[iov]) }
-        .map_err(|e| io::Error::new(e.kind(), format!("registering the {arena_bytes}-byte buffer arena with io_uring: {e}")))?;
+    unsafe { ring.submitter().register_buffers(&[iov]) }.map_err(|e| {
+        io::Error::new(
+            e.kind(),
+            format!("registering the {arena_bytes}-byte buffer arena with io_uring: {e}"),
+        )
+    })?;
     // SAFETY: eventfd returns a new descriptor that we own, or -1.
     let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
     if raw < 0 {
@@ -124,7 +132,12 @@ pub fn spawn(id: usize, shared: Arc<Shared>, arena_bytes: usize) -> io::Result<(
     // SAFETY: `raw` is a fresh, valid descriptor owned by nobody else.
     let wake_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
     let (sender, incoming) = mpsc::channel();
-    tracing::debug!(poller = id, arena = arena.len(), huge_pages = arena.is_huge(), "poller ready");
+    tracing::debug!(
+        poller = id,
+        arena = arena.len(),
+        huge_pages = arena.is_huge(),
+        "poller ready"
+    );
     let poller_wake = wake_fd.clone();
     let make = move || Poller {
         ring,
@@ -142,7 +155,13 @@ pub fn spawn(id: usize, shared: Arc<Shared>, arena_bytes: usize) -> io::Result<(
     let thread = std::thread::Builder::new()
         .name(format!("poller-{id}"))
         .spawn(move || make().run())?;
-    Ok((PollerLink { sender, wake: wake_fd }, thread))
+    Ok((
+        PollerLink {
+            sender,
+            wake: wake_fd,
+        },
+        thread,
+    ))
 }
 
 struct Poller {
@@ -284,16 +303,24 @@ impl Poller {
         let _ = nix::unistd::read(self.wake_fd.as_raw_fd(), &mut self.wake_buf);
         if self.shared.stop.load(Ordering::Acquire) && self.stop_at.is_none() {
             self.stop_at = Some(Instant::now());
-            tracing::debug!(poller = self.id, connections = self.conns.iter().flatten().count(), "draining");
+            tracing::debug!(
+                poller = self.id,
+                connections = self.conns.iter().flatten().count(),
+                "draining"
+            );
         }
         while let Ok((sock, peer)) = self.incoming.try_recv() {
             if self.stop_at.is_some() {
                 continue; // dropping the socket closes it
             }
-            let idx = self.conns.iter().position(Option::is_none).unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
+            let idx = self
+                .conns
+                .iter()
+                .position(Option::is_none)
+                .unwrap_or_else(|| {
+                    self.conns.push(None);
+                    self.conns.len() - 1
+                });
             tracing::debug!(poller = self.id, %peer, "connection accepted");
             self.conns[idx] = Some(Box::new(TcpConn::new(sock, peer, idx)));
             self.shared.connections.fetch_add(1, Ordering::AcqRel);
@@ -301,7 +328,9 @@ impl Poller {
     }
 
     fn arm_tick(&mut self) {
-        let e = opcode::Timeout::new(&self.tick).build().user_data(Token::Tick.encode());
+        let e = opcode::Timeout::new(&self.tick)
+            .build()
+            .user_data(Token::Tick.encode());
         self.sq.push(e);
     }
 

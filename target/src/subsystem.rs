@@ -51,8 +51,17 @@ struct Controllers {
 const MAX_CNTLID: u16 = 0xffef;
 
 impl Subsystem {
-    fn new(nqn: &str, allow_any_host: bool, hosts: Vec<String>, namespaces: Vec<Arc<Namespace>>) -> Self {
-        let serial = format!("{:08x}{:08x}", crc32c::crc32c(nqn.as_bytes()), stable_hash(nqn, 1) as u32);
+    fn new(
+        nqn: &str,
+        allow_any_host: bool,
+        hosts: Vec<String>,
+        namespaces: Vec<Arc<Namespace>>,
+    ) -> Self {
+        let serial = format!(
+            "{:08x}{:08x}",
+            crc32c::crc32c(nqn.as_bytes()),
+            stable_hash(nqn, 1) as u32
+        );
         Subsystem {
             nqn: nqn.to_string(),
             allow_any_host,
@@ -129,7 +138,8 @@ impl Registry {
             let mut namespaces = Vec::new();
             for (ni, n) in s.namespaces.iter().enumerate() {
                 let key = format!("subsystem[{si}].namespace[{ni}]");
-                let ns = open_namespace(&s.nqn, n).map_err(|e| format!("{key} ({}): {e}", s.nqn))?;
+                let ns =
+                    open_namespace(&s.nqn, n).map_err(|e| format!("{key} ({}): {e}", s.nqn))?;
                 tracing::info!(
                     subsystem = %s.nqn,
                     nsid = ns.nsid,
@@ -141,7 +151,12 @@ impl Registry {
                 );
                 namespaces.push(Arc::new(ns));
             }
-            subsystems.push(Arc::new(Subsystem::new(&s.nqn, s.allow_any_host, s.hosts.clone(), namespaces)));
+            subsystems.push(Arc::new(Subsystem::new(
+                &s.nqn,
+                s.allow_any_host,
+                s.hosts.clone(),
+                namespaces,
+            )));
         }
         Ok(Registry {
             subsystems,

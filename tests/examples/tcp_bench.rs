@@ -11,7 +11,7 @@
 //! (log level `warn` unless `RUST_LOG` says otherwise).
 
 use rdmablk_common::nvme::identify::{cns, NamespaceId};
-use rdmablk_common::nvme::io as nvm;
+use rdmablk_common::nvme::nvm;
 use rdmablk_tests::client::{Controller, Opts, Queue};
 use rdmablk_tests::{Rng, Target};
 use std::collections::HashMap;

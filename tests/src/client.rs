@@ -8,14 +8,12 @@
 
 use rdmablk_common::fabrics::discovery::{parse_log_entries, parse_log_header};
 use rdmablk_common::fabrics::{
-    ConnectCmd, ConnectData, DiscoveryEntry, PropertyCmd, DISCOVERY_ENTRY_LEN,
+    fctype, ConnectCmd, ConnectData, DiscoveryEntry, PropertyCmd, DISCOVERY_ENTRY_LEN,
     DISCOVERY_LOG_HEADER_LEN, DISCOVERY_NQN,
 };
 use rdmablk_common::nvme::identify::{cns, ControllerId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid::DISCOVERY as DISCOVERY_LOG, LogRequest};
-use rdmablk_common::nvme::{
-    admin, feature, io as nvm, property, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE,
-};
+use rdmablk_common::nvme::{admin, feature, nvm, property, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE};
 use rdmablk_common::tcp::{
     data_digest, decode, encode, encode_header, flags, Digests, Header, Transfer, CH_LEN,
 };
@@ -351,7 +349,7 @@ impl Queue {
     ) -> io::Result<u16> {
         let cid = self.alloc_cid();
         sqe.set_cid(cid);
-        let is_connect = sqe.opcode() == FABRICS_OPCODE && sqe.fctype() == 0x01;
+        let is_connect = sqe.opcode() == FABRICS_OPCODE && sqe.fctype() == fctype::CONNECT;
         let mut in_capsule: &[u8] = &[];
         let sgl = match data_out {
             Some(d) => {

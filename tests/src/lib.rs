@@ -4,6 +4,12 @@
 //!
 //! When a test panics, every [`Target`] it holds prints the tail of its log
 //! and keeps its temporary directory for inspection.
+//!
+//! Environment: `RDMABLK_BIN_DIR` (where the binaries are; default
+//! `build/release`, then `build/debug`), `RUST_LOG` (passed to the daemon;
+//! default `debug`), `RDMABLK_KEEP_TEMP` (keep temporary directories even
+//! when tests pass), `TMPDIR` (where they go; file namespaces use O_DIRECT,
+//! so it must not be a tmpfs that lacks it).
 
 pub mod client;
 

@@ -6,7 +6,7 @@ use rdmablk_common::fabrics::discovery::{adrfam, subtype, trtype};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use rdmablk_common::nvme::identify::{cns, cntrltype, parse_ns_list, sgls, NamespaceId};
 use rdmablk_common::nvme::log::lid;
-use rdmablk_common::nvme::{io as nvm, property, Sgl, Sqe, Status};
+use rdmablk_common::nvme::{nvm, property, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{encode, fes, Digests, Header, Transfer};
 use rdmablk_tests::client::{Completion, Controller, Opts, Queue};
 use rdmablk_tests::{fd_count, Rng, Target, TempDir};

@@ -3,7 +3,7 @@
 
 pub mod discovery;
 
-pub use discovery::{DiscoveryEntry, DISCOVERY_LOG_HEADER_LEN, DISCOVERY_ENTRY_LEN};
+pub use discovery::{DiscoveryEntry, DISCOVERY_ENTRY_LEN, DISCOVERY_LOG_HEADER_LEN};
 
 use crate::bytes::{get_str, get_u16, get_u32, get_u64, put_str, put_u16, put_u32, put_u64};
 use crate::nvme::{Sgl, Sqe, FABRICS_OPCODE};
@@ -157,7 +157,13 @@ mod tests {
             cattr: 0,
             kato: 0,
         };
-        let s = c.to_sqe(9, &Sgl::InCapsule { offset: 0, len: 1024 });
+        let s = c.to_sqe(
+            9,
+            &Sgl::InCapsule {
+                offset: 0,
+                len: 1024,
+            },
+        );
         assert_eq!(s.opcode(), 0x7f);
         assert_eq!(s.fctype(), fctype::CONNECT);
         assert_eq!(get_u16(&s.0, 42), 1);

@@ -48,14 +48,22 @@ impl Arena {
     pub fn new(size: usize, hugetlb: bool) -> io::Result<Arena> {
         let size = (size / MAX_BUF).max(1) * MAX_BUF;
         let huge_map = if hugetlb {
-            memmap2::MmapOptions::new().len(size).huge(Some(21)).populate().map_anon().ok()
+            memmap2::MmapOptions::new()
+                .len(size)
+                .huge(Some(21))
+                .populate()
+                .map_anon()
+                .ok()
         } else {
             None
         };
         let huge = huge_map.is_some();
         let map = match huge_map {
             Some(m) => m,
-            None => memmap2::MmapOptions::new().len(size).populate().map_anon()?,
+            None => memmap2::MmapOptions::new()
+                .len(size)
+                .populate()
+                .map_anon()?,
         };
         let mut free = vec![HashSet::new(); MAX_ORDER + 1];
         free[MAX_ORDER] = (0..size).step_by(MAX_BUF).collect();

@@ -267,7 +267,11 @@ pub mod nidt {
 pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
     let mut at = 0;
-    for (kind, id) in [(nidt::NGUID, &nguid[..]), (nidt::UUID, &uuid[..]), (nidt::CSI, &[0u8][..])] {
+    for (kind, id) in [
+        (nidt::NGUID, &nguid[..]),
+        (nidt::UUID, &uuid[..]),
+        (nidt::CSI, &[0u8][..]),
+    ] {
         b[at] = kind;
         b[at + 1] = id.len() as u8;
         b[at + 4..at + 4 + id.len()].copy_from_slice(id);

@@ -38,7 +38,7 @@ impl LogRequest {
 
     /// Fills `sqe` to request `len` bytes of log `lid` from `offset`.
     pub fn to_sqe(&self, sqe: &mut Sqe) {
-        let numd = (self.len / 4 - 1) as u32;
+        let numd = (self.len / 4).saturating_sub(1) as u32;
         sqe.set_cdw(
             10,
             self.lid as u32 | if self.rae { 1 << 15 } else { 0 } | (numd & 0xffff) << 16,

@@ -27,7 +27,7 @@ pub mod admin {
 }
 
 /// NVM command set I/O opcodes.
-pub mod io {
+pub mod nvm {
     pub const FLUSH: u8 = 0x00;
     pub const WRITE: u8 = 0x01;
     pub const READ: u8 = 0x02;

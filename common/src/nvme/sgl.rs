@@ -152,7 +152,10 @@ mod tests {
 
     #[test]
     fn in_capsule_offset_sgl() {
-        let s = Sgl::InCapsule { offset: 0, len: 1024 };
+        let s = Sgl::InCapsule {
+            offset: 0,
+            len: 1024,
+        };
         let b = s.to_bytes();
         assert_eq!(b[15], 0x01);
         assert_eq!(Sgl::from_bytes(&b), s);

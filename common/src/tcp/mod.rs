@@ -110,7 +110,11 @@ pub enum Header {
         maxh2cdata: u32,
     },
     /// H2CTermReq (`from_host`) or C2HTermReq.
-    TermReq { from_host: bool, fes: u16, fei: u32 },
+    TermReq {
+        from_host: bool,
+        fes: u16,
+        fei: u32,
+    },
     CapsuleCmd(Sqe),
     CapsuleResp(Cqe),
     H2CData(Transfer),
@@ -124,8 +128,12 @@ impl Header {
         match self {
             Header::IcReq { .. } => pdu_type::ICREQ,
             Header::IcResp { .. } => pdu_type::ICRESP,
-            Header::TermReq { from_host: true, .. } => pdu_type::H2C_TERM_REQ,
-            Header::TermReq { from_host: false, .. } => pdu_type::C2H_TERM_REQ,
+            Header::TermReq {
+                from_host: true, ..
+            } => pdu_type::H2C_TERM_REQ,
+            Header::TermReq {
+                from_host: false, ..
+            } => pdu_type::C2H_TERM_REQ,
             Header::CapsuleCmd(_) => pdu_type::CAPSULE_CMD,
             Header::CapsuleResp(_) => pdu_type::CAPSULE_RESP,
             Header::H2CData(_) => pdu_type::H2C_DATA,
@@ -220,7 +228,10 @@ pub fn peek_len(buf: &[u8], max_pdu: usize) -> Result<Option<usize>, PduError> {
         return Err(invalid(4, "PLEN is shorter than the header"));
     }
     if plen > max_pdu {
-        return Err(invalid(4, "PLEN exceeds the largest PDU this connection accepts"));
+        return Err(invalid(
+            4,
+            "PLEN exceeds the largest PDU this connection accepts",
+        ));
     }
     Ok(Some(plen))
 }
@@ -229,7 +240,11 @@ pub fn peek_len(buf: &[u8], max_pdu: usize) -> Result<Option<usize>, PduError> {
 /// PDU is buffered, otherwise the PDU and its length. `expect` is what the
 /// connection negotiated (ICReq/ICResp never carry digests). `max_pdu` bounds
 /// PLEN.
-pub fn decode(buf: &[u8], expect: Digests, max_pdu: usize) -> Result<Option<(Pdu<'_>, usize)>, PduError> {
+pub fn decode(
+    buf: &[u8],
+    expect: Digests,
+    max_pdu: usize,
+) -> Result<Option<(Pdu<'_>, usize)>, PduError> {
     let Some(plen) = peek_len(buf, max_pdu)? else {
         return Ok(None);
     };
@@ -251,7 +266,10 @@ pub fn decode(buf: &[u8], expect: Digests, max_pdu: usize) -> Result<Option<(Pdu
         0
     } else {
         if (fl & flags::HDGST != 0) != expect.header {
-            return Err(invalid(1, "HDGSTF does not match the negotiated header digest"));
+            return Err(invalid(
+                1,
+                "HDGSTF does not match the negotiated header digest",
+            ));
         }
         if expect.header {
             DIGEST_LEN
@@ -275,14 +293,24 @@ pub fn decode(buf: &[u8], expect: Digests, max_pdu: usize) -> Result<Option<(Pdu
         data = &b[hlen..];
     } else if plen > hlen + hd {
         if !carries_data(ty) {
-            return Err(invalid(4, "PLEN counts data but this PDU type carries none"));
+            return Err(invalid(
+                4,
+                "PLEN counts data but this PDU type carries none",
+            ));
         }
         if pdo < hlen + hd || pdo > plen {
             return Err(invalid(3, "PDO points outside the PDU"));
         }
-        let dd = if fl & flags::DDGST != 0 { DIGEST_LEN } else { 0 };
+        let dd = if fl & flags::DDGST != 0 {
+            DIGEST_LEN
+        } else {
+            0
+        };
         if (dd != 0) != expect.data {
-            return Err(invalid(1, "DDGSTF does not match the negotiated data digest"));
+            return Err(invalid(
+                1,
+                "DDGSTF does not match the negotiated data digest",
+            ));
         }
         if plen < pdo + dd {
             return Err(invalid(4, "PLEN is shorter than PDO and data digest"));
@@ -366,7 +394,11 @@ pub fn encode_header(
         0
     };
     let has_data = data_len > 0 && !is_term;
-    let dd = if digests.data && has_data { DIGEST_LEN } else { 0 };
+    let dd = if digests.data && has_data {
+        DIGEST_LEN
+    } else {
+        0
+    };
     let pdo = if has_data {
         (hlen + hd).next_multiple_of(data_align.max(1))
     } else {
@@ -451,9 +483,22 @@ pub fn data_digest_append(crc: u32, piece: &[u8]) -> u32 {
 
 /// Encodes a whole PDU with its data into a new vector (convenience for
 /// small PDUs and tests; the data path appends data itself).
-pub fn encode(header: &Header, extra_flags: u8, data: &[u8], digests: Digests, data_align: usize) -> Vec<u8> {
+pub fn encode(
+    header: &Header,
+    extra_flags: u8,
+    data: &[u8],
+    digests: Digests,
+    data_align: usize,
+) -> Vec<u8> {
     let mut out = Vec::with_capacity(SHORT_HLEN * 4 + data.len());
-    encode_header(&mut out, header, extra_flags, data.len(), digests, data_align);
+    encode_header(
+        &mut out,
+        header,
+        extra_flags,
+        data.len(),
+        digests,
+        data_align,
+    );
     out.extend_from_slice(data);
     let is_term = matches!(header, Header::TermReq { .. });
     if digests.data && !data.is_empty() && !is_term {

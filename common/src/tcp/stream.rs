@@ -112,7 +112,14 @@ impl TxQueue {
     ///
     /// The caller keeps the payload alive and unchanged until the token of
     /// this PDU, or of a later one, comes back from [`TxQueue::advance`].
-    pub fn push_with_body(&mut self, head: Vec<u8>, body: *const u8, body_len: usize, digest: Option<[u8; 4]>, token: Option<u64>) {
+    pub fn push_with_body(
+        &mut self,
+        head: Vec<u8>,
+        body: *const u8,
+        body_len: usize,
+        digest: Option<[u8; 4]>,
+        token: Option<u64>,
+    ) {
         self.items.push_back(TxItem {
             head,
             body,
@@ -128,9 +135,16 @@ impl TxQueue {
         self.iov.clear();
         let mut skip = self.sent;
         for item in self.items.iter().take(MAX_BATCH) {
-            let digest = item.digest.as_ref().map_or(std::ptr::null(), |d| d.as_ptr());
+            let digest = item
+                .digest
+                .as_ref()
+                .map_or(std::ptr::null(), |d| d.as_ptr());
             let digest_len = if item.digest.is_some() { 4 } else { 0 };
-            for (ptr, len) in [(item.head.as_ptr(), item.head.len()), (item.body, item.body_len), (digest, digest_len)] {
+            for (ptr, len) in [
+                (item.head.as_ptr(), item.head.len()),
+                (item.body, item.body_len),
+                (digest, digest_len),
+            ] {
                 if len <= skip {
                     skip -= len;
                     continue;

@@ -48,7 +48,13 @@ fn c2h_data_honours_host_alignment() {
         offset: 0,
         len: 8,
     };
-    let b = encode(&Header::C2HData(t), flags::LAST_PDU, &[1; 8], Digests::default(), 32);
+    let b = encode(
+        &Header::C2HData(t),
+        flags::LAST_PDU,
+        &[1; 8],
+        Digests::default(),
+        32,
+    );
     assert_eq!(b[3], 32);
     assert_eq!(b.len(), 40);
     let (p, _) = decode(&b, Digests::default(), 4096).unwrap().unwrap();
@@ -125,12 +131,13 @@ fn any_digests() -> impl Strategy<Value = Digests> {
 }
 
 fn any_header() -> impl Strategy<Value = Header> {
-    let transfer = (any::<u16>(), any::<u16>(), any::<u32>()).prop_map(|(cccid, ttag, offset)| Transfer {
-        cccid,
-        ttag,
-        offset,
-        len: 0,
-    });
+    let transfer =
+        (any::<u16>(), any::<u16>(), any::<u32>()).prop_map(|(cccid, ttag, offset)| Transfer {
+            cccid,
+            ttag,
+            offset,
+            len: 0,
+        });
     prop_oneof![
         prop::array::uniform32(any::<u8>()).prop_map(|a| {
             let mut s = [0u8; 64];
@@ -138,12 +145,14 @@ fn any_header() -> impl Strategy<Value = Header> {
             s[32..].copy_from_slice(&a);
             Header::CapsuleCmd(Sqe(s))
         }),
-        (any::<u32>(), any::<u16>(), any::<u16>()).prop_map(|(dw0, cid, st)| Header::CapsuleResp(Cqe {
-            dw0,
-            cid,
-            status: st,
-            ..Default::default()
-        })),
+        (any::<u32>(), any::<u16>(), any::<u16>()).prop_map(|(dw0, cid, st)| Header::CapsuleResp(
+            Cqe {
+                dw0,
+                cid,
+                status: st,
+                ..Default::default()
+            }
+        )),
         transfer.clone().prop_map(Header::H2CData),
         transfer.clone().prop_map(Header::C2HData),
         transfer.prop_map(|mut t| {

@@ -22,12 +22,20 @@ impl FileBackend {
     /// Opens `path` (creating a file of `create_size` bytes if it is missing)
     /// with O_DIRECT when the file system allows `block_size`-aligned direct
     /// I/O, and through the page cache otherwise.
-    pub fn open(path: &Path, create_size: Option<u64>, block_size: u32, read_only: bool) -> io::Result<Self> {
+    pub fn open(
+        path: &Path,
+        create_size: Option<u64>,
+        block_size: u32,
+        read_only: bool,
+    ) -> io::Result<Self> {
         if !path.exists() {
             let Some(size) = create_size else {
                 return Err(io::Error::new(
                     io::ErrorKind::NotFound,
-                    format!("{} does not exist; give the namespace a size to create it", path.display()),
+                    format!(
+                        "{} does not exist; give the namespace a size to create it",
+                        path.display()
+                    ),
                 ));
             };
             if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
@@ -57,7 +65,11 @@ impl FileBackend {
         }
         let meta = file.metadata()?;
         let block_device = meta.file_type().is_block_device();
-        let size = if block_device { device_size(&file)? } else { meta.len() };
+        let size = if block_device {
+            device_size(&file)?
+        } else {
+            meta.len()
+        };
         if size == 0 {
             direct = false;
         }
@@ -107,7 +119,10 @@ impl FileBackend {
         } else {
             libc::FALLOC_FL_ZERO_RANGE | libc::FALLOC_FL_KEEP_SIZE
         };
-        opcode::Fallocate::new(self.fd(), len).offset(offset).mode(mode).build()
+        opcode::Fallocate::new(self.fd(), len)
+            .offset(offset)
+            .mode(mode)
+            .build()
     }
 
     /// fdatasync, blocking.
@@ -118,9 +133,17 @@ impl FileBackend {
     pub fn describe(&self) -> String {
         format!(
             "{} {} ({})",
-            if self.block_device { "block device" } else { "file" },
+            if self.block_device {
+                "block device"
+            } else {
+                "file"
+            },
             self.path,
-            if self.direct { "O_DIRECT" } else { "page cache" }
+            if self.direct {
+                "O_DIRECT"
+            } else {
+                "page cache"
+            }
         )
     }
 }

@@ -11,7 +11,8 @@ pub struct MemoryBackend {
 impl MemoryBackend {
     /// Maps `size` bytes lazily (pages appear on first write).
     pub fn new(size: u64) -> std::io::Result<Self> {
-        let len = usize::try_from(size).map_err(|_| std::io::Error::other("memory namespace too large"))?;
+        let len = usize::try_from(size)
+            .map_err(|_| std::io::Error::other("memory namespace too large"))?;
         let map = memmap2::MmapOptions::new().len(len).map_anon()?.into();
         Ok(MemoryBackend { map })
     }
@@ -54,7 +55,11 @@ impl MemoryBackend {
             unsafe {
                 std::ptr::write_bytes(base.add(start), 0, inner_start - start);
                 std::ptr::write_bytes(base.add(inner_end), 0, end - inner_end);
-                libc::madvise(base.add(inner_start).cast(), inner_end - inner_start, libc::MADV_DONTNEED);
+                libc::madvise(
+                    base.add(inner_start).cast(),
+                    inner_end - inner_start,
+                    libc::MADV_DONTNEED,
+                );
             }
         } else {
             // SAFETY: [start, end) lies inside the mapping (checked above).

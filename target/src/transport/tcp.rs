@@ -109,8 +109,7 @@ fn fatal(fes: u16, fei: u32, why: impl Into<String>) -> Fatal {
 /// What became of one received PDU.
 enum Flow {
     Consumed,
-    /// Leave it in the buffer and retry later (no slot or buffer free, or
-    /// the daemon is stopping and takes no new commands).
+    /// Leave it in the buffer and retry later (no slot or buffer free).
     Stall,
 }
 
@@ -157,7 +156,9 @@ impl TcpConn {
             return;
         }
         match &self.assoc {
-            Some(a) => tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}"),
+            Some(a) => {
+                tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}")
+            }
             None => tracing::info!(peer = %self.peer, "connection closed: {why}"),
         }
         self.phase = Phase::Closing;
@@ -171,7 +172,9 @@ impl TcpConn {
             c.release(io.arena);
         }
         if let Some(a) = self.assoc.take() {
-            if a.qid == 0 {
+            // While the daemon drains, the I/O queues of this controller
+            // finish their commands first; they close on their own.
+            if a.qid == 0 && !io.stopping {
                 a.ctrl.kill("admin queue closed");
             } else {
                 a.ctrl.release_queue(a.qid);
@@ -182,12 +185,17 @@ impl TcpConn {
     /// Periodic checks: handshake and keep-alive timeouts, a dead controller.
     pub fn on_tick(&mut self) {
         match self.phase {
-            Phase::Handshake if self.since.elapsed() > HANDSHAKE_TIMEOUT => self.close("no ICReq within 10 s"),
-            Phase::Terminating if self.since.elapsed() > TERMINATE_GRACE => self.close("terminated"),
+            Phase::Handshake if self.since.elapsed() > HANDSHAKE_TIMEOUT => {
+                self.close("no ICReq within 10 s")
+            }
+            Phase::Terminating if self.since.elapsed() > TERMINATE_GRACE => {
+                self.close("terminated")
+            }
             Phase::Live => {
                 if let Some(a) = &self.assoc {
                     if a.qid == 0 && a.ctrl.keep_alive_expired() {
-                        a.ctrl.kill("keep-alive timeout (no Keep Alive within KATO)");
+                        a.ctrl
+                            .kill("keep-alive timeout (no Keep Alive within KATO)");
                     }
                     if !a.ctrl.is_live() {
                         self.close("controller ended");
@@ -224,9 +232,13 @@ impl TcpConn {
         if spare.is_empty() {
             return; // full of a stalled PDU: wait for resources
         }
-        let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), spare.as_mut_ptr(), spare.len() as u32)
-            .build()
-            .user_data(Token::Recv(self.idx).encode());
+        let e = opcode::Recv::new(
+            types::Fd(self.sock.as_raw_fd()),
+            spare.as_mut_ptr(),
+            spare.len() as u32,
+        )
+        .build()
+        .user_data(Token::Recv(self.idx).encode());
         io.sq.push(e);
         self.recv_busy = true;
     }
@@ -239,7 +251,10 @@ impl TcpConn {
         if res == 0 {
             self.close("host closed the connection");
         } else if res < 0 {
-            self.close(&format!("receive failed: {}", std::io::Error::from_raw_os_error(-res)));
+            self.close(&format!(
+                "receive failed: {}",
+                std::io::Error::from_raw_os_error(-res)
+            ));
         } else {
             self.rx.filled(res as usize);
         }
@@ -257,7 +272,10 @@ impl TcpConn {
     pub fn on_send(&mut self, res: i32, io: &mut Io) {
         self.send_busy = false;
         if res < 0 {
-            self.close(&format!("send failed: {}", std::io::Error::from_raw_os_error(-res)));
+            self.close(&format!(
+                "send failed: {}",
+                std::io::Error::from_raw_os_error(-res)
+            ));
             return;
         }
         let mut sent = std::mem::take(&mut self.sent_slots);
@@ -280,7 +298,8 @@ impl TcpConn {
             return;
         };
         if let Some(next) = cmd.on_backend_done(res, io.arena) {
-            io.sq.push(next.user_data(Token::Backend(self.idx, slot).encode()));
+            io.sq
+                .push(next.user_data(Token::Backend(self.idx, slot).encode()));
             self.backend_ops += 1;
         } else if cmd.ops_in_flight == 0 {
             self.complete(slot, io);
@@ -298,10 +317,12 @@ impl TcpConn {
             } else {
                 self.digests
             };
-            let res = tcp::decode(avail, expect, MAX_PDU).map_err(Fatal::from).and_then(|d| match d {
-                None => Ok(None),
-                Some((pdu, n)) => self.handle_pdu(&pdu, io).map(|f| Some((f, n))),
-            });
+            let res = tcp::decode(avail, expect, MAX_PDU)
+                .map_err(Fatal::from)
+                .and_then(|d| match d {
+                    None => Ok(None),
+                    Some((pdu, n)) => self.handle_pdu(&pdu, io).map(|f| Some((f, n))),
+                });
             match res {
                 Ok(None) => break,
                 Ok(Some((Flow::Consumed, n))) => rx.consume(n),
@@ -340,10 +361,18 @@ impl TcpConn {
                 },
             ) => {
                 if pfv != 0 {
-                    return Err(fatal(fes::UNSUPPORTED_PARAMETER, 8, format!("PDU format version {pfv}")));
+                    return Err(fatal(
+                        fes::UNSUPPORTED_PARAMETER,
+                        8,
+                        format!("PDU format version {pfv}"),
+                    ));
                 }
                 if hpda > 31 {
-                    return Err(fatal(fes::INVALID_HEADER_FIELD, 10, format!("HPDA {hpda} is above 31")));
+                    return Err(fatal(
+                        fes::INVALID_HEADER_FIELD,
+                        10,
+                        format!("HPDA {hpda} is above 31"),
+                    ));
                 }
                 self.digests = digests;
                 self.c2h_align = (hpda as usize + 1) * 4;
@@ -358,11 +387,12 @@ impl TcpConn {
                 tracing::debug!(peer = %self.peer, ?digests, hpda, "NVMe/TCP connection initialized");
                 Ok(Flow::Consumed)
             }
-            (Phase::Handshake, _) => Err(fatal(fes::INVALID_HEADER_FIELD, 0, "expected ICReq first")),
+            (Phase::Handshake, _) => {
+                Err(fatal(fes::INVALID_HEADER_FIELD, 0, "expected ICReq first"))
+            }
+            // While the daemon drains, capsules that still arrive are served
+            // too: the connection closes at its first idle moment.
             (Phase::Live, Header::CapsuleCmd(sqe)) => {
-                if io.stopping {
-                    return Ok(Flow::Stall);
-                }
                 self.handle_capsule(&sqe, pdu.data, pdu.data_digest_ok, io)
             }
             (Phase::Live, Header::H2CData(t)) => {
@@ -377,12 +407,21 @@ impl TcpConn {
             (_, h) => Err(fatal(
                 fes::INVALID_HEADER_FIELD,
                 0,
-                format!("PDU type {:#04x} is not one a host sends here", h.pdu_type()),
+                format!(
+                    "PDU type {:#04x} is not one a host sends here",
+                    h.pdu_type()
+                ),
             )),
         }
     }
 
-    fn handle_capsule(&mut self, sqe: &Sqe, data: &[u8], digest_ok: bool, io: &mut Io) -> Result<Flow, Fatal> {
+    fn handle_capsule(
+        &mut self,
+        sqe: &Sqe,
+        data: &[u8],
+        digest_ok: bool,
+        io: &mut Io,
+    ) -> Result<Flow, Fatal> {
         let cid = sqe.cid();
         let sgl = sqe.sgl();
         let in_capsule = match sgl {
@@ -449,22 +488,44 @@ impl TcpConn {
         Ok(Flow::Consumed)
     }
 
-    fn handle_h2c(&mut self, t: Transfer, data: &[u8], digest_ok: bool, io: &mut Io) -> Result<(), Fatal> {
+    fn handle_h2c(
+        &mut self,
+        t: Transfer,
+        data: &[u8],
+        digest_ok: bool,
+        io: &mut Io,
+    ) -> Result<(), Fatal> {
         let cmd = self
             .cmds
             .get_mut(t.ttag as usize)
             .and_then(Option::as_mut)
             .filter(|c| c.sqe.cid() == t.cccid && !c.to_host && c.received < c.len)
-            .ok_or_else(|| fatal(fes::INVALID_HEADER_FIELD, 10, format!("H2CData for unknown transfer tag {}", t.ttag)))?;
+            .ok_or_else(|| {
+                fatal(
+                    fes::INVALID_HEADER_FIELD,
+                    10,
+                    format!("H2CData for unknown transfer tag {}", t.ttag),
+                )
+            })?;
         if data.len() > MAX_H2C_DATA {
-            return Err(fatal(fes::DATA_LIMIT_EXCEEDED, 16, "H2CData larger than MAXH2CDATA"));
+            return Err(fatal(
+                fes::DATA_LIMIT_EXCEEDED,
+                16,
+                "H2CData larger than MAXH2CDATA",
+            ));
         }
         let end = t.offset as usize + data.len();
         if t.offset as usize != cmd.received || end > cmd.len {
             return Err(fatal(
                 fes::DATA_OUT_OF_RANGE,
                 12,
-                format!("H2CData offset {} length {} outside the expected {}..{}", t.offset, data.len(), cmd.received, cmd.len),
+                format!(
+                    "H2CData offset {} length {} outside the expected {}..{}",
+                    t.offset,
+                    data.len(),
+                    cmd.received,
+                    cmd.len
+                ),
             ));
         }
         let b = cmd.buf.as_ref().expect("data command has a buffer");
@@ -482,7 +543,9 @@ impl TcpConn {
 
     /// Executes a command whose data (if any) has arrived.
     fn run(&mut self, slot: u16, io: &mut Io) {
-        let cmd = self.cmds[slot as usize].as_mut().expect("running a live slot");
+        let cmd = self.cmds[slot as usize]
+            .as_mut()
+            .expect("running a live slot");
         if !cmd.status.is_success() {
             self.complete(slot, io);
             return;
@@ -506,7 +569,8 @@ impl TcpConn {
             }
             Progress::Waiting(entries) => {
                 for e in entries {
-                    io.sq.push(e.user_data(Token::Backend(self.idx, slot).encode()));
+                    io.sq
+                        .push(e.user_data(Token::Backend(self.idx, slot).encode()));
                     self.backend_ops += 1;
                 }
             }
@@ -515,7 +579,9 @@ impl TcpConn {
 
     /// Queues the data (for reads) and the response of a finished command.
     fn complete(&mut self, slot: u16, io: &mut Io) {
-        let cmd = self.cmds[slot as usize].as_ref().expect("completing a live slot");
+        let cmd = self.cmds[slot as usize]
+            .as_ref()
+            .expect("completing a live slot");
         let (cid, status, dw0, dw1) = (cmd.sqe.cid(), cmd.status, cmd.dw0, cmd.dw1);
         if cmd.to_host && status.is_success() && cmd.len > 0 {
             let buf = cmd.buf.as_ref().expect("data command has a buffer");
@@ -532,8 +598,12 @@ impl TcpConn {
                 let mut head = Vec::with_capacity(64);
                 let fl = if last { flags::LAST_PDU } else { 0 };
                 tcp::encode_header(&mut head, &h, fl, n, self.digests, self.c2h_align);
-                let digest = self.digests.data.then(|| tcp::data_digest(&io.arena.bytes(buf, at + n)[at..]));
-                self.tx.push_with_body(head, io.arena.addr(buf, at), n, digest, None);
+                let digest = self
+                    .digests
+                    .data
+                    .then(|| tcp::data_digest(&io.arena.bytes(buf, at + n)[at..]));
+                self.tx
+                    .push_with_body(head, io.arena.addr(buf, at), n, digest, None);
                 self.c2h_pdus += 1;
                 at += n;
             }

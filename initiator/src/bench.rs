@@ -1,0 +1,606 @@
+//! The built-in load generator: keeps `qd` I/Os in flight per queue for a
+//! while, measures IOPS, bandwidth and latency percentiles, and optionally
+//! verifies every block it reads back against what it wrote.
+
+use crate::host::engine::{Cx, Driver};
+use crate::host::tcp::Done;
+use crate::host::NamespaceInfo;
+use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::nvme::{nvm, Sqe};
+use std::collections::HashSet;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// The access pattern.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Pattern {
+    RandRead,
+    RandWrite,
+    Read,
+    Write,
+    RandRw,
+}
+
+impl std::str::FromStr for Pattern {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Ok(match s {
+            "randread" => Pattern::RandRead,
+            "randwrite" => Pattern::RandWrite,
+            "read" => Pattern::Read,
+            "write" => Pattern::Write,
+            "randrw" => Pattern::RandRw,
+            _ => {
+                return Err(format!(
+                    "{s:?}: use randread, randwrite, read, write or randrw"
+                ))
+            }
+        })
+    }
+}
+
+/// What one benchmark thread does.
+#[derive(Clone, Debug)]
+pub struct Job {
+    pub pattern: Pattern,
+    /// Bytes per I/O (a multiple of the block size).
+    pub bs: usize,
+    pub qd: usize,
+    pub runtime: Duration,
+    pub verify: bool,
+    pub ns: NamespaceInfo,
+    /// This thread's region, in I/O units of `bs` bytes: [first, first + units).
+    pub first_unit: u64,
+    pub units: u64,
+    /// Largest transfer per NVMe command; larger I/Os are split.
+    pub max_transfer: usize,
+    /// Identifies this run in verify headers.
+    pub run_id: u64,
+}
+
+/// Progress counters shared with the reporting thread.
+#[derive(Default)]
+pub struct Progress {
+    pub reads: AtomicU64,
+    pub writes: AtomicU64,
+    pub bytes: AtomicU64,
+    pub errors: AtomicU64,
+    /// Set to end every thread early (e.g. on SIGINT).
+    pub stop: AtomicBool,
+}
+
+/// A log-linear latency histogram (about 1.5 % resolution), in nanoseconds.
+#[derive(Clone)]
+pub struct Histogram {
+    counts: Vec<u64>,
+    max: u64,
+    total: u64,
+}
+
+const SUB_BITS: u32 = 6;
+
+impl Default for Histogram {
+    fn default() -> Self {
+        Histogram {
+            counts: vec![0; (64 << SUB_BITS) as usize],
+            max: 0,
+            total: 0,
+        }
+    }
+}
+
+impl Histogram {
+    fn bucket(v: u64) -> usize {
+        if v < (1 << SUB_BITS) {
+            return v as usize;
+        }
+        let msb = 63 - v.leading_zeros();
+        let shift = msb - SUB_BITS;
+        (((shift + 1) << SUB_BITS) as u64 + ((v >> shift) & ((1 << SUB_BITS) - 1))) as usize
+    }
+
+    fn bucket_value(b: usize) -> u64 {
+        let b = b as u64;
+        if b < (1 << SUB_BITS) {
+            return b;
+        }
+        let shift = (b >> SUB_BITS) - 1;
+        let sub = b & ((1 << SUB_BITS) - 1);
+        ((1 << SUB_BITS) | sub) << shift
+    }
+
+    pub fn record(&mut self, ns: u64) {
+        self.counts[Self::bucket(ns)] += 1;
+        self.max = self.max.max(ns);
+        self.total += 1;
+    }
+
+    pub fn merge(&mut self, o: &Histogram) {
+        for (a, b) in self.counts.iter_mut().zip(&o.counts) {
+            *a += b;
+        }
+        self.max = self.max.max(o.max);
+        self.total += o.total;
+    }
+
+    pub fn count(&self) -> u64 {
+        self.total
+    }
+
+    /// The value at quantile `q` (0..=1), in nanoseconds.
+    pub fn quantile(&self, q: f64) -> u64 {
+        if self.total == 0 {
+            return 0;
+        }
+        let want = ((self.total as f64 * q).ceil() as u64).clamp(1, self.total);
+        let mut seen = 0;
+        for (b, &c) in self.counts.iter().enumerate() {
+            seen += c;
+            if seen >= want {
+                return Self::bucket_value(b).min(self.max);
+            }
+        }
+        self.max
+    }
+
+    pub fn max(&self) -> u64 {
+        self.max
+    }
+}
+
+/// Results of one direction.
+#[derive(Clone, Default)]
+pub struct DirStats {
+    pub ios: u64,
+    pub bytes: u64,
+    pub errors: u64,
+    pub lat: Histogram,
+}
+
+impl DirStats {
+    fn merge(&mut self, o: &DirStats) {
+        self.ios += o.ios;
+        self.bytes += o.bytes;
+        self.errors += o.errors;
+        self.lat.merge(&o.lat);
+    }
+}
+
+/// Results of a thread, or of the whole run once merged.
+#[derive(Clone, Default)]
+pub struct Stats {
+    pub read: DirStats,
+    pub write: DirStats,
+    /// Blocks that did not read back as written.
+    pub verify_errors: u64,
+    pub elapsed: Duration,
+}
+
+impl Stats {
+    pub fn merge(&mut self, o: &Stats) {
+        self.read.merge(&o.read);
+        self.write.merge(&o.write);
+        self.verify_errors += o.verify_errors;
+        self.elapsed = self.elapsed.max(o.elapsed);
+    }
+}
+
+struct Slot {
+    buf: Option<ArenaBuf>,
+    unit: u64,
+    write: bool,
+    parts_left: usize,
+    failed: bool,
+    started: Instant,
+}
+
+/// The per-thread driver.
+pub struct Bench {
+    job: Job,
+    progress: Arc<Progress>,
+    slots: Vec<Slot>,
+    idle: Vec<usize>,
+    in_flight_units: HashSet<u64>,
+    written: Vec<u64>,
+    next_seq: u64,
+    rng: u64,
+    start: Option<Instant>,
+    deadline: Option<Instant>,
+    pub stats: Stats,
+    /// First problems seen, for the report.
+    pub problems: Vec<String>,
+}
+
+impl Bench {
+    pub fn new(job: Job, progress: Arc<Progress>, seed: u64) -> Bench {
+        let written = if job.verify {
+            vec![0; job.units.div_ceil(64) as usize]
+        } else {
+            Vec::new()
+        };
+        let slots = (0..job.qd)
+            .map(|_| Slot {
+                buf: None,
+                unit: 0,
+                write: false,
+                parts_left: 0,
+                failed: false,
+                started: Instant::now(),
+            })
+            .collect();
+        Bench {
+            idle: (0..job.qd).rev().collect(),
+            job,
+            progress,
+            slots,
+            in_flight_units: HashSet::new(),
+            written,
+            next_seq: 0,
+            rng: seed | 1,
+            start: None,
+            deadline: None,
+            stats: Stats::default(),
+            problems: Vec::new(),
+        }
+    }
+
+    fn random(&mut self) -> u64 {
+        // xorshift64*
+        self.rng ^= self.rng >> 12;
+        self.rng ^= self.rng << 25;
+        self.rng ^= self.rng >> 27;
+        self.rng.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    fn pick(&mut self) -> (u64, bool) {
+        let write = match self.job.pattern {
+            Pattern::RandRead | Pattern::Read => false,
+            Pattern::RandWrite | Pattern::Write => true,
+            Pattern::RandRw => self.random() & 1 == 1,
+        };
+        let sequential = matches!(self.job.pattern, Pattern::Read | Pattern::Write);
+        for _ in 0..64 {
+            let unit = if sequential {
+                let u = self.next_seq % self.job.units;
+                self.next_seq += 1;
+                u
+            } else {
+                self.random() % self.job.units
+            };
+            if !self.in_flight_units.contains(&unit) {
+                return (unit, write);
+            }
+        }
+        // Every candidate was busy (tiny regions): fall back to any free unit.
+        let unit = (0..self.job.units)
+            .find(|u| !self.in_flight_units.contains(u))
+            .unwrap_or(0);
+        (unit, write)
+    }
+
+    fn is_written(&self, unit: u64) -> bool {
+        self.written
+            .get((unit / 64) as usize)
+            .is_some_and(|w| w >> (unit % 64) & 1 == 1)
+    }
+
+    fn mark_written(&mut self, unit: u64) {
+        if let Some(w) = self.written.get_mut((unit / 64) as usize) {
+            *w |= 1 << (unit % 64);
+        }
+    }
+
+    /// Fills a write buffer with self-checking blocks.
+    fn fill(&mut self, data: &mut [u8], first_lba: u64) {
+        let bs = self.job.ns.block_size as usize;
+        for (i, block) in data.chunks_exact_mut(bs).enumerate() {
+            let lba = first_lba + i as u64;
+            block[0..8].copy_from_slice(&lba.to_le_bytes());
+            block[8..16].copy_from_slice(&self.job.run_id.to_le_bytes());
+            let mut x = self.random();
+            for w in block[20..].chunks_mut(8) {
+                x = x.rotate_left(13) ^ 0x9e37_79b9_7f4a_7c15;
+                let n = w.len();
+                w.copy_from_slice(&x.to_le_bytes()[..n]);
+            }
+            let crc = block_crc(block);
+            block[16..20].copy_from_slice(&crc.to_le_bytes());
+        }
+    }
+
+    /// Checks a read buffer; returns the number of bad blocks.
+    fn check(&mut self, data: &[u8], first_lba: u64, written_by_us: bool) -> u64 {
+        let bs = self.job.ns.block_size as usize;
+        let mut bad = 0;
+        for (i, block) in data.chunks_exact(bs).enumerate() {
+            let lba = first_lba + i as u64;
+            let run = u64::from_le_bytes(block[8..16].try_into().expect("8 bytes"));
+            let ours = run == self.job.run_id;
+            let why = if ours {
+                let lba_in = u64::from_le_bytes(block[0..8].try_into().expect("8 bytes"));
+                let crc = u32::from_le_bytes(block[16..20].try_into().expect("4 bytes"));
+                if lba_in != lba {
+                    Some(format!(
+                        "LBA {lba} holds the block written for LBA {lba_in}"
+                    ))
+                } else if crc != block_crc(block) {
+                    Some(format!("LBA {lba}: CRC32C mismatch"))
+                } else {
+                    None
+                }
+            } else if written_by_us {
+                Some(format!(
+                    "LBA {lba}: written by this run but reads back as something else"
+                ))
+            } else {
+                None
+            };
+            if let Some(w) = why {
+                bad += 1;
+                if self.problems.len() < 10 {
+                    self.problems.push(format!("verify: {w}"));
+                }
+            }
+        }
+        bad
+    }
+
+    fn start_io(&mut self, slot: usize, cx: &mut Cx) -> bool {
+        let (unit, write) = self.pick();
+        let bs = self.job.bs;
+        let Some(buf) = cx.arena.alloc(bs) else {
+            return false;
+        };
+        let lba_per_unit = (bs / self.job.ns.block_size as usize) as u64;
+        let first_lba = (self.job.first_unit + unit) * lba_per_unit;
+        if write && self.job.verify {
+            self.fill(cx.arena.bytes_mut(&buf, bs), first_lba);
+        }
+        let parts = bs.div_ceil(self.job.max_transfer);
+        let needed = parts.min(cx.queue.free_slots());
+        if needed < parts {
+            cx.arena.free(buf);
+            return false;
+        }
+        let block = self.job.ns.block_size as usize;
+        for p in 0..parts {
+            let off = p * self.job.max_transfer;
+            let len = (bs - off).min(self.job.max_transfer);
+            let mut sqe = Sqe::new(if write { nvm::WRITE } else { nvm::READ }, 0);
+            sqe.set_nsid(self.job.ns.nsid);
+            let lba = first_lba + (off / block) as u64;
+            sqe.set_cdw(10, lba as u32);
+            sqe.set_cdw(11, (lba >> 32) as u32);
+            sqe.set_cdw(12, (len / block - 1) as u32);
+            let ptr = cx.arena.addr(&buf, off);
+            // SAFETY: the arena buffer stays allocated until every part of
+            // this I/O has completed (freed in `finish`).
+            let ok = unsafe { cx.queue.submit(sqe, ptr, len, !write, slot as u64) };
+            debug_assert!(ok, "free slots were checked");
+        }
+        self.in_flight_units.insert(unit);
+        let s = &mut self.slots[slot];
+        s.buf = Some(buf);
+        s.unit = unit;
+        s.write = write;
+        s.parts_left = parts;
+        s.failed = false;
+        s.started = Instant::now();
+        true
+    }
+
+    fn finish(&mut self, slot: usize, cx: &mut Cx) {
+        let lat = self.slots[slot].started.elapsed().as_nanos() as u64;
+        let (unit, write, failed) = (
+            self.slots[slot].unit,
+            self.slots[slot].write,
+            self.slots[slot].failed,
+        );
+        let buf = self.slots[slot]
+            .buf
+            .take()
+            .expect("slot in use has a buffer");
+        let bs = self.job.bs;
+        if !failed && self.job.verify {
+            if write {
+                self.mark_written(unit);
+            } else {
+                let lba_per_unit = (bs / self.job.ns.block_size as usize) as u64;
+                let first_lba = (self.job.first_unit + unit) * lba_per_unit;
+                let data = cx.arena.bytes(&buf, bs).to_vec();
+                let ours = self.is_written(unit);
+                self.stats.verify_errors += self.check(&data, first_lba, ours);
+            }
+        }
+        cx.arena.free(buf);
+        self.in_flight_units.remove(&unit);
+        let d = if write {
+            &mut self.stats.write
+        } else {
+            &mut self.stats.read
+        };
+        if failed {
+            d.errors += 1;
+            self.progress.errors.fetch_add(1, Ordering::Relaxed);
+        } else {
+            d.ios += 1;
+            d.bytes += bs as u64;
+            d.lat.record(lat);
+            let c = if write {
+                &self.progress.writes
+            } else {
+                &self.progress.reads
+            };
+            c.fetch_add(1, Ordering::Relaxed);
+            self.progress.bytes.fetch_add(bs as u64, Ordering::Relaxed);
+        }
+        self.idle.push(slot);
+    }
+
+    fn running(&self) -> bool {
+        !self.progress.stop.load(Ordering::Relaxed)
+            && self.deadline.is_none_or(|d| Instant::now() < d)
+    }
+}
+
+/// CRC32C of a verify block with its CRC field taken as zero.
+fn block_crc(block: &[u8]) -> u32 {
+    let c = crc32c::crc32c(&block[..16]);
+    let c = crc32c::crc32c_append(c, &[0; 4]);
+    crc32c::crc32c_append(c, &block[20..])
+}
+
+impl Driver for Bench {
+    fn pump(&mut self, cx: &mut Cx) -> bool {
+        let now = Instant::now();
+        if self.start.is_none() {
+            self.start = Some(now);
+            self.deadline = Some(now + self.job.runtime);
+        }
+        if self.running() {
+            while let Some(slot) = self.idle.pop() {
+                if !self.start_io(slot, cx) {
+                    self.idle.push(slot);
+                    break;
+                }
+            }
+            return true;
+        }
+        if self.idle.len() == self.job.qd {
+            self.stats.elapsed = self.start.map_or(Duration::ZERO, |s| s.elapsed());
+            return false;
+        }
+        true
+    }
+
+    fn on_done(&mut self, done: Done, cx: &mut Cx) {
+        let slot = done.tag as usize;
+        if !done.cqe.status().is_success() {
+            if self.problems.len() < 10 {
+                self.problems
+                    .push(format!("I/O error: {}", done.cqe.status()));
+            }
+            self.slots[slot].failed = true;
+        }
+        self.slots[slot].parts_left -= 1;
+        if self.slots[slot].parts_left == 0 {
+            self.finish(slot, cx);
+        }
+    }
+}
+
+/// Formats nanoseconds as microseconds with two decimals.
+pub fn us(ns: u64) -> f64 {
+    (ns as f64 / 10.0).round() / 100.0
+}
+
+/// One direction as a JSON object.
+fn dir_json(d: &DirStats, secs: f64) -> String {
+    format!(
+        "{{\"iops\":{:.1},\"bw_bytes\":{:.0},\"ios\":{},\"errors\":{},\"lat_us\":{{\"p50\":{},\"p99\":{},\"p99.9\":{},\"max\":{}}}}}",
+        d.ios as f64 / secs,
+        d.bytes as f64 / secs,
+        d.ios,
+        d.errors,
+        us(d.lat.quantile(0.5)),
+        us(d.lat.quantile(0.99)),
+        us(d.lat.quantile(0.999)),
+        us(d.lat.max())
+    )
+}
+
+/// The result as the one JSON object `--json` prints.
+pub fn to_json(s: &Stats) -> String {
+    let secs = s.elapsed.as_secs_f64().max(1e-9);
+    let ios = s.read.ios + s.write.ios;
+    let bytes = s.read.bytes + s.write.bytes;
+    format!(
+        "{{\"iops\":{:.1},\"bw_bytes\":{:.0},\"runtime_s\":{:.3},\"verify_errors\":{},\"read\":{},\"write\":{}}}",
+        ios as f64 / secs,
+        bytes as f64 / secs,
+        secs,
+        s.verify_errors,
+        dir_json(&s.read, secs),
+        dir_json(&s.write, secs)
+    )
+}
+
+/// The result as text.
+pub fn to_text(s: &Stats) -> String {
+    let secs = s.elapsed.as_secs_f64().max(1e-9);
+    let mut out = String::new();
+    for (name, d) in [("read", &s.read), ("write", &s.write)] {
+        if d.ios == 0 && d.errors == 0 {
+            continue;
+        }
+        out += &format!(
+            "{name:>5}: {:>10.0} IOPS  {:>9.1} MiB/s  {} I/Os  {} errors  latency us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}\n",
+            d.ios as f64 / secs,
+            d.bytes as f64 / secs / (1 << 20) as f64,
+            d.ios,
+            d.errors,
+            us(d.lat.quantile(0.5)),
+            us(d.lat.quantile(0.99)),
+            us(d.lat.quantile(0.999)),
+            us(d.lat.max())
+        );
+    }
+    out += &format!("  run: {secs:.2} s, verify errors: {}\n", s.verify_errors);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn histogram_quantiles_are_close() {
+        let mut h = Histogram::default();
+        for v in 1..=100_000u64 {
+            h.record(v * 1000);
+        }
+        let p50 = h.quantile(0.5) as f64;
+        assert!((p50 / 50_000_000.0 - 1.0).abs() < 0.02, "p50 {p50}");
+        let p99 = h.quantile(0.99) as f64;
+        assert!((p99 / 99_000_000.0 - 1.0).abs() < 0.02, "p99 {p99}");
+        assert_eq!(h.max(), 100_000_000);
+        assert_eq!(h.count(), 100_000);
+    }
+
+    #[test]
+    fn verify_block_detects_corruption() {
+        let ns = NamespaceInfo {
+            nsid: 1,
+            block_size: 512,
+            blocks: 1024,
+            read_only: false,
+            deallocate_zeroes: true,
+        };
+        let job = Job {
+            pattern: Pattern::RandRw,
+            bs: 4096,
+            qd: 1,
+            runtime: Duration::from_secs(1),
+            verify: true,
+            ns,
+            first_unit: 0,
+            units: 128,
+            max_transfer: 1 << 20,
+            run_id: 7,
+        };
+        let mut b = Bench::new(job, Arc::new(Progress::default()), 1);
+        let mut data = vec![0u8; 4096];
+        b.fill(&mut data, 80);
+        assert_eq!(b.check(&data, 80, true), 0);
+        assert_eq!(b.check(&data, 81, true), 8, "wrong LBA");
+        data[700] ^= 1;
+        assert_eq!(b.check(&data, 80, true), 1);
+        assert_eq!(
+            b.check(&[0u8; 4096], 80, false),
+            0,
+            "never written: not an error"
+        );
+        assert_eq!(b.check(&[0u8; 4096], 80, true), 8, "lost write");
+    }
+}

@@ -1,0 +1,3 @@
+//! Front-ends that expose a connected namespace locally.
+
+pub mod nbd;

@@ -1,0 +1,4 @@
+//! NBD server frontend: protocol encodings and the handshake.
+
+pub mod handshake;
+pub mod proto;

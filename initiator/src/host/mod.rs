@@ -1,0 +1,60 @@
+//! The NVMe over Fabrics host: a controller association (admin queue,
+//! keep-alive, shutdown) and I/O queues. Transport independent above the
+//! queue level; NVMe/TCP is the transport today.
+
+pub mod engine;
+mod session;
+mod sync_queue;
+pub mod tcp;
+
+pub use session::{NamespaceInfo, QueueLimits, Session};
+pub use sync_queue::SyncQueue;
+
+use rdmablk_common::nvme::Status;
+use rdmablk_common::tcp::Digests;
+use std::net::SocketAddr;
+use std::time::Duration;
+
+/// Everything needed to reach a subsystem.
+#[derive(Clone, Debug)]
+pub struct Params {
+    pub addr: SocketAddr,
+    pub subnqn: String,
+    pub hostnqn: String,
+    pub hostid: [u8; 16],
+    pub digests: Digests,
+    /// Keep-alive timeout; zero disables keep-alive.
+    pub kato: Duration,
+    /// I/O queue entries wanted (clamped to what the controller allows).
+    pub queue_size: u16,
+    /// I/O queues wanted.
+    pub io_queues: u16,
+}
+
+/// Why talking to a target failed.
+#[derive(Debug, thiserror::Error)]
+pub enum HostError {
+    /// Nothing listens at the address.
+    #[error("no NVMe-oF target listens on {0} (connection refused)")]
+    NoListener(SocketAddr),
+    /// The address did not answer.
+    #[error("cannot reach {addr}: {source}")]
+    Unreachable {
+        addr: SocketAddr,
+        source: std::io::Error,
+    },
+    /// The target has no subsystem of that NQN.
+    #[error("the target at {addr} has no subsystem {nqn:?} (Connect Invalid Parameters)")]
+    UnknownNqn { addr: SocketAddr, nqn: String },
+    /// The subsystem does not admit this host.
+    #[error("host {hostnqn:?} is not allowed on subsystem {nqn:?} (Connect Invalid Host)")]
+    HostNotAllowed { nqn: String, hostnqn: String },
+    /// A command failed with an NVMe status.
+    #[error("{what} failed: {status}")]
+    Status { what: String, status: Status },
+    /// The peer broke the protocol (or sent a TermReq).
+    #[error("protocol error: {0}")]
+    Protocol(String),
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}

@@ -1,0 +1,363 @@
+//! A controller association: admin queue bring-up (Connect, CC.EN, Identify,
+//! number of queues), keep-alive at KATO/2, I/O queue connects, and a clean
+//! shutdown (CC.SHN) at the end.
+
+use super::{HostError, Params, SyncQueue};
+use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
+use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN};
+use rdmablk_common::nvme::identify::{cns, parse_ns_list, ControllerId, NamespaceId, IDENTIFY_LEN};
+use rdmablk_common::nvme::log::{lid, LogRequest};
+use rdmablk_common::nvme::{admin, feature, property, Sqe, Status};
+use std::net::TcpStream;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+/// Admin queue entries requested.
+const ADMIN_SQSIZE: u16 = 32;
+/// How long the controller may take to become ready or to shut down.
+const READY_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// What the host needs to know about a namespace.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceInfo {
+    pub nsid: u32,
+    /// Logical block size in bytes.
+    pub block_size: u32,
+    /// Size in logical blocks.
+    pub blocks: u64,
+    pub read_only: bool,
+    /// Whether deallocated blocks read back as zeroes (DLFEAT).
+    pub deallocate_zeroes: bool,
+}
+
+impl NamespaceInfo {
+    pub fn size_bytes(&self) -> u64 {
+        self.blocks * self.block_size as u64
+    }
+}
+
+/// A live association with one controller.
+pub struct Session {
+    params: Params,
+    admin: Arc<Mutex<SyncQueue>>,
+    /// Identify Controller.
+    pub ctrl: ControllerId,
+    pub cntlid: u16,
+    /// I/O queues granted.
+    pub io_queues: u16,
+    /// I/O queue entries to use.
+    pub queue_size: u16,
+    keep_alive: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+}
+
+fn property_get(q: &mut SyncQueue, offset: u32, wide: bool) -> Result<u64, HostError> {
+    let sqe = PropertyCmd {
+        wide,
+        offset,
+        value: 0,
+    }
+    .to_sqe(0, false);
+    let (cqe, _) = q.exec_ok("Property Get", sqe, &[], 0)?;
+    Ok(cqe.dw0 as u64 | (cqe.dw1 as u64) << 32)
+}
+
+fn property_set(q: &mut SyncQueue, offset: u32, value: u32) -> Result<(), HostError> {
+    let sqe = PropertyCmd {
+        wide: false,
+        offset,
+        value: value as u64,
+    }
+    .to_sqe(0, true);
+    q.exec_ok("Property Set", sqe, &[], 0).map(|_| ())
+}
+
+fn identify(q: &mut SyncQueue, cns: u8, nsid: u32) -> Result<Vec<u8>, HostError> {
+    let mut sqe = Sqe::new(admin::IDENTIFY, 0);
+    sqe.set_nsid(nsid);
+    sqe.set_cdw(10, cns as u32);
+    Ok(q.exec_ok("Identify", sqe, &[], IDENTIFY_LEN)?.1)
+}
+
+/// Connects queue `qid` of a controller (`cntlid` 0xFFFF for a new one).
+fn fabrics_connect(
+    q: &mut SyncQueue,
+    p: &Params,
+    subnqn: &str,
+    qid: u16,
+    sqsize: u16,
+    kato_ms: u32,
+    cntlid: u16,
+) -> Result<u16, HostError> {
+    let cmd = ConnectCmd {
+        recfmt: 0,
+        qid,
+        sqsize: sqsize - 1,
+        cattr: 0,
+        kato: kato_ms,
+    };
+    let data = ConnectData {
+        hostid: p.hostid,
+        cntlid,
+        subnqn: subnqn.into(),
+        hostnqn: p.hostnqn.clone(),
+    };
+    let cqe = q.connect(cmd, &data)?;
+    let st = cqe.status();
+    if st.is_success() {
+        return Ok(cqe.dw0 as u16);
+    }
+    Err(match (st.sct, st.sc, cqe.dw0 >> 16) {
+        (1, 0x82, 256) => HostError::UnknownNqn {
+            addr: q.addr(),
+            nqn: subnqn.into(),
+        },
+        (1, 0x84, _) => HostError::HostNotAllowed {
+            nqn: subnqn.into(),
+            hostnqn: p.hostnqn.clone(),
+        },
+        _ => HostError::Status {
+            what: format!("Connect of queue {qid}"),
+            status: st,
+        },
+    })
+}
+
+/// Admin queue bring-up: Connect, enable, wait for ready, Identify.
+fn bring_up(
+    p: &Params,
+    subnqn: &str,
+    kato_ms: u32,
+) -> Result<(SyncQueue, ControllerId), HostError> {
+    let mut q = SyncQueue::open(p.addr, p.digests)?;
+    let cntlid = fabrics_connect(&mut q, p, subnqn, 0, ADMIN_SQSIZE, kato_ms, 0xffff)?;
+    let cap = property_get(&mut q, property::CAP, true)?;
+    let timeout = Duration::from_millis(((cap >> 24) & 0xff).max(1) * 500).max(READY_TIMEOUT);
+    // 64-byte SQEs, 16-byte CQEs, 4 KiB pages, NVM command set, enable.
+    property_set(&mut q, property::CC, 6 << 16 | 4 << 20 | property::CC_EN)?;
+    let start = Instant::now();
+    loop {
+        let csts = property_get(&mut q, property::CSTS, false)? as u32;
+        if csts & property::CSTS_CFS != 0 {
+            return Err(HostError::Protocol(
+                "controller fatal status while enabling".into(),
+            ));
+        }
+        if csts & property::CSTS_RDY != 0 {
+            break;
+        }
+        if start.elapsed() > timeout {
+            return Err(HostError::Protocol(format!(
+                "controller not ready after {timeout:?}"
+            )));
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    let ctrl = ControllerId::parse(&identify(&mut q, cns::CONTROLLER, 0)?);
+    if ctrl.cntlid != cntlid {
+        tracing::warn!(
+            connect = cntlid,
+            identify = ctrl.cntlid,
+            "controller ids differ between Connect and Identify"
+        );
+    }
+    q.in_capsule = (ctrl.ioccsz as usize * 16).saturating_sub(64);
+    Ok((q, ctrl))
+}
+
+fn shut_down(q: &mut SyncQueue) -> Result<(), HostError> {
+    property_set(
+        q,
+        property::CC,
+        6 << 16 | 4 << 20 | property::CC_EN | 1 << property::CC_SHN_SHIFT,
+    )?;
+    let start = Instant::now();
+    while start.elapsed() < READY_TIMEOUT {
+        let csts = property_get(q, property::CSTS, false)? as u32;
+        if csts & (3 << property::CSTS_SHST_SHIFT) == property::CSTS_SHST_COMPLETE {
+            return Ok(());
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    Err(HostError::Protocol(
+        "controller did not finish shutdown".into(),
+    ))
+}
+
+impl Session {
+    /// Associates with the subsystem `p.subnqn` and negotiates I/O queues.
+    pub fn connect(p: &Params) -> Result<Session, HostError> {
+        let kato_ms = p.kato.as_millis() as u32;
+        let (mut q, ctrl) = bring_up(p, &p.subnqn, kato_ms)?;
+        let want = p.io_queues.max(1) as u32 - 1;
+        let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+        sqe.set_cdw(10, feature::NUM_QUEUES as u32);
+        sqe.set_cdw(11, want << 16 | want);
+        let (cqe, _) = q.exec_ok("Set Features (Number of Queues)", sqe, &[], 0)?;
+        let io_queues =
+            ((cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1).min(p.io_queues.max(1) as u32) as u16;
+        let cap = property_get(&mut q, property::CAP, true)?;
+        let mqes = (cap & 0xffff) as u16 + 1;
+        let queue_size = p.queue_size.min(mqes).min(ctrl.maxcmd.max(2)).max(2);
+        let cntlid = ctrl.cntlid;
+        let admin = Arc::new(Mutex::new(q));
+        let keep_alive = (kato_ms > 0).then(|| spawn_keep_alive(admin.clone(), p.kato / 2));
+        tracing::info!(
+            subsystem = %p.subnqn,
+            cntlid,
+            io_queues,
+            queue_size,
+            mdts = ctrl.mdts,
+            "connected to {}",
+            p.addr
+        );
+        Ok(Session {
+            params: p.clone(),
+            admin,
+            ctrl,
+            cntlid,
+            io_queues,
+            queue_size,
+            keep_alive,
+        })
+    }
+
+    /// Reads the discovery log of the target at `p.addr`.
+    pub fn discover(p: &Params) -> Result<Vec<DiscoveryEntry>, HostError> {
+        let (mut q, _) = bring_up(p, DISCOVERY_NQN, 0)?;
+        let header = get_log(
+            &mut q,
+            lid::DISCOVERY,
+            discovery::DISCOVERY_LOG_HEADER_LEN,
+            0,
+        )?;
+        let (_, numrec) = discovery::parse_log_header(&header);
+        let len = discovery::DISCOVERY_LOG_HEADER_LEN
+            + numrec.min(1024) as usize * discovery::DISCOVERY_ENTRY_LEN;
+        let page = get_log(&mut q, lid::DISCOVERY, len, 0)?;
+        let _ = shut_down(&mut q);
+        Ok(discovery::parse_log_entries(&page))
+    }
+
+    /// The largest transfer one command may move.
+    pub fn max_transfer(&self) -> usize {
+        self.ctrl
+            .max_transfer()
+            .map_or(1 << 20, |m| m.min(4 << 20) as usize)
+    }
+
+    /// Active namespace ids.
+    pub fn namespaces(&self) -> Result<Vec<u32>, HostError> {
+        let mut q = self.admin.lock().expect("admin queue");
+        Ok(parse_ns_list(&identify(&mut q, cns::ACTIVE_NS_LIST, 0)?))
+    }
+
+    /// Identify Namespace.
+    pub fn namespace(&self, nsid: u32) -> Result<NamespaceInfo, HostError> {
+        let mut q = self.admin.lock().expect("admin queue");
+        let id = NamespaceId::parse(&identify(&mut q, cns::NAMESPACE, nsid)?);
+        if id.nsze == 0 {
+            return Err(HostError::Status {
+                what: format!("namespace {nsid}"),
+                status: Status::INVALID_NAMESPACE,
+            });
+        }
+        Ok(NamespaceInfo {
+            nsid,
+            block_size: id.block_size(),
+            blocks: id.nsze,
+            read_only: id.nsattr & 1 != 0,
+            deallocate_zeroes: id.dlfeat & 7 == 1,
+        })
+    }
+
+    /// Connects I/O queue `qid` and returns its initialized socket, with the
+    /// queue's negotiated digests, MAXH2CDATA and in-capsule limit.
+    pub fn open_io_queue(&self, qid: u16) -> Result<(TcpStream, QueueLimits), HostError> {
+        let mut q = SyncQueue::open(self.params.addr, self.params.digests)?;
+        fabrics_connect(
+            &mut q,
+            &self.params,
+            &self.params.subnqn,
+            qid,
+            self.queue_size,
+            0,
+            self.cntlid,
+        )?;
+        let limits = QueueLimits {
+            digests: q.digests,
+            max_h2c: q.max_h2c,
+            in_capsule: (self.ctrl.ioccsz as usize * 16).saturating_sub(64),
+            depth: self.queue_size,
+        };
+        Ok((q.into_stream(), limits))
+    }
+
+    /// Shuts the controller down (CC.SHN) and ends keep-alive.
+    pub fn shutdown(mut self) -> Result<(), HostError> {
+        self.stop_keep_alive();
+        let mut q = self.admin.lock().expect("admin queue");
+        shut_down(&mut q)
+    }
+
+    fn stop_keep_alive(&mut self) {
+        if let Some((stop, t)) = self.keep_alive.take() {
+            stop.store(true, Ordering::Release);
+            t.thread().unpark();
+            let _ = t.join();
+        }
+    }
+}
+
+impl Drop for Session {
+    fn drop(&mut self) {
+        self.stop_keep_alive();
+    }
+}
+
+/// What an I/O queue negotiated.
+#[derive(Clone, Copy, Debug)]
+pub struct QueueLimits {
+    pub digests: rdmablk_common::tcp::Digests,
+    pub max_h2c: usize,
+    pub in_capsule: usize,
+    pub depth: u16,
+}
+
+fn get_log(q: &mut SyncQueue, lid: u8, len: usize, offset: u64) -> Result<Vec<u8>, HostError> {
+    let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 0);
+    LogRequest {
+        lid,
+        rae: false,
+        len,
+        offset,
+    }
+    .to_sqe(&mut sqe);
+    Ok(q.exec_ok("Get Log Page", sqe, &[], len)?.1)
+}
+
+fn spawn_keep_alive(
+    admin: Arc<Mutex<SyncQueue>>,
+    period: Duration,
+) -> (Arc<AtomicBool>, JoinHandle<()>) {
+    let stop = Arc::new(AtomicBool::new(false));
+    let flag = stop.clone();
+    let t = std::thread::Builder::new()
+        .name("keep-alive".into())
+        .spawn(move || {
+            while !flag.load(Ordering::Acquire) {
+                std::thread::park_timeout(period);
+                if flag.load(Ordering::Acquire) {
+                    break;
+                }
+                let mut q = admin.lock().expect("admin queue");
+                if let Err(e) = q.exec_ok("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), &[], 0) {
+                    tracing::error!("keep-alive failed: {e}");
+                    break;
+                }
+            }
+        })
+        .expect("spawning the keep-alive thread");
+    (stop, t)
+}

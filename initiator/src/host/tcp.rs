@@ -1,0 +1,373 @@
+//! An NVMe/TCP I/O queue driven by the caller's io_uring: commands go out as
+//! CapsuleCmd PDUs (small writes with their data in the capsule), R2Ts are
+//! answered with H2CData straight from the caller's buffer, C2HData lands in
+//! the caller's buffer, and CapsuleResps come back as completions.
+
+use super::QueueLimits;
+use io_uring::{opcode, squeue, types};
+use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
+use rdmablk_common::tcp::{self, flags, Header, Transfer};
+use std::net::TcpStream;
+use std::os::fd::AsRawFd;
+
+/// Largest PDU accepted from the target (C2HData of up to 4 MiB).
+const MAX_PDU: usize = (4 << 20) + 256;
+
+/// A finished command: the caller's tag and the completion entry.
+#[derive(Clone, Copy, Debug)]
+pub struct Done {
+    pub tag: u64,
+    pub cqe: Cqe,
+}
+
+struct Inflight {
+    tag: u64,
+    buf: *mut u8,
+    len: usize,
+    to_host: bool,
+}
+
+/// One I/O queue.
+pub struct IoQueue {
+    sock: TcpStream,
+    limits: QueueLimits,
+    rx: RxBuf,
+    recv_busy: bool,
+    tx: TxQueue,
+    send_busy: bool,
+    sent: Vec<u64>,
+    cmds: Vec<Option<Inflight>>,
+    free: Vec<u16>,
+    done: Vec<Done>,
+    failed: Option<String>,
+}
+
+// SAFETY: the raw buffer pointers refer to memory the submitter keeps valid
+// until completion; the queue is used by one thread at a time.
+unsafe impl Send for IoQueue {}
+
+impl IoQueue {
+    pub fn new(sock: TcpStream, limits: QueueLimits) -> Self {
+        let depth = limits.depth as usize;
+        IoQueue {
+            sock,
+            limits,
+            rx: RxBuf::new(2 * MAX_PDU),
+            recv_busy: false,
+            tx: TxQueue::default(),
+            send_busy: false,
+            sent: Vec::new(),
+            cmds: (0..depth).map(|_| None).collect(),
+            free: (0..depth as u16).rev().collect(),
+            done: Vec::new(),
+            failed: None,
+        }
+    }
+
+    /// Commands that can still be submitted.
+    pub fn free_slots(&self) -> usize {
+        if self.failed.is_some() {
+            0
+        } else {
+            self.free.len()
+        }
+    }
+
+    /// Why the queue stopped working, if it did.
+    pub fn failed(&self) -> Option<&str> {
+        self.failed.as_deref()
+    }
+
+    /// Whether nothing is in flight or queued.
+    pub fn idle(&self) -> bool {
+        self.free.len() == self.cmds.len() && self.tx.is_empty() && !self.send_busy
+    }
+
+    /// Submits a command moving `len` bytes at `buf` (to the host when
+    /// `to_host`). Returns false when no slot is free.
+    ///
+    /// # Safety
+    /// `buf` must stay valid for `len` bytes, and unchanged for writes, until
+    /// the command's completion is taken from [`IoQueue::take_done`] or the
+    /// queue is dropped.
+    pub unsafe fn submit(
+        &mut self,
+        mut sqe: Sqe,
+        buf: *mut u8,
+        len: usize,
+        to_host: bool,
+        tag: u64,
+    ) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        let Some(cid) = self.free.pop() else {
+            return false;
+        };
+        sqe.set_cid(cid);
+        let inline = !to_host && len > 0 && len <= self.limits.in_capsule;
+        let sgl = match (len, inline) {
+            (0, _) => Sgl::Null,
+            (_, true) => Sgl::InCapsule {
+                offset: 0,
+                len: len as u32,
+            },
+            _ => Sgl::Transport { len: len as u32 },
+        };
+        sqe.set_sgl(&sgl);
+        let mut head = Vec::with_capacity(96);
+        let data_len = if inline { len } else { 0 };
+        tcp::encode_header(
+            &mut head,
+            &Header::CapsuleCmd(sqe),
+            0,
+            data_len,
+            self.limits.digests,
+            1,
+        );
+        if inline {
+            // SAFETY: the caller guarantees `buf` holds `len` readable bytes.
+            let data = unsafe { std::slice::from_raw_parts(buf, len) };
+            let digest = self.limits.digests.data.then(|| tcp::data_digest(data));
+            self.tx.push_with_body(head, buf, len, digest, None);
+        } else {
+            self.tx.push(head, None);
+        }
+        self.cmds[cid as usize] = Some(Inflight {
+            tag,
+            buf,
+            len,
+            to_host,
+        });
+        true
+    }
+
+    /// Completions gathered since the last call.
+    pub fn take_done(&mut self, out: &mut Vec<Done>) {
+        out.append(&mut self.done);
+    }
+
+    /// Parses what arrived and keeps a receive and a send in flight.
+    pub fn pump(&mut self, sq: &mut Vec<squeue::Entry>, recv_ud: u64, send_ud: u64) {
+        if self.failed.is_some() {
+            return;
+        }
+        self.process_rx();
+        if !self.recv_busy && self.failed.is_none() {
+            let spare = self.rx.spare();
+            let e = opcode::Recv::new(
+                types::Fd(self.sock.as_raw_fd()),
+                spare.as_mut_ptr(),
+                spare.len() as u32,
+            )
+            .build()
+            .user_data(recv_ud);
+            sq.push(e);
+            self.recv_busy = true;
+        }
+        if !self.send_busy && !self.tx.is_empty() {
+            let e = opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), self.tx.message())
+                .flags(libc::MSG_NOSIGNAL as u32)
+                .build()
+                .user_data(send_ud);
+            sq.push(e);
+            self.send_busy = true;
+        }
+    }
+
+    pub fn on_recv(&mut self, res: i32) {
+        self.recv_busy = false;
+        match res {
+            0 => self.fail("the target closed the connection".into()),
+            r if r < 0 => self.fail(format!(
+                "receive failed: {}",
+                std::io::Error::from_raw_os_error(-r)
+            )),
+            r => self.rx.filled(r as usize),
+        }
+    }
+
+    pub fn on_send(&mut self, res: i32) {
+        self.send_busy = false;
+        if res < 0 {
+            self.fail(format!(
+                "send failed: {}",
+                std::io::Error::from_raw_os_error(-res)
+            ));
+            return;
+        }
+        self.tx.advance(res as usize, &mut self.sent);
+        self.sent.clear();
+    }
+
+    /// Whether operations of this queue are still in the ring.
+    pub fn ops_in_flight(&self) -> bool {
+        self.recv_busy || self.send_busy
+    }
+
+    /// Ends the queue: every command in flight completes with an error.
+    pub fn fail(&mut self, why: String) {
+        if self.failed.is_none() {
+            tracing::error!("I/O queue failed: {why}");
+            let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            for (cid, c) in self.cmds.iter_mut().enumerate() {
+                if let Some(c) = c.take() {
+                    let cqe = Cqe {
+                        cid: cid as u16,
+                        status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(),
+                        ..Default::default()
+                    };
+                    self.done.push(Done { tag: c.tag, cqe });
+                    self.free.push(cid as u16);
+                }
+            }
+            self.failed = Some(why);
+        }
+    }
+
+    fn process_rx(&mut self) {
+        loop {
+            let decoded = tcp::decode(self.rx.pending(), self.limits.digests, MAX_PDU);
+            let (header, fl, data_ok, data_at, data_len, n) = match decoded {
+                Ok(None) => return,
+                Ok(Some((pdu, n))) => {
+                    let base = self.rx.pending().as_ptr();
+                    // Offsets rather than slices, so that `self` can change below.
+                    let at = pdu.data.as_ptr() as usize - base as usize;
+                    (
+                        pdu.header,
+                        pdu.flags,
+                        pdu.data_digest_ok,
+                        at,
+                        pdu.data.len(),
+                        n,
+                    )
+                }
+                Err(e) => return self.fail(format!("malformed PDU from the target: {e}")),
+            };
+            if let Err(why) = self.handle(header, fl, data_ok, data_at, data_len) {
+                return self.fail(why);
+            }
+            self.rx.consume(n);
+        }
+    }
+
+    fn handle(
+        &mut self,
+        header: Header,
+        fl: u8,
+        data_ok: bool,
+        data_at: usize,
+        data_len: usize,
+    ) -> Result<(), String> {
+        match header {
+            Header::CapsuleResp(cqe) => {
+                let c = self.take(cqe.cid)?;
+                self.done.push(Done { tag: c.tag, cqe });
+            }
+            Header::C2HData(t) => {
+                if !data_ok {
+                    return Err("C2HData data digest mismatch".into());
+                }
+                let c = self
+                    .cmds
+                    .get(t.cccid as usize)
+                    .and_then(Option::as_ref)
+                    .ok_or("C2HData for an unknown command")?;
+                let end = t.offset as usize + data_len;
+                if !c.to_host || end > c.len {
+                    return Err(format!(
+                        "C2HData {}..{end} outside the command's {} bytes",
+                        t.offset, c.len
+                    ));
+                }
+                let src = &self.rx.pending()[data_at..data_at + data_len];
+                // SAFETY: `c.buf` holds `c.len` writable bytes (submit's contract)
+                // and the range was checked against `c.len`.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        src.as_ptr(),
+                        c.buf.add(t.offset as usize),
+                        data_len,
+                    )
+                };
+                if fl & flags::SUCCESS != 0 {
+                    let c = self.take(t.cccid)?;
+                    let cqe = Cqe {
+                        cid: t.cccid,
+                        ..Default::default()
+                    };
+                    self.done.push(Done { tag: c.tag, cqe });
+                }
+            }
+            Header::R2T(t) => self.answer_r2t(t)?,
+            Header::TermReq { fes, fei, .. } => {
+                return Err(format!(
+                    "target terminated the queue (FES {fes}, FEI {fei})"
+                ))
+            }
+            h => {
+                return Err(format!(
+                    "unexpected PDU type {:#x} from the target",
+                    h.pdu_type()
+                ))
+            }
+        }
+        Ok(())
+    }
+
+    fn take(&mut self, cid: u16) -> Result<Inflight, String> {
+        let c = self
+            .cmds
+            .get_mut(cid as usize)
+            .and_then(Option::take)
+            .ok_or_else(|| format!("completion for unknown command {cid}"))?;
+        self.free.push(cid);
+        Ok(c)
+    }
+
+    fn answer_r2t(&mut self, r2t: Transfer) -> Result<(), String> {
+        let c = self
+            .cmds
+            .get(r2t.cccid as usize)
+            .and_then(Option::as_ref)
+            .ok_or("R2T for an unknown command")?;
+        let end = r2t.offset as usize + r2t.len as usize;
+        if c.to_host || end > c.len {
+            return Err(format!(
+                "R2T {}..{end} outside the command's {} bytes",
+                r2t.offset, c.len
+            ));
+        }
+        let buf = c.buf;
+        let mut at = r2t.offset as usize;
+        while at < end {
+            let n = (end - at).min(self.limits.max_h2c);
+            let t = Transfer {
+                cccid: r2t.cccid,
+                ttag: r2t.ttag,
+                offset: at as u32,
+                len: n as u32,
+            };
+            let fl = if at + n == end { flags::LAST_PDU } else { 0 };
+            let mut head = Vec::with_capacity(32);
+            tcp::encode_header(
+                &mut head,
+                &Header::H2CData(t),
+                fl,
+                n,
+                self.limits.digests,
+                1,
+            );
+            let body = buf.wrapping_add(at);
+            let digest = self.limits.digests.data.then(|| {
+                // SAFETY: the range lies inside the command's buffer (checked above).
+                tcp::data_digest(unsafe { std::slice::from_raw_parts(body, n) })
+            });
+            self.tx.push_with_body(head, body, n, digest, None);
+            at += n;
+        }
+        Ok(())
+    }
+}
