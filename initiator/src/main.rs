@@ -3,6 +3,7 @@
 
 use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
+use rdmablk::frontend::nbd::{self, Listen};
 use rdmablk::host::engine::Engine;
 use rdmablk::host::tcp::IoQueue;
 use rdmablk::host::{HostError, Params, Session};
@@ -33,6 +34,12 @@ enum Command {
     /// Print the discovery log of a target, as `nvme discover` does.
     #[command(after_help = "Example:\n  rdmablk discover -t tcp -a 127.0.0.1 -s 4420")]
     Discover(Target),
+    /// Connect a namespace and serve it as an NBD export until SIGINT/SIGTERM.
+    #[command(after_help = "Examples:
+  rdmablk connect -t tcp -a 127.0.0.1 -s 4420 -n NQN --nbd unix:/run/rdmablk/disk0.sock
+  rdmablk connect -t tcp -a 10.0.0.1 -n NQN --nbd tcp:127.0.0.1:10809 -i 2
+Then: nbd-client -unix /run/rdmablk/disk0.sock /dev/nbd0, qemu-img info nbd+unix:///?socket=..., nbdfuse, fio --ioengine=nbd")]
+    Connect(ConnectArgs),
     /// Benchmark a namespace: IOPS, bandwidth, latency percentiles.
     #[command(after_help = "Examples:
   rdmablk bench -t tcp -a 127.0.0.1 -s 4420 -n NQN --rw randread --bs 4k --qd 32 --runtime 10s
@@ -86,6 +93,18 @@ struct Subsys {
 }
 
 #[derive(Args)]
+struct ConnectArgs {
+    #[command(flatten)]
+    subsys: Subsys,
+    /// Serve the namespace as an NBD export: unix:PATH or tcp:HOST:PORT.
+    #[arg(long, value_name = "unix:PATH|tcp:HOST:PORT")]
+    nbd: Listen,
+    /// I/O queues (one thread each); NBD clients are spread over them.
+    #[arg(short = 'i', long = "nr-io-queues", default_value_t = 1)]
+    nr_io_queues: u16,
+}
+
+#[derive(Args)]
 struct BenchArgs {
     #[command(flatten)]
     subsys: Subsys,
@@ -125,6 +144,7 @@ fn main() -> ExitCode {
         .init();
     let result = match cli.cmd {
         Command::Discover(t) => discover(&t),
+        Command::Connect(c) => connect(&c),
         Command::Bench(b) => run_bench(&b),
     };
     match result {
@@ -235,6 +255,21 @@ fn open(s: &Subsys, io_queues: u16) -> Result<(Session, rdmablk::host::Namespace
     };
     let ns = session.namespace(nsid)?;
     Ok((session, ns))
+}
+
+fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
+    if c.nr_io_queues == 0 {
+        return Err("-i 0: use at least one I/O queue".into());
+    }
+    // Signals are taken by the main thread; every thread inherits the mask.
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    set.thread_block()
+        .map_err(|e| format!("blocking signals: {e}"))?;
+    let (session, ns) = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
+    nbd::serve(session, ns, &c.nbd, &c.subsys.nqn, c.nr_io_queues)?;
+    Ok(ExitCode::SUCCESS)
 }
 
 fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {

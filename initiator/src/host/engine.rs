@@ -115,7 +115,9 @@ impl Engine {
         let mut events: Vec<(u64, i32)> = Vec::new();
         let mut finished = false;
         loop {
-            {
+            // Run the driver and the queue until neither has anything new:
+            // a completion may let the driver reply or submit more.
+            loop {
                 let mut cx = Cx {
                     arena: &mut self.arena,
                     queue: &mut self.queue,
@@ -126,6 +128,9 @@ impl Engine {
                 }
                 cx.queue.pump(cx.sq, KIND_RECV << 56, KIND_SEND << 56);
                 cx.queue.take_done(&mut done);
+                if done.is_empty() {
+                    break;
+                }
                 for d in done.drain(..) {
                     driver.on_done(d, &mut cx);
                 }

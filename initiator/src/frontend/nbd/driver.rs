@@ -1,0 +1,712 @@
+//! The transmission phase of NBD on an engine thread: requests are read from
+//! each client socket through the engine's io_uring (payloads straight into
+//! arena buffers), turned into NVMe commands on the engine's I/O queue, and
+//! answered from the same buffers. Requests that are not aligned to the
+//! namespace's blocks are served by read-modify-write.
+
+use super::handshake::Negotiated;
+use super::proto::{self, errno, flags, Command, Request, REQUEST_LEN};
+use crate::host::engine::{Cx, Driver};
+use crate::host::tcp::Done;
+use crate::host::NamespaceInfo;
+use io_uring::{opcode, types};
+use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::nvme::{nvm, Sqe};
+use rdmablk_common::tcp::stream::TxQueue;
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc::Receiver;
+use std::sync::Arc;
+
+/// Requests a client may have in progress at once.
+const MAX_REQUESTS: usize = 64;
+/// Most blocks one Write Zeroes command covers (16-bit NLB).
+const MAX_ZEROES_BLOCKS: u64 = 1 << 16;
+
+/// What every connection of an export shares.
+#[derive(Clone, Copy, Debug)]
+pub struct ExportInfo {
+    pub ns: NamespaceInfo,
+    /// Largest request accepted (NBD maximum block size).
+    pub max_block: u32,
+    /// Largest transfer of one NVMe command.
+    pub max_transfer: usize,
+}
+
+/// A new client that finished its handshake.
+pub struct NewClient {
+    pub fd: OwnedFd,
+    pub negotiated: Negotiated,
+    pub peer: String,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Stage {
+    /// Receiving the write payload.
+    Payload,
+    /// Discarding the payload of a refused write.
+    Discard,
+    /// Waiting for NVMe queue slots.
+    Queued,
+    /// Reading the edge blocks of an unaligned write.
+    EdgeRead,
+    /// NVMe commands in flight.
+    Io,
+    /// The reply is queued.
+    Reply,
+}
+
+struct Req {
+    r: Request,
+    stage: Stage,
+    buf: Option<ArenaBuf>,
+    /// Byte offset in the namespace of `buf`'s first byte.
+    base: u64,
+    /// Bytes of `buf` that the NVMe commands cover.
+    span: usize,
+    /// Bytes received (payload) or discarded.
+    got: usize,
+    parts_left: usize,
+    error: u32,
+}
+
+struct Client {
+    fd: OwnedFd,
+    neg: Negotiated,
+    peer: String,
+    hdr: [u8; REQUEST_LEN],
+    hdr_fill: usize,
+    /// The request whose payload is being received, if any.
+    receiving: Option<usize>,
+    reqs: Vec<Option<Req>>,
+    recv_busy: bool,
+    tx: TxQueue,
+    send_busy: bool,
+    /// No more requests: the client sent DISC, broke the protocol or left.
+    closing: bool,
+    shut: bool,
+}
+
+impl Client {
+    fn busy(&self) -> bool {
+        self.reqs.iter().any(Option::is_some)
+    }
+}
+
+/// Serves the NBD clients handed to one engine.
+pub struct NbdDriver {
+    export: ExportInfo,
+    clients: Vec<Option<Client>>,
+    incoming: Receiver<NewClient>,
+    stop: Arc<AtomicBool>,
+    queued: VecDeque<(usize, usize)>,
+    sent: Vec<u64>,
+    scratch: Vec<u8>,
+}
+
+fn token(client: usize, send: bool) -> u32 {
+    (client as u32) << 1 | send as u32
+}
+
+fn tag(client: usize, req: usize) -> u64 {
+    (client as u64) << 32 | req as u64
+}
+
+impl NbdDriver {
+    pub fn new(
+        export: ExportInfo,
+        incoming: Receiver<NewClient>,
+        stop: Arc<AtomicBool>,
+    ) -> NbdDriver {
+        NbdDriver {
+            export,
+            clients: Vec::new(),
+            incoming,
+            stop,
+            queued: VecDeque::new(),
+            sent: Vec::new(),
+            scratch: Vec::new(),
+        }
+    }
+
+    fn block(&self) -> u64 {
+        self.export.ns.block_size as u64
+    }
+
+    fn adopt(&mut self) {
+        while let Ok(n) = self.incoming.try_recv() {
+            let c = Client {
+                fd: n.fd,
+                neg: n.negotiated,
+                peer: n.peer,
+                hdr: [0; REQUEST_LEN],
+                hdr_fill: 0,
+                receiving: None,
+                reqs: (0..MAX_REQUESTS).map(|_| None).collect(),
+                recv_busy: false,
+                tx: TxQueue::default(),
+                send_busy: false,
+                closing: false,
+                shut: false,
+            };
+            tracing::info!(peer = %c.peer, structured = c.neg.structured_replies, "NBD client connected");
+            match self.clients.iter().position(Option::is_none) {
+                Some(i) => self.clients[i] = Some(c),
+                None => self.clients.push(Some(c)),
+            }
+        }
+    }
+
+    /// Starts the next receive of a client: header bytes or payload.
+    fn post_recv(&mut self, ci: usize, cx: &mut Cx) {
+        let c = self.clients[ci].as_mut().expect("live client");
+        if c.recv_busy || c.closing {
+            return;
+        }
+        let (ptr, len) = match c.receiving {
+            Some(ri) => {
+                let req = c.reqs[ri].as_ref().expect("receiving request");
+                let left = req.r.length as usize - req.got;
+                match (&req.buf, req.stage) {
+                    (Some(b), Stage::Payload) => {
+                        let at = (req.r.offset - req.base) as usize + req.got;
+                        (cx.arena.addr(b, at), left)
+                    }
+                    _ => {
+                        self.scratch.resize(64 << 10, 0);
+                        (self.scratch.as_mut_ptr(), left.min(self.scratch.len()))
+                    }
+                }
+            }
+            None => {
+                if c.reqs.iter().all(Option::is_some) {
+                    return; // wait for a request to finish
+                }
+                (c.hdr[c.hdr_fill..].as_mut_ptr(), REQUEST_LEN - c.hdr_fill)
+            }
+        };
+        let e = opcode::Recv::new(types::Fd(c.fd.as_raw_fd()), ptr, len as u32).build();
+        cx.submit(e, token(ci, false));
+        c.recv_busy = true;
+    }
+
+    fn on_recv(&mut self, ci: usize, res: i32, cx: &mut Cx) {
+        let c = self.clients[ci].as_mut().expect("live client");
+        c.recv_busy = false;
+        if res <= 0 {
+            if !c.closing {
+                let mid = c.hdr_fill > 0 || c.receiving.is_some();
+                let why = if res == 0 {
+                    "closed the connection".to_string()
+                } else {
+                    std::io::Error::from_raw_os_error(-res).to_string()
+                };
+                if mid || res < 0 {
+                    tracing::warn!(peer = %c.peer, "NBD client left mid-request: {why}");
+                } else {
+                    tracing::info!(peer = %c.peer, "NBD client disconnected");
+                }
+            }
+            self.close(ci, cx);
+            return;
+        }
+        let n = res as usize;
+        match c.receiving {
+            Some(ri) => {
+                let req = c.reqs[ri].as_mut().expect("receiving request");
+                req.got += n;
+                if req.got == req.r.length as usize {
+                    c.receiving = None;
+                    match req.stage {
+                        Stage::Discard => self.reply(ci, ri, cx),
+                        _ => self.start(ci, ri, cx),
+                    }
+                }
+            }
+            None => {
+                c.hdr_fill += n;
+                if c.hdr_fill == REQUEST_LEN {
+                    c.hdr_fill = 0;
+                    let hdr = c.hdr;
+                    self.on_request(ci, &hdr, cx);
+                }
+            }
+        }
+    }
+
+    fn on_request(&mut self, ci: usize, hdr: &[u8; REQUEST_LEN], cx: &mut Cx) {
+        let export = self.export;
+        let c = self.clients[ci].as_mut().expect("live client");
+        let r = match Request::parse(hdr) {
+            Ok(r) => r,
+            Err(e) => {
+                tracing::warn!(peer = %c.peer, "NBD protocol error: {e}; closing");
+                self.close(ci, cx);
+                return;
+            }
+        };
+        if r.command == Command::Disc {
+            c.closing = true;
+            return;
+        }
+        let ri = c
+            .reqs
+            .iter()
+            .position(Option::is_none)
+            .expect("post_recv waits for a free request");
+        let size = export.ns.size_bytes();
+        let err = proto::validate(&r, size, c.neg.transmission_flags, export.max_block).err();
+        let block = export.ns.block_size as u64;
+        let (base, span) = match r.command {
+            Command::Read | Command::Write => {
+                let base = r.offset / block * block;
+                let end = (r.offset + r.length as u64).next_multiple_of(block);
+                (base, (end - base) as usize)
+            }
+            _ => (r.offset, 0),
+        };
+        let mut req = Req {
+            r,
+            stage: Stage::Queued,
+            buf: None,
+            base,
+            span,
+            got: 0,
+            parts_left: 0,
+            error: err.unwrap_or(0),
+        };
+        if err.is_none() && span > 0 {
+            // Room for the span plus two edge blocks for read-modify-write.
+            match cx.arena.alloc(span + 2 * block as usize) {
+                Some(b) => req.buf = Some(b),
+                None => req.error = errno::ENOMEM,
+            }
+        }
+        let has_payload = r.payload_len() > 0;
+        req.stage = match (has_payload, req.error) {
+            (true, 0) => Stage::Payload,
+            (true, _) => Stage::Discard,
+            _ => Stage::Queued,
+        };
+        c.reqs[ri] = Some(req);
+        if has_payload {
+            c.receiving = Some(ri);
+        } else if err.is_some() || c.reqs[ri].as_ref().is_some_and(|q| q.error != 0) {
+            self.reply(ci, ri, cx);
+        } else {
+            self.start(ci, ri, cx);
+        }
+    }
+
+    /// Moves a received request on: edge reads for unaligned writes, else its commands.
+    fn start(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
+        let block = self.block();
+        let c = self.clients[ci].as_mut().expect("live client");
+        let req = c.reqs[ri].as_mut().expect("request");
+        let unaligned_write = req.r.command == Command::Write
+            && (req.r.offset % block != 0 || (req.r.offset + req.r.length as u64) % block != 0);
+        req.stage = if unaligned_write && req.stage == Stage::Payload {
+            Stage::EdgeRead
+        } else {
+            Stage::Queued
+        };
+        self.queued.push_back((ci, ri));
+        self.submit_queued(cx);
+    }
+
+    /// The NVMe commands a request needs now: (opcode, byte offset, bytes,
+    /// buffer offset, fua/deallocate flag).
+    fn plan(&self, req: &Req) -> Vec<(u8, u64, u64, usize, bool)> {
+        let block = self.block();
+        let mt = self.export.max_transfer as u64;
+        let split = |op: u8, off: u64, len: u64, at: usize, flag: bool, max: u64| {
+            let mut v = Vec::new();
+            let mut done = 0;
+            while done < len {
+                let n = (len - done).min(max);
+                v.push((op, off + done, n, at + done as usize, flag));
+                done += n;
+            }
+            v
+        };
+        let r = &req.r;
+        match (r.command, req.stage) {
+            (Command::Read, _) => split(nvm::READ, req.base, req.span as u64, 0, false, mt),
+            (Command::Write, Stage::EdgeRead) => {
+                // Read the partial head and tail blocks into the spare area
+                // after the span.
+                let mut v = Vec::new();
+                let end = r.offset + r.length as u64;
+                if r.offset % block != 0 {
+                    v.push((nvm::READ, req.base, block, req.span, false));
+                }
+                let tail = end / block * block;
+                if end % block != 0 && (tail != req.base || r.offset % block == 0) {
+                    v.push((nvm::READ, tail, block, req.span + block as usize, false));
+                }
+                v
+            }
+            (Command::Write, _) => split(
+                nvm::WRITE,
+                req.base,
+                req.span as u64,
+                0,
+                r.flags & flags::FUA != 0,
+                mt,
+            ),
+            (Command::Flush, _) => vec![(nvm::FLUSH, 0, 0, 0, false)],
+            (Command::WriteZeroes, _) => {
+                let dealloc = r.flags & flags::NO_HOLE == 0 && self.export.ns.deallocate_zeroes;
+                let (s, e) = (
+                    r.offset.next_multiple_of(block),
+                    (r.offset + r.length as u64) / block * block,
+                );
+                if s < e {
+                    split(
+                        nvm::WRITE_ZEROES,
+                        s,
+                        e - s,
+                        0,
+                        dealloc,
+                        MAX_ZEROES_BLOCKS * block,
+                    )
+                } else {
+                    Vec::new()
+                }
+            }
+            (Command::Trim, _) => {
+                let (s, e) = (
+                    r.offset.next_multiple_of(block),
+                    (r.offset + r.length as u64) / block * block,
+                );
+                if s < e {
+                    split(nvm::DSM, s, e - s, 0, true, u32::MAX as u64 / block * block)
+                } else {
+                    Vec::new()
+                }
+            }
+            _ => Vec::new(),
+        }
+    }
+
+    fn submit_queued(&mut self, cx: &mut Cx) {
+        while let Some(&(ci, ri)) = self.queued.front() {
+            let Some(req) = self
+                .clients
+                .get(ci)
+                .and_then(Option::as_ref)
+                .and_then(|c| c.reqs[ri].as_ref())
+            else {
+                self.queued.pop_front();
+                continue;
+            };
+            let plan = self.plan(req);
+            if plan.len() > cx.queue.free_slots() {
+                if cx.queue.failed().is_some() {
+                    self.queued.pop_front();
+                    let req = self.clients[ci]
+                        .as_mut()
+                        .and_then(|c| c.reqs[ri].as_mut())
+                        .expect("request");
+                    req.error = errno::EIO;
+                    self.reply(ci, ri, cx);
+                    continue;
+                }
+                return; // completions free slots; pump retries
+            }
+            self.queued.pop_front();
+            let block = self.block();
+            let nsid = self.export.ns.nsid;
+            let zero_range =
+                req.r.command == Command::WriteZeroes || req.r.command == Command::Trim;
+            let mut dsm = None;
+            if req.r.command == Command::Trim && !plan.is_empty() {
+                // One DSM command per range; its 16-byte range lives in the arena.
+                dsm = cx.arena.alloc(16 * plan.len());
+                if dsm.is_none() {
+                    self.queued.push_front((ci, ri));
+                    return;
+                }
+            }
+            let req = self.clients[ci]
+                .as_mut()
+                .and_then(|c| c.reqs[ri].as_mut())
+                .expect("request");
+            if plan.is_empty() {
+                self.reply(ci, ri, cx);
+                continue;
+            }
+            req.parts_left = plan.len();
+            if req.stage == Stage::Queued {
+                req.stage = Stage::Io;
+            }
+            for (i, &(op, off, len, at, flag)) in plan.iter().enumerate() {
+                let mut sqe = Sqe::new(op, 0);
+                sqe.set_nsid(nsid);
+                let lba = off / block;
+                let nlb = (len / block).max(1) as u32 - 1;
+                let (ptr, bytes, to_host) = match op {
+                    nvm::READ | nvm::WRITE => {
+                        let b = req.buf.as_ref().expect("data request has a buffer");
+                        (cx.arena.addr(b, at), len as usize, op == nvm::READ)
+                    }
+                    nvm::DSM => {
+                        let b = dsm.as_ref().expect("allocated above");
+                        let range =
+                            &mut cx.arena.bytes_mut(b, 16 * plan.len())[i * 16..i * 16 + 16];
+                        range[..4].fill(0);
+                        range[4..8].copy_from_slice(&((len / block) as u32).to_le_bytes());
+                        range[8..16].copy_from_slice(&lba.to_le_bytes());
+                        (cx.arena.addr(b, i * 16), 16, false)
+                    }
+                    _ => (std::ptr::null_mut(), 0, false),
+                };
+                match op {
+                    nvm::DSM => {
+                        sqe.set_cdw(10, 0); // one range
+                        sqe.set_cdw(11, 1 << 2); // deallocate
+                    }
+                    nvm::FLUSH => {}
+                    _ => {
+                        sqe.set_cdw(10, lba as u32);
+                        sqe.set_cdw(11, (lba >> 32) as u32);
+                        let extra = match (op, flag) {
+                            (nvm::WRITE, true) => 1 << 30,
+                            (nvm::WRITE_ZEROES, true) => 1 << 25,
+                            _ => 0,
+                        };
+                        sqe.set_cdw(12, nlb | extra);
+                    }
+                }
+                debug_assert!(!zero_range || op != nvm::READ);
+                // SAFETY: the buffers live in the arena until the request is
+                // finished, which waits for every part's completion.
+                let ok = unsafe { cx.queue.submit(sqe, ptr, bytes, to_host, tag(ci, ri)) };
+                debug_assert!(ok, "free slots were checked");
+            }
+            if let Some(b) = dsm {
+                // The ranges stay in the arena until the request is finished.
+                let req = self.clients[ci]
+                    .as_mut()
+                    .and_then(|c| c.reqs[ri].as_mut())
+                    .expect("request");
+                req.buf = Some(b);
+            }
+        }
+    }
+
+    /// Patches the edge blocks read for an unaligned write around the payload.
+    fn merge_edges(&self, req: &Req, cx: &mut Cx) {
+        let block = self.block() as usize;
+        let b = req.buf.as_ref().expect("write buffer");
+        let data = cx.arena.bytes_mut(b, req.span + 2 * block);
+        let head = (req.r.offset - req.base) as usize;
+        let end = head + req.r.length as usize;
+        if head % block != 0 {
+            let (span, spare) = data.split_at_mut(req.span);
+            span[..head].copy_from_slice(&spare[..head]);
+        }
+        if end % block != 0 {
+            let tail = end / block * block;
+            let from = req.span + block + (end - tail);
+            let (span, spare) = data.split_at_mut(req.span);
+            let n = req.span - end;
+            if tail == 0 && head % block != 0 {
+                // Head and tail are the same block: it was read once, into the head slot.
+                span[end..].copy_from_slice(&spare[end..end + n]);
+            } else {
+                span[end..].copy_from_slice(&spare[from - req.span..from - req.span + n]);
+            }
+        }
+    }
+
+    /// Frees a request and its buffer.
+    fn release(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
+        let c = self.clients[ci].as_mut().expect("live client");
+        if let Some(b) = c.reqs[ri].take().and_then(|mut r| r.buf.take()) {
+            cx.arena.free(b);
+        }
+    }
+
+    /// Queues the reply of a request (and its data for reads).
+    fn reply(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
+        if self.clients[ci].as_ref().is_some_and(|c| c.shut) {
+            return self.release(ci, ri, cx);
+        }
+        let c = self.clients[ci].as_mut().expect("live client");
+        let req = c.reqs[ri].as_mut().expect("request");
+        req.stage = Stage::Reply;
+        let cookie = req.r.cookie;
+        let t = Some(tag(ci, ri));
+        if req.error != 0 {
+            let msg = format!(
+                "{:?} of {} bytes at {} failed",
+                req.r.command, req.r.length, req.r.offset
+            );
+            let bytes = if c.neg.structured_replies {
+                proto::structured_error(cookie, req.error, &msg)
+            } else {
+                proto::simple_reply(req.error, cookie).to_vec()
+            };
+            c.tx.push(bytes, t);
+        } else if req.r.command == Command::Read && req.r.length > 0 {
+            let b = req.buf.as_ref().expect("read buffer");
+            let body = cx.arena.addr(b, (req.r.offset - req.base) as usize);
+            let head = if c.neg.structured_replies {
+                proto::structured_offset_data_header(cookie, req.r.offset, req.r.length, true)
+                    .to_vec()
+            } else {
+                proto::simple_reply(0, cookie).to_vec()
+            };
+            c.tx.push_with_body(head, body, req.r.length as usize, None, t);
+        } else if req.r.command == Command::Read && c.neg.structured_replies {
+            c.tx.push(proto::structured_done(cookie).to_vec(), t);
+        } else {
+            c.tx.push(proto::simple_reply(0, cookie).to_vec(), t);
+        }
+    }
+
+    fn on_send(&mut self, ci: usize, res: i32, cx: &mut Cx) {
+        let c = self.clients[ci].as_mut().expect("live client");
+        c.send_busy = false;
+        if res < 0 {
+            if !c.closing {
+                tracing::warn!(peer = %c.peer, "NBD client send failed: {}", std::io::Error::from_raw_os_error(-res));
+            }
+            return self.close(ci, cx);
+        }
+        let mut sent = std::mem::take(&mut self.sent);
+        c.tx.advance(res as usize, &mut sent);
+        for t in sent.drain(..) {
+            self.release(ci, (t & 0xffff_ffff) as usize, cx);
+        }
+        self.sent = sent;
+    }
+
+    /// Ends a client: the socket is shut down, requests not at the NVMe
+    /// queue are dropped, and the rest are released as they complete.
+    fn close(&mut self, ci: usize, cx: &mut Cx) {
+        let c = self.clients[ci].as_mut().expect("live client");
+        c.closing = true;
+        if c.shut {
+            return;
+        }
+        c.shut = true;
+        c.receiving = None;
+        // SAFETY: shutdown on a descriptor we own; it only ends the connection.
+        unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        let mut unsent = std::mem::take(&mut c.tx);
+        // Nothing more goes out: every queued reply's request is released.
+        unsent.advance(usize::MAX / 2, &mut self.sent);
+        let idle: Vec<usize> = (0..MAX_REQUESTS)
+            .filter(|&ri| {
+                c.reqs[ri].as_ref().is_some_and(|r| {
+                    matches!(r.stage, Stage::Payload | Stage::Discard | Stage::Queued)
+                })
+            })
+            .collect();
+        let mut sent = std::mem::take(&mut self.sent);
+        for ri in sent
+            .drain(..)
+            .map(|t| (t & 0xffff_ffff) as usize)
+            .chain(idle)
+        {
+            self.release(ci, ri, cx);
+        }
+        self.sent = sent;
+    }
+}
+
+impl Driver for NbdDriver {
+    fn pump(&mut self, cx: &mut Cx) -> bool {
+        let stopping = self.stop.load(Ordering::Acquire);
+        if !stopping {
+            self.adopt();
+        }
+        self.submit_queued(cx);
+        for ci in 0..self.clients.len() {
+            let Some(c) = self.clients[ci].as_mut() else {
+                continue;
+            };
+            if stopping && !c.closing {
+                c.closing = true;
+            }
+            if c.closing && !c.busy() && c.tx.is_empty() && !c.send_busy {
+                self.close(ci, cx);
+            }
+            let c = self.clients[ci].as_mut().expect("live client");
+            if !c.send_busy && !c.tx.is_empty() && !c.shut {
+                let e = opcode::SendMsg::new(types::Fd(c.fd.as_raw_fd()), c.tx.message())
+                    .flags(libc::MSG_NOSIGNAL as u32)
+                    .build();
+                cx.submit(e, token(ci, true));
+                c.send_busy = true;
+            }
+            if !c.shut {
+                self.post_recv(ci, cx);
+            }
+            let c = self.clients[ci].as_ref().expect("live client");
+            if c.shut && !c.recv_busy && !c.send_busy && !c.busy() {
+                tracing::debug!(peer = %c.peer, "NBD client released");
+                self.clients[ci] = None;
+            }
+        }
+        !(stopping && self.clients.iter().all(Option::is_none))
+    }
+
+    fn on_done(&mut self, done: Done, cx: &mut Cx) {
+        let (ci, ri) = ((done.tag >> 32) as usize, (done.tag & 0xffff_ffff) as usize);
+        let Some(req) = self
+            .clients
+            .get_mut(ci)
+            .and_then(Option::as_mut)
+            .and_then(|c| c.reqs[ri].as_mut())
+        else {
+            return;
+        };
+        if !done.cqe.status().is_success() && req.error == 0 {
+            tracing::warn!(command = ?req.r.command, offset = req.r.offset, "NVMe command failed: {}", done.cqe.status());
+            req.error = errno::EIO;
+        }
+        req.parts_left -= 1;
+        if req.parts_left > 0 {
+            return;
+        }
+        if req.stage == Stage::EdgeRead && req.error == 0 {
+            let r = self.clients[ci]
+                .as_ref()
+                .and_then(|c| c.reqs[ri].as_ref())
+                .expect("request");
+            self.merge_edges(r, cx);
+            let req = self.clients[ci]
+                .as_mut()
+                .and_then(|c| c.reqs[ri].as_mut())
+                .expect("request");
+            req.stage = Stage::Queued;
+            self.queued.push_back((ci, ri));
+            return;
+        }
+        self.reply(ci, ri, cx);
+    }
+
+    fn on_op(&mut self, token: u32, res: i32, cx: &mut Cx) {
+        let ci = (token >> 1) as usize;
+        if self.clients.get(ci).is_none_or(Option::is_none) {
+            return;
+        }
+        if token & 1 == 1 {
+            self.on_send(ci, res, cx);
+        } else {
+            self.on_recv(ci, res, cx);
+        }
+    }
+
+    fn ops_in_flight(&self) -> usize {
+        self.clients
+            .iter()
+            .flatten()
+            .map(|c| c.recv_busy as usize + c.send_busy as usize)
+            .sum()
+    }
+}

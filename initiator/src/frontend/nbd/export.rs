@@ -1,0 +1,298 @@
+//! Serving a namespace as an NBD export: the listening socket, handshakes,
+//! the engine threads, and an orderly end on SIGINT/SIGTERM.
+
+use super::driver::{ExportInfo, NbdDriver, NewClient};
+use super::handshake::{serve_handshake, Export, Outcome};
+use super::proto::flags;
+use crate::host::engine::{Engine, Waker};
+use crate::host::tcp::IoQueue;
+use crate::host::{NamespaceInfo, Session};
+use rdmablk_common::nvme::identify::oncs;
+use std::net::{SocketAddr, TcpListener};
+use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::unix::net::UnixListener;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::mpsc::{self, Sender};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Largest NBD request served in one piece.
+const MAX_BLOCK: u32 = 2 << 20;
+/// How long a client may take over its handshake.
+const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Where the export listens.
+#[derive(Clone, Debug)]
+pub enum Listen {
+    Unix(PathBuf),
+    Tcp(SocketAddr),
+}
+
+impl std::str::FromStr for Listen {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Listen, String> {
+        if let Some(p) = s.strip_prefix("unix:") {
+            if p.is_empty() {
+                return Err("unix: needs a socket path, e.g. unix:/run/rdmablk/disk0.sock".into());
+            }
+            Ok(Listen::Unix(PathBuf::from(p)))
+        } else if let Some(a) = s.strip_prefix("tcp:") {
+            use std::net::ToSocketAddrs;
+            a.to_socket_addrs()
+                .map_err(|e| format!("{a}: {e}"))?
+                .next()
+                .map(Listen::Tcp)
+                .ok_or_else(|| format!("{a}: no address"))
+        } else {
+            Err(format!("{s:?}: use unix:PATH or tcp:HOST:PORT"))
+        }
+    }
+}
+
+impl Listen {
+    /// The NBD URI clients use.
+    pub fn uri(&self) -> String {
+        match self {
+            Listen::Unix(p) => format!("nbd+unix:///?socket={}", p.display()),
+            Listen::Tcp(a) => format!("nbd://{a}/"),
+        }
+    }
+}
+
+enum Listener {
+    Unix(UnixListener),
+    Tcp(TcpListener),
+}
+
+impl Listener {
+    fn bind(l: &Listen) -> Result<Listener, String> {
+        match l {
+            Listen::Unix(p) => {
+                if p.exists() {
+                    // A socket nobody answers on is a leftover of a crash.
+                    if std::os::unix::net::UnixStream::connect(p).is_ok() {
+                        return Err(format!("{} is in use by another NBD server", p.display()));
+                    }
+                    std::fs::remove_file(p)
+                        .map_err(|e| format!("removing stale {}: {e}", p.display()))?;
+                }
+                if let Some(dir) = p.parent().filter(|d| !d.as_os_str().is_empty()) {
+                    std::fs::create_dir_all(dir)
+                        .map_err(|e| format!("creating {}: {e}", dir.display()))?;
+                }
+                UnixListener::bind(p)
+                    .map(Listener::Unix)
+                    .map_err(|e| format!("listening on {}: {e}", p.display()))
+            }
+            Listen::Tcp(a) => TcpListener::bind(a)
+                .map(Listener::Tcp)
+                .map_err(|e| format!("listening on {a}: {e}")),
+        }
+    }
+
+    fn fd(&self) -> i32 {
+        match self {
+            Listener::Unix(l) => l.as_raw_fd(),
+            Listener::Tcp(l) => l.as_raw_fd(),
+        }
+    }
+
+    /// Accepts a connection; `None` once the listener was shut down.
+    fn accept(&self) -> Option<std::io::Result<(OwnedFd, String, bool)>> {
+        let r = match self {
+            Listener::Unix(l) => l
+                .accept()
+                .map(|(s, _)| (OwnedFd::from(s), "unix".to_string(), false)),
+            Listener::Tcp(l) => l
+                .accept()
+                .map(|(s, a)| (OwnedFd::from(s), a.to_string(), true)),
+        };
+        match r {
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
+            r => Some(r),
+        }
+    }
+}
+
+/// The transmission flags this export supports for a namespace.
+fn export_flags(session: &Session) -> u16 {
+    let mut f = flags::SEND_FLUSH | flags::SEND_FUA | flags::CAN_MULTI_CONN;
+    if session.ctrl.oncs & oncs::DSM != 0 {
+        f |= flags::SEND_TRIM;
+    }
+    if session.ctrl.oncs & oncs::WRITE_ZEROES != 0 {
+        f |= flags::SEND_WRITE_ZEROES;
+    }
+    f
+}
+
+/// Serves namespace `ns` of `session` at `listen` until SIGINT/SIGTERM or the
+/// association fails. Signals must be blocked in all threads (the caller
+/// blocks them before connecting).
+pub fn serve(
+    session: Session,
+    ns: NamespaceInfo,
+    listen: &Listen,
+    subnqn: &str,
+    queues: u16,
+) -> Result<(), String> {
+    let export = Export {
+        name: subnqn.into(),
+        description: format!("rdmablk: namespace {} of {subnqn}", ns.nsid),
+        size: ns.size_bytes(),
+        min_block: 512,
+        preferred_block: ns.block_size.max(512),
+        max_block: MAX_BLOCK,
+        read_only: ns.read_only,
+        flags: export_flags(&session),
+    };
+    let info = ExportInfo {
+        ns,
+        max_block: MAX_BLOCK,
+        max_transfer: session.max_transfer(),
+    };
+    let stop = Arc::new(AtomicBool::new(false));
+    let mut engines: Vec<(Sender<NewClient>, Waker)> = Vec::new();
+    let mut threads = Vec::new();
+    for q in 0..session.io_queues.min(queues).max(1) {
+        let (sock, limits) = session.open_io_queue(q + 1).map_err(|e| e.to_string())?;
+        let arena = (limits.depth as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
+        let engine = Engine::new(
+            IoQueue::new(sock, limits),
+            arena,
+            Duration::from_millis(100),
+        )
+        .map_err(|e| format!("I/O engine: {e}"))?;
+        let (tx, rx) = mpsc::channel();
+        engines.push((tx, engine.waker()));
+        let stop = stop.clone();
+        threads.push(
+            std::thread::Builder::new()
+                .name(format!("nbd-{}", q + 1))
+                .spawn(move || engine.run(&mut NbdDriver::new(info, rx, stop)))
+                .map_err(|e| e.to_string())?,
+        );
+    }
+    let listener = Arc::new(Listener::bind(listen)?);
+    println!("ready: {}", listen.uri());
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    tracing::info!(export = %listen.uri(), size = ns.size_bytes(), queues = engines.len(), "NBD export ready");
+
+    let acceptor = {
+        let listener = listener.clone();
+        let export = Arc::new(export);
+        std::thread::Builder::new()
+            .name("nbd-accept".into())
+            .spawn(move || accept_loop(&listener, &export, &engines))
+            .map_err(|e| e.to_string())?
+    };
+
+    let why = wait_for_end(&threads);
+    tracing::info!("{why}: closing the NBD export");
+    stop.store(true, Ordering::Release);
+    // SAFETY: shutting down our own listening socket ends the blocking accept.
+    unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
+    let _ = acceptor.join();
+    let mut failure = None;
+    for t in threads {
+        match t.join() {
+            Ok(Err(e)) => failure = Some(e),
+            Err(_) => failure = Some("an engine thread panicked".into()),
+            Ok(Ok(())) => {}
+        }
+    }
+    if let Listen::Unix(p) = listen {
+        let _ = std::fs::remove_file(p);
+    }
+    if let Err(e) = session.shutdown() {
+        tracing::warn!("controller shutdown: {e}");
+    }
+    match failure {
+        Some(e) => Err(format!("the NVMe association failed: {e}")),
+        None => Ok(()),
+    }
+}
+
+/// Waits for SIGINT/SIGTERM or for an engine to end on its own (a failed queue).
+fn wait_for_end(threads: &[std::thread::JoinHandle<Result<(), String>>]) -> String {
+    let mut set = nix::sys::signal::SigSet::empty();
+    set.add(nix::sys::signal::Signal::SIGINT);
+    set.add(nix::sys::signal::Signal::SIGTERM);
+    let timeout = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 200_000_000,
+    };
+    loop {
+        // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
+        let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
+        if sig > 0 {
+            return format!("signal {sig}");
+        }
+        if threads.iter().any(|t| t.is_finished()) {
+            return "an I/O queue ended".into();
+        }
+    }
+}
+
+fn accept_loop(listener: &Listener, export: &Arc<Export>, engines: &[(Sender<NewClient>, Waker)]) {
+    let next = AtomicUsize::new(0);
+    while let Some(r) = listener.accept() {
+        let (fd, peer, tcp) = match r {
+            Ok(x) => x,
+            Err(e) => {
+                tracing::warn!("NBD accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+                continue;
+            }
+        };
+        let (tx, waker) = engines[next.fetch_add(1, Ordering::Relaxed) % engines.len()].clone();
+        let export = export.clone();
+        let spawned = std::thread::Builder::new()
+            .name("nbd-handshake".into())
+            .spawn(move || {
+                let mut s = std::fs::File::from(fd);
+                let sock = nix::sys::socket::sockopt::ReceiveTimeout;
+                let tv = nix::sys::time::TimeVal::new(HANDSHAKE_TIMEOUT.as_secs() as i64, 0);
+                let _ = nix::sys::socket::setsockopt(&s, sock, &tv);
+                let _ =
+                    nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::SendTimeout, &tv);
+                if tcp {
+                    let _ = nix::sys::socket::setsockopt(
+                        &s,
+                        nix::sys::socket::sockopt::TcpNoDelay,
+                        &true,
+                    );
+                }
+                match serve_handshake(&mut s, &export) {
+                    Ok(Outcome::Serve(negotiated)) => {
+                        let zero = nix::sys::time::TimeVal::new(0, 0);
+                        let _ = nix::sys::socket::setsockopt(&s, sock, &zero);
+                        let _ = nix::sys::socket::setsockopt(
+                            &s,
+                            nix::sys::socket::sockopt::SendTimeout,
+                            &zero,
+                        );
+                        if tx
+                            .send(NewClient {
+                                fd: OwnedFd::from(s),
+                                negotiated,
+                                peer,
+                            })
+                            .is_ok()
+                        {
+                            waker.wake();
+                        }
+                    }
+                    Ok(Outcome::Closed) => {
+                        tracing::debug!(%peer, "NBD client left during the handshake")
+                    }
+                    Err(e) => tracing::warn!(%peer, "NBD handshake failed: {e}"),
+                }
+            });
+        if let Err(e) = spawned {
+            tracing::warn!("cannot start an NBD handshake thread: {e}");
+        }
+    }
+}
