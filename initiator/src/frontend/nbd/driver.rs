@@ -305,7 +305,8 @@ impl NbdDriver {
         let c = self.clients[ci].as_mut().expect("live client");
         let req = c.reqs[ri].as_mut().expect("request");
         let unaligned_write = req.r.command == Command::Write
-            && (req.r.offset % block != 0 || (req.r.offset + req.r.length as u64) % block != 0);
+            && (!req.r.offset.is_multiple_of(block)
+                || !(req.r.offset + req.r.length as u64).is_multiple_of(block));
         req.stage = if unaligned_write && req.stage == Stage::Payload {
             Stage::EdgeRead
         } else {
@@ -338,11 +339,13 @@ impl NbdDriver {
                 // after the span.
                 let mut v = Vec::new();
                 let end = r.offset + r.length as u64;
-                if r.offset % block != 0 {
+                if !r.offset.is_multiple_of(block) {
                     v.push((nvm::READ, req.base, block, req.span, false));
                 }
                 let tail = end / block * block;
-                if end % block != 0 && (tail != req.base || r.offset % block == 0) {
+                if !end.is_multiple_of(block)
+                    && (tail != req.base || r.offset.is_multiple_of(block))
+                {
                     v.push((nvm::READ, tail, block, req.span + block as usize, false));
                 }
                 v
@@ -503,16 +506,16 @@ impl NbdDriver {
         let data = cx.arena.bytes_mut(b, req.span + 2 * block);
         let head = (req.r.offset - req.base) as usize;
         let end = head + req.r.length as usize;
-        if head % block != 0 {
+        if !head.is_multiple_of(block) {
             let (span, spare) = data.split_at_mut(req.span);
             span[..head].copy_from_slice(&spare[..head]);
         }
-        if end % block != 0 {
+        if !end.is_multiple_of(block) {
             let tail = end / block * block;
             let from = req.span + block + (end - tail);
             let (span, spare) = data.split_at_mut(req.span);
             let n = req.span - end;
-            if tail == 0 && head % block != 0 {
+            if tail == 0 && !head.is_multiple_of(block) {
                 // Head and tail are the same block: it was read once, into the head slot.
                 span[end..].copy_from_slice(&spare[end..end + n]);
             } else {
