@@ -67,8 +67,18 @@ struct Req {
     span: usize,
     /// Bytes received (payload) or discarded.
     got: usize,
+    /// Commands of the current step submitted so far, and still in flight.
+    submitted: usize,
     parts_left: usize,
     error: u32,
+}
+
+impl Req {
+    /// Whether the request is served by read-modify-write of whole blocks:
+    /// writes, and Write Zeroes not aligned to the block size.
+    fn rmw(&self) -> bool {
+        self.span > 0 && self.r.command != Command::Read
+    }
 }
 
 struct Client {
@@ -256,13 +266,22 @@ impl NbdDriver {
             .position(Option::is_none)
             .expect("post_recv waits for a free request");
         let size = export.ns.size_bytes();
-        let err = proto::validate(&r, size, c.neg.transmission_flags, export.max_block).err();
+        let mut err = proto::validate(&r, size, c.neg.transmission_flags, export.max_block).err();
         let block = export.ns.block_size as u64;
+        let end = r.offset + r.length as u64;
+        let aligned = r.offset.is_multiple_of(block) && end.is_multiple_of(block);
+        let covering = || {
+            let base = r.offset / block * block;
+            (base, (end.next_multiple_of(block) - base) as usize)
+        };
         let (base, span) = match r.command {
-            Command::Read | Command::Write => {
-                let base = r.offset / block * block;
-                let end = (r.offset + r.length as u64).next_multiple_of(block);
-                (base, (end - base) as usize)
+            Command::Read | Command::Write => covering(),
+            // Zeroes that do not cover whole blocks are written as zeroes.
+            Command::WriteZeroes if !aligned && err.is_none() => {
+                if r.length > export.max_block {
+                    err = Some(errno::EINVAL);
+                }
+                covering()
             }
             _ => (r.offset, 0),
         };
@@ -273,13 +292,20 @@ impl NbdDriver {
             base,
             span,
             got: 0,
+            submitted: 0,
             parts_left: 0,
             error: err.unwrap_or(0),
         };
         if err.is_none() && span > 0 {
             // Room for the span plus two edge blocks for read-modify-write.
             match cx.arena.alloc(span + 2 * block as usize) {
-                Some(b) => req.buf = Some(b),
+                Some(b) => {
+                    if r.command == Command::WriteZeroes {
+                        let at = (r.offset - base) as usize;
+                        cx.arena.bytes_mut(&b, span)[at..at + r.length as usize].fill(0);
+                    }
+                    req.buf = Some(b);
+                }
                 None => req.error = errno::ENOMEM,
             }
         }
@@ -304,14 +330,14 @@ impl NbdDriver {
         let block = self.block();
         let c = self.clients[ci].as_mut().expect("live client");
         let req = c.reqs[ri].as_mut().expect("request");
-        let unaligned_write = req.r.command == Command::Write
-            && (!req.r.offset.is_multiple_of(block)
-                || !(req.r.offset + req.r.length as u64).is_multiple_of(block));
-        req.stage = if unaligned_write && req.stage == Stage::Payload {
+        let unaligned = !req.r.offset.is_multiple_of(block)
+            || !(req.r.offset + req.r.length as u64).is_multiple_of(block);
+        req.stage = if req.rmw() && unaligned {
             Stage::EdgeRead
         } else {
             Stage::Queued
         };
+        req.submitted = 0;
         self.queued.push_back((ci, ri));
         self.submit_queued(cx);
     }
@@ -334,7 +360,7 @@ impl NbdDriver {
         let r = &req.r;
         match (r.command, req.stage) {
             (Command::Read, _) => split(nvm::READ, req.base, req.span as u64, 0, false, mt),
-            (Command::Write, Stage::EdgeRead) => {
+            (Command::Write | Command::WriteZeroes, Stage::EdgeRead) => {
                 // Read the partial head and tail blocks into the spare area
                 // after the span.
                 let mut v = Vec::new();
@@ -350,7 +376,7 @@ impl NbdDriver {
                 }
                 v
             }
-            (Command::Write, _) => split(
+            (Command::Write, _) | (Command::WriteZeroes, _) if req.rmw() => split(
                 nvm::WRITE,
                 req.base,
                 req.span as u64,
@@ -393,6 +419,8 @@ impl NbdDriver {
         }
     }
 
+    /// Submits the commands of queued requests as queue slots allow; a
+    /// request with more commands than free slots goes out in batches.
     fn submit_queued(&mut self, cx: &mut Cx) {
         while let Some(&(ci, ri)) = self.queued.front() {
             let Some(req) = self
@@ -405,57 +433,68 @@ impl NbdDriver {
                 continue;
             };
             let plan = self.plan(req);
-            if plan.len() > cx.queue.free_slots() {
-                if cx.queue.failed().is_some() {
-                    self.queued.pop_front();
-                    let req = self.clients[ci]
-                        .as_mut()
-                        .and_then(|c| c.reqs[ri].as_mut())
-                        .expect("request");
-                    req.error = errno::EIO;
+            if plan.is_empty() {
+                self.queued.pop_front();
+                self.reply(ci, ri, cx);
+                continue;
+            }
+            if cx.queue.failed().is_some() {
+                self.queued.pop_front();
+                let req = self.clients[ci]
+                    .as_mut()
+                    .and_then(|c| c.reqs[ri].as_mut())
+                    .expect("request");
+                req.error = errno::EIO;
+                if req.parts_left == 0 {
                     self.reply(ci, ri, cx);
-                    continue;
                 }
-                return; // completions free slots; pump retries
+                continue;
             }
-            self.queued.pop_front();
-            let block = self.block();
-            let nsid = self.export.ns.nsid;
-            let zero_range =
-                req.r.command == Command::WriteZeroes || req.r.command == Command::Trim;
-            let mut dsm = None;
-            if req.r.command == Command::Trim && !plan.is_empty() {
-                // One DSM command per range; its 16-byte range lives in the arena.
-                dsm = cx.arena.alloc(16 * plan.len());
-                if dsm.is_none() {
-                    self.queued.push_front((ci, ri));
+            let is_trim = req.r.command == Command::Trim;
+            if is_trim && req.submitted == 0 {
+                // The DSM ranges, 16 bytes each, live in the arena with the request.
+                let Some(b) = cx.arena.alloc(16 * plan.len()) else {
                     return;
-                }
+                };
+                let req = self.clients[ci]
+                    .as_mut()
+                    .and_then(|c| c.reqs[ri].as_mut())
+                    .expect("request");
+                req.buf = Some(b);
             }
+            let free = cx.queue.free_slots();
             let req = self.clients[ci]
                 .as_mut()
                 .and_then(|c| c.reqs[ri].as_mut())
                 .expect("request");
-            if plan.is_empty() {
-                self.reply(ci, ri, cx);
-                continue;
+            let batch = (plan.len() - req.submitted).min(free);
+            if batch == 0 {
+                return; // completions free slots; pump retries
             }
-            req.parts_left = plan.len();
+            let first = req.submitted;
+            req.submitted += batch;
+            req.parts_left += batch;
+            if req.submitted == plan.len() {
+                self.queued.pop_front();
+            }
             if req.stage == Stage::Queued {
                 req.stage = Stage::Io;
             }
-            for (i, &(op, off, len, at, flag)) in plan.iter().enumerate() {
+            let block = self.export.ns.block_size as u64;
+            let nsid = self.export.ns.nsid;
+            let buf = req.buf.as_ref();
+            for (i, &(op, off, len, at, flag)) in plan.iter().enumerate().skip(first).take(batch) {
                 let mut sqe = Sqe::new(op, 0);
                 sqe.set_nsid(nsid);
                 let lba = off / block;
                 let nlb = (len / block).max(1) as u32 - 1;
                 let (ptr, bytes, to_host) = match op {
                     nvm::READ | nvm::WRITE => {
-                        let b = req.buf.as_ref().expect("data request has a buffer");
+                        let b = buf.expect("data request has a buffer");
                         (cx.arena.addr(b, at), len as usize, op == nvm::READ)
                     }
                     nvm::DSM => {
-                        let b = dsm.as_ref().expect("allocated above");
+                        let b = buf.expect("allocated above");
                         let range =
                             &mut cx.arena.bytes_mut(b, 16 * plan.len())[i * 16..i * 16 + 16];
                         range[..4].fill(0);
@@ -466,10 +505,7 @@ impl NbdDriver {
                     _ => (std::ptr::null_mut(), 0, false),
                 };
                 match op {
-                    nvm::DSM => {
-                        sqe.set_cdw(10, 0); // one range
-                        sqe.set_cdw(11, 1 << 2); // deallocate
-                    }
+                    nvm::DSM => sqe.set_cdw(11, 1 << 2), // one range (NR 0), deallocate
                     nvm::FLUSH => {}
                     _ => {
                         sqe.set_cdw(10, lba as u32);
@@ -482,19 +518,10 @@ impl NbdDriver {
                         sqe.set_cdw(12, nlb | extra);
                     }
                 }
-                debug_assert!(!zero_range || op != nvm::READ);
                 // SAFETY: the buffers live in the arena until the request is
-                // finished, which waits for every part's completion.
+                // finished, which waits for every command's completion.
                 let ok = unsafe { cx.queue.submit(sqe, ptr, bytes, to_host, tag(ci, ri)) };
                 debug_assert!(ok, "free slots were checked");
-            }
-            if let Some(b) = dsm {
-                // The ranges stay in the arena until the request is finished.
-                let req = self.clients[ci]
-                    .as_mut()
-                    .and_then(|c| c.reqs[ri].as_mut())
-                    .expect("request");
-                req.buf = Some(b);
             }
         }
     }
@@ -673,8 +700,8 @@ impl Driver for NbdDriver {
             req.error = errno::EIO;
         }
         req.parts_left -= 1;
-        if req.parts_left > 0 {
-            return;
+        if req.parts_left > 0 || self.queued.contains(&(ci, ri)) {
+            return; // more commands in flight, or more to submit
         }
         if req.stage == Stage::EdgeRead && req.error == 0 {
             let r = self.clients[ci]
@@ -687,6 +714,7 @@ impl Driver for NbdDriver {
                 .and_then(|c| c.reqs[ri].as_mut())
                 .expect("request");
             req.stage = Stage::Queued;
+            req.submitted = 0;
             self.queued.push_back((ci, ri));
             return;
         }

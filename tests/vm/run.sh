@@ -1,0 +1,197 @@
+#!/usr/bin/env bash
+# VM suite: boots Debian's stock 6.12 kernel under QEMU (TCG) with our release
+# binaries and runs named scenarios against the real Linux NVMe-oF host,
+# nvmet, nbd and (later) soft-RoCE and ublk.
+#
+#   tests/vm/run.sh                  # every scenario in tests/vm/scenarios/
+#   tests/vm/run.sh kernel-host-tcp  # only these (file names without .sh)
+#
+# Environment: VM_CACHE (downloads, default build/vm-cache), VM_TIMEOUT (s,
+# default 900), VM_MEM (MiB, default 2048), VM_SMP (default 2).
+# Exit status: 0 when every requested scenario passed; 1 otherwise (a scenario
+# that did not run is a failure). The guest console streams to stdout and to
+# build/vm/console.log.
+set -euo pipefail
+
+here=$(cd "$(dirname "$0")" && pwd)
+repo=$(cd "$here/../.." && pwd)
+cache=${VM_CACHE:-$repo/build/vm-cache}
+work=$repo/build/vm
+timeout_s=${VM_TIMEOUT:-900}
+kpkg=linux-image-6.12-amd64
+
+log() { echo "[vm $(date +%T)] $*" >&2; }
+die() { log "ERROR: $*"; exit 1; }
+
+scenarios=("$@")
+if [ ${#scenarios[@]} -eq 0 ]; then
+  for f in "$here"/scenarios/[0-9]*.sh; do scenarios+=("$(basename "$f" .sh)"); done
+fi
+for s in "${scenarios[@]}"; do
+  [ -f "$here/scenarios/$s.sh" ] || die "no scenario $s (see tests/vm/scenarios/)"
+done
+
+for b in rdmablk-target rdmablk blkload; do
+  [ -x "$repo/build/release/$b" ] || die "build/release/$b missing: run cargo build --release first"
+done
+
+# ---------------------------------------------------------------- host tools
+SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
+if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! command -v cpio >/dev/null; then
+  log "installing qemu-system-x86, busybox-static, cpio"
+  $SUDO apt-get update -qq
+  # qemu-system-x86 needs qemu-utils of its own version: install both together.
+  qv=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/{print $2}')
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades \
+    "qemu-system-x86=$qv" "qemu-utils=$qv" busybox-static cpio >/dev/null
+fi
+
+# ---------------------------------------------------------------- downloads (cached)
+guest_pkgs="kmod nvme-cli nbd-client e2fsprogs iproute2"
+mkdir -p "$cache/debs" "$work"
+stamp="$cache/debs/.complete-$(echo "$kpkg $guest_pkgs" | md5sum | cut -c1-8)"
+if [ ! -f "$stamp" ]; then
+  log "downloading the kernel and guest packages into $cache"
+  $SUDO apt-get update -qq
+  kimg=$(apt-cache depends "$kpkg" | awk '/Depends: linux-image-/{print $2; exit}')
+  [ -n "$kimg" ] || die "cannot resolve $kpkg"
+  pkgs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+           --no-replaces --no-enhances $guest_pkgs | grep '^[a-z]' | sort -u |
+         grep -E '^(lib|kmod|nvme-cli|nbd-client|e2fsprogs|iproute2|zlib)' |
+         grep -vE '^lib.*-perl$|^libperl|^libpam|^libsemanage|^libdb5|^libgdbm')
+  (cd "$cache/debs" && apt-get download -q "$kimg" $pkgs >/dev/null 2>&1) || die "apt-get download failed"
+  echo "$kimg" > "$cache/debs/kernel-package"
+  touch "$stamp"
+fi
+kimg=$(cat "$cache/debs/kernel-package")
+kver=${kimg#linux-image-}
+
+# ---------------------------------------------------------------- sysroot
+sr=$cache/sysroot
+if [ ! -f "$sr/.complete" ] || [ "$stamp" -nt "$sr/.complete" ]; then
+  rm -rf "$sr"; mkdir -p "$sr"
+  for d in "$cache"/debs/*.deb; do dpkg -x "$d" "$sr"; done
+  touch "$sr/.complete"
+fi
+srlib="$sr/usr/lib/x86_64-linux-gnu:$sr/lib/x86_64-linux-gnu"
+kroot=$sr
+moddir=$kroot/lib/modules/$kver
+# kmod picks its command from the name it is called by.
+mkdir -p "$cache/hosttools"
+for t in modinfo depmod; do ln -sf "$sr/bin/kmod" "$cache/hosttools/$t"; done
+[ -f "$moddir/modules.dep" ] || LD_LIBRARY_PATH="$srlib" "$cache/hosttools/depmod" -b "$kroot" "$kver"
+[ -d "$moddir" ] || die "kernel modules for $kver not found"
+
+# ---------------------------------------------------------------- initramfs
+ir=$work/initramfs
+rm -rf "$ir"
+mkdir -p "$ir"/{usr/bin,usr/lib/x86_64-linux-gnu,usr/lib64,etc,proc,sys,dev,tmp,run,mnt,scenarios}
+ln -s usr/bin "$ir/bin"; ln -s usr/bin "$ir/sbin"; ln -s usr/lib "$ir/lib"; ln -s usr/lib64 "$ir/lib64"
+cp /bin/busybox "$ir/usr/bin/busybox"
+for a in $(/bin/busybox --list); do [ -e "$ir/usr/bin/$a" ] || ln -s busybox "$ir/usr/bin/$a"; done
+
+copy_deps() { # ELF file: copy the libraries it needs from the sysroot
+  local out
+  out=$(LD_LIBRARY_PATH="$srlib" ldd "$1" 2>&1) || true
+  echo "$out" | grep -q 'not found' && { echo "$out" >&2; die "unresolved libraries for $1"; }
+  echo "$out" | awk '/=> \//{print $1, $3}' | while read -r name path; do
+    case "$path" in "$sr"/*) ;; *) alt=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/"$name" 2>/dev/null | head -1 || true); [ -n "$alt" ] && path=$alt ;; esac
+    [ -e "$ir/usr/lib/x86_64-linux-gnu/$name" ] || cp -L "$path" "$ir/usr/lib/x86_64-linux-gnu/$name"
+  done
+  [ -e "$ir/usr/lib64/ld-linux-x86-64.so.2" ] || cp -L "$sr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$ir/usr/lib64/"
+}
+add_bin() { # source path, name in the guest
+  rm -f "$ir/usr/bin/$2"; cp -L "$1" "$ir/usr/bin/$2"; copy_deps "$1"
+}
+find_sr() { local p; for p in usr/sbin usr/bin sbin bin; do [ -f "$sr/$p/$1" ] && [ ! -L "$sr/$p/$1" ] && { echo "$sr/$p/$1"; return; }; done; die "$1 not in the guest packages"; }
+
+add_bin "$(find_sr kmod)" kmod
+for a in modprobe insmod lsmod rmmod depmod modinfo; do ln -sf kmod "$ir/usr/bin/$a"; done
+for b in nvme nbd-client mke2fs ip; do add_bin "$(find_sr $b)" "$b"; done
+for b in rdmablk-target rdmablk blkload; do
+  add_bin "$repo/build/release/$b" "$b"
+  strip --strip-debug "$ir/usr/bin/$b" 2>/dev/null || true
+done
+copy_lib_gcc=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/libgcc_s.so.1 2>/dev/null | head -1 || true)
+[ -n "$copy_lib_gcc" ] && cp -L "$copy_lib_gcc" "$ir/usr/lib/x86_64-linux-gnu/"
+
+# Kernel modules with their dependencies; depmod so modprobe works.
+want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net"
+declare -A have=()
+queue=()
+for m in $want; do
+  f=$(LD_LIBRARY_PATH="$srlib" "$cache/hosttools/modinfo" -b "$kroot" -k "$kver" -n "$m" 2>/dev/null) || continue
+  case "$f" in /*) queue+=("${f#$moddir/}");; esac
+done
+while [ ${#queue[@]} -gt 0 ]; do
+  rel=${queue[0]}; queue=("${queue[@]:1}")
+  [ -n "${have[$rel]:-}" ] && continue
+  have[$rel]=1
+  mkdir -p "$ir/lib/modules/$kver/$(dirname "$rel")"
+  cp "$moddir/$rel" "$ir/lib/modules/$kver/$rel"
+  for d in $(grep "^$rel:" "$moddir/modules.dep" | cut -d: -f2-); do queue+=("$d"); done
+done
+cp "$moddir"/modules.builtin* "$moddir"/modules.order "$ir/lib/modules/$kver/" 2>/dev/null || true
+LD_LIBRARY_PATH="$srlib" "$cache/hosttools/depmod" -b "$ir" "$kver"
+
+cp "$here"/scenarios/*.sh "$ir/scenarios/"
+printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ir/etc/passwd"
+printf '127.0.0.1 localhost\n' > "$ir/etc/hosts"
+cat > "$ir/init" <<EOF_INIT
+#!/bin/sh
+export PATH=/usr/bin
+mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
+mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts
+mount -t tmpfs -o size=1200m tmpfs /tmp; mount -t tmpfs tmpfs /run
+mount -t configfs configfs /sys/kernel/config 2>/dev/null
+/usr/bin/ip link set lo up
+/usr/bin/modprobe virtio_net 2>/dev/null
+if /usr/bin/ip link show eth0 >/dev/null 2>&1; then
+  /usr/bin/ip link set eth0 up; /usr/bin/ip addr add 10.0.2.15/24 dev eth0
+fi
+mkdir -p /etc/nvme; echo nqn.2014-08.org.nvmexpress:uuid:5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60 > /etc/nvme/hostnqn
+echo 5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60 > /etc/nvme/hostid
+echo "VM-BOOTED kernel \$(uname -r)"
+for s in ${scenarios[*]}; do
+  echo "SCENARIO-BEGIN \$s"
+  start=\$(cut -d' ' -f1 /proc/uptime)
+  if (cd /tmp && sh /scenarios/\$s.sh); then echo "SCENARIO-PASS \$s"; else echo "SCENARIO-FAIL \$s (exit \$?)"; fi
+  echo "SCENARIO-TIME \$s \$start \$(cut -d' ' -f1 /proc/uptime)"
+done
+echo VM-ALL-DONE
+sync
+poweroff -f
+EOF_INIT
+chmod +x "$ir/init"
+(cd "$ir" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$work/initramfs.gz"
+log "initramfs: $(du -h "$work/initramfs.gz" | cut -f1), scenarios: ${scenarios[*]}"
+
+# ---------------------------------------------------------------- boot
+console=$work/console.log
+start=$(date +%s)
+set +e
+timeout "$timeout_s" qemu-system-x86_64 -accel tcg -cpu max -m "${VM_MEM:-2048}" -smp "${VM_SMP:-2}" \
+  -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$work/initramfs.gz" \
+  -append "console=ttyS0 panic=-1 loglevel=4" -nographic -no-reboot -serial mon:stdio \
+  -nic user,model=virtio-net-pci </dev/null 2>&1 | tr -d '\r' | tee "$console" | sed -u 's/^/  guest| /'
+rc=${PIPESTATUS[0]}
+set -e
+log "VM wall time: $(( $(date +%s) - start )) s (qemu exit $rc)"
+[ "$rc" -eq 124 ] && log "the VM hit the ${timeout_s}s timeout"
+
+# ---------------------------------------------------------------- verdict
+fail=0
+for s in "${scenarios[@]}"; do
+  if grep -q "^SCENARIO-PASS $s\$" "$console"; then
+    t=$(awk -v s="$s" '$1=="SCENARIO-TIME" && $2==s {printf "%.0f", $4-$3}' "$console")
+    echo "PASS $s (${t}s in the guest)"
+  elif grep -q "^SCENARIO-FAIL $s" "$console"; then
+    echo "FAIL $s"; fail=1
+    echo "---- evidence from the guest ----"
+    awk -v s="$s" '$0=="SCENARIO-BEGIN " s {on=1} on {print "  " $0} /^SCENARIO-(PASS|FAIL) / && on && index($0, s) {exit}' "$console" | tail -60
+  else
+    echo "FAIL $s (did not run: the guest stopped before it; see $console)"; fail=1
+  fi
+done
+grep -q '^VM-ALL-DONE' "$console" || { echo "FAIL: the guest did not finish"; fail=1; }
+exit $fail

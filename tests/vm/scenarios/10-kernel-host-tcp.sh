@@ -1,0 +1,28 @@
+# Linux NVMe/TCP host -> rdmablk-target: discover, connect (plain and with
+# digests), block device of the right size, O_DIRECT write/read-back, ext4,
+# disconnect; the daemon stays healthy and exits 0.
+. /scenarios/lib.sh
+/usr/bin/modprobe nvme-tcp || fail "modprobe nvme-tcp"
+NQN=nqn.2026-11.io.rdmablk:vm-kernel-host
+truncate -s 256M /tmp/disk.img
+start_target /tmp/target.log --listen tcp://127.0.0.1:4420 --file /tmp/disk.img --nqn $NQN
+/usr/bin/nvme discover -t tcp -a 127.0.0.1 -s 4420 > /tmp/discover.log 2>&1 || fail "nvme discover"
+grep -q "subnqn:  $NQN" /tmp/discover.log || fail "discovery log does not list $NQN"
+say "nvme discover lists $NQN"
+for mode in plain digests; do
+  extra=""; [ $mode = digests ] && extra="-g -G"
+  /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN $extra || fail "nvme connect ($mode)"
+  wait_for 20 nvme_blk $NQN || fail "no block device for $NQN ($mode)"
+  dev=$(nvme_blk $NQN)
+  size=$(blockdev --getsize64 "$dev")
+  [ "$size" = 268435456 ] || fail "$dev has $size bytes, expected 268435456"
+  say "$mode: $dev, $size bytes"
+  verify_blockdev "$dev" 16
+  verify_ext4 "$dev"
+  /usr/bin/nvme disconnect -n $NQN || fail "nvme disconnect ($mode)"
+  wait_for 10 sh -c "! ls /dev/$(basename $dev)" || fail "$dev still present after disconnect"
+done
+kill -0 $TARGET_PID || fail "rdmablk-target died"
+stop_target
+grep -E " (WARN|ERROR) " /tmp/target.log | head -5
+say "kernel host over TCP: all checks passed"

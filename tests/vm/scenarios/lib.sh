@@ -1,0 +1,72 @@
+# Helpers for VM scenarios (busybox sh in the guest). Tools that busybox also
+# provides are called by full path: its applets shadow them otherwise.
+say() { echo "[$(cut -d' ' -f1 /proc/uptime)s] $*"; }
+fail() { echo "FAILED: $*"; dmesg | tail -8; for f in /tmp/*.log; do [ -f "$f" ] && { echo "--- $f"; tail -25 "$f"; }; done; exit 1; }
+check() { "$@" || fail "command failed: $*"; }
+
+# wait_for SECONDS COMMAND...: polls until the command succeeds.
+wait_for() {
+  t=$1; shift; i=0
+  while ! "$@" >/dev/null 2>&1; do
+    i=$((i + 1)); [ $i -gt $((t * 5)) ] && return 1; sleep 0.2
+  done
+}
+
+# start_target LOG ARGS...: starts rdmablk-target and waits until it listens.
+start_target() {
+  tlog=$1; shift
+  RUST_LOG=info rdmablk-target "$@" > /dev/null 2> "$tlog" &
+  TARGET_PID=$!
+  wait_for 30 grep -q "listening on" "$tlog" || fail "rdmablk-target did not start"
+}
+
+# stop_target: SIGTERM, and the exit status must be 0.
+stop_target() {
+  kill -TERM "$TARGET_PID"; wait "$TARGET_PID"; rc=$?
+  [ $rc -eq 0 ] || fail "rdmablk-target exited with $rc"
+}
+
+# nvme_blk NQN: the block device of the connected subsystem NQN.
+nvme_blk() {
+  for b in /sys/block/nvme*n*; do
+    [ "$(cat "$b/device/subsysnqn" 2>/dev/null)" = "$1" ] && [ -b "/dev/${b##*/}" ] && { echo "/dev/${b##*/}"; return 0; }
+  done
+  return 1
+}
+
+# verify_blockdev DEV MiB: O_DIRECT random-pattern write and read-back.
+verify_blockdev() {
+  dd if=/dev/urandom of=/tmp/pat bs=1M count="$2" 2>/dev/null
+  dd if=/tmp/pat of="$1" bs=1M oflag=direct 2>/dev/null || fail "O_DIRECT write to $1"
+  dd if="$1" of=/tmp/back bs=1M count="$2" iflag=direct 2>/dev/null || fail "O_DIRECT read from $1"
+  cmp /tmp/pat /tmp/back || fail "$1: read-back differs from what was written"
+  say "$1: $2 MiB O_DIRECT write/read-back verified"
+}
+
+# verify_ext4 DEV: mkfs, files, remount, compare.
+verify_ext4() {
+  /usr/bin/mke2fs -q -F -t ext4 "$1" || fail "mkfs.ext4 $1"
+  mkdir -p /mnt/fs
+  mount -t ext4 "$1" /mnt/fs || fail "mount $1"
+  dd if=/dev/urandom of=/tmp/f1 bs=1M count=4 2>/dev/null
+  cp /tmp/f1 /mnt/fs/f1; echo rdmablk > /mnt/fs/hello; sync
+  umount /mnt/fs; mount -t ext4 "$1" /mnt/fs || fail "remount $1"
+  cmp /tmp/f1 /mnt/fs/f1 || fail "file differs after remount"
+  [ "$(cat /mnt/fs/hello)" = rdmablk ] || fail "small file differs after remount"
+  umount /mnt/fs
+  say "$1: mkfs.ext4, files, remount verified"
+}
+
+# nvmet_tcp_export NQN FILE PORT: exports FILE through kernel nvmet-tcp.
+nvmet_tcp_export() {
+  /usr/bin/modprobe nvmet-tcp || fail "modprobe nvmet-tcp"
+  n=/sys/kernel/config/nvmet
+  mkdir -p "$n/subsystems/$1/namespaces/1"
+  echo 1 > "$n/subsystems/$1/attr_allow_any_host"
+  echo -n "$2" > "$n/subsystems/$1/namespaces/1/device_path"
+  echo 1 > "$n/subsystems/$1/namespaces/1/enable" || fail "nvmet namespace enable"
+  p=$n/ports/$3; mkdir -p "$p"
+  echo tcp > "$p/addr_trtype"; echo ipv4 > "$p/addr_adrfam"
+  echo 127.0.0.1 > "$p/addr_traddr"; echo "$3" > "$p/addr_trsvcid"
+  ln -s "$n/subsystems/$1" "$p/subsystems/$1" || fail "nvmet port link"
+}
