@@ -6,8 +6,8 @@ set -euo pipefail
 
 # Build: gcc and pkg-config for -sys crates.
 BUILD_PKGS=(gcc pkg-config)
-# Tests with real clients we did not write.
-TEST_PKGS=(fio nbdkit libnbd-bin nbdfuse e2fsprogs fuse3 util-linux qemu-utils)
+# Tests with real clients we did not write, and the VM suite's QEMU.
+TEST_PKGS=(fio nbdkit libnbd-bin nbdfuse e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86)
 
 want=("${BUILD_PKGS[@]}")
 case "${1:-}" in
@@ -33,4 +33,15 @@ fi
 echo "setup: installing ${missing[*]}" >&2
 export DEBIAN_FRONTEND=noninteractive
 $SUDO apt-get update -qq
-$SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+pins=()
+for p in "${missing[@]}"; do
+  if [ "$p" = qemu-system-x86 ]; then
+    # qemu-system-x86 needs qemu-utils of its own version (a newer one from
+    # backports may be installed): install both at the same version.
+    v=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/{print $2}')
+    pins+=("qemu-system-x86=$v" "qemu-utils=$v")
+  else
+    pins+=("$p")
+  fi
+done
+$SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades "${pins[@]}" >/dev/null

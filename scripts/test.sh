@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
-# The whole test suite: formatting, lints, unit tests and end-to-end tests
-# with real processes. `--quick` skips formatting and lints.
+# The whole test suite: formatting, lints, unit tests, end-to-end tests with
+# real processes on this machine, and the VM suite (the Linux kernel's NVMe-oF
+# host and target, nbd, under QEMU). `--quick` runs only the tests on this
+# machine: no formatting, lints or VM.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -13,3 +15,6 @@ if [ $quick -eq 0 ]; then
 fi
 cargo build --release
 cargo test --release --workspace
+if [ $quick -eq 0 ]; then
+  bash tests/vm/run.sh
+fi

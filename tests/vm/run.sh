@@ -38,12 +38,7 @@ done
 # ---------------------------------------------------------------- host tools
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
 if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! command -v cpio >/dev/null; then
-  log "installing qemu-system-x86, busybox-static, cpio"
-  $SUDO apt-get update -qq
-  # qemu-system-x86 needs qemu-utils of its own version: install both together.
-  qv=$(apt-cache policy qemu-system-x86 | awk '/Candidate:/{print $2}')
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends --allow-downgrades \
-    "qemu-system-x86=$qv" "qemu-utils=$qv" busybox-static cpio >/dev/null
+  bash "$repo/scripts/setup.sh" --test
 fi
 
 # ---------------------------------------------------------------- downloads (cached)

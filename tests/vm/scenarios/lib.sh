@@ -60,6 +60,7 @@ verify_ext4() {
 # nvmet_tcp_export NQN FILE PORT: exports FILE through kernel nvmet-tcp.
 nvmet_tcp_export() {
   /usr/bin/modprobe nvmet-tcp || fail "modprobe nvmet-tcp"
+  grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs configfs /sys/kernel/config
   n=/sys/kernel/config/nvmet
   mkdir -p "$n/subsystems/$1/namespaces/1"
   echo 1 > "$n/subsystems/$1/attr_allow_any_host"
