@@ -926,12 +926,20 @@ fn bench_verify_memory_and_file() {
         &with(&["--bs", "2m", "--runtime", "2s"]),
     );
     check_bench(&r, 2.0 * MIB as f64, &["read", "write"], "memory, 2 MiB");
+    let second_queues = || mem.log().matches("qid=2 ").count();
+    let before = second_queues();
     let r = bench(
         mem.port(),
         DEFAULT_NQN,
         &with(&["--bs", "4k", "--runtime", "2s", "--queues", "2"]),
     );
     check_bench(&r, 4096.0, &["read", "write"], "memory, 4 KiB, 2 queues");
+    assert_eq!(
+        second_queues(),
+        before + 1,
+        "the daemon log should show the bench connect I/O queue 2\n{}",
+        mem.log_tail()
+    );
 
     let dir = TempDir::new("bench");
     let img = backing_file(&dir, 256 * MIB as u64);

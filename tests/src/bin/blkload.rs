@@ -92,8 +92,8 @@ fn run() -> Result<(), String> {
     };
     let base = buf.as_mut_ptr();
     let begin = Instant::now();
-    for slot in 0..qd {
-        started[slot] = Instant::now();
+    for (slot, at) in started.iter_mut().enumerate() {
+        *at = Instant::now();
         submit(&mut ring, slot, pick(), base);
     }
     let (mut ios, mut inflight) = (0u64, qd);

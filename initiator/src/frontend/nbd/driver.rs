@@ -69,6 +69,8 @@ struct Req {
     got: usize,
     /// Commands of the current step submitted so far, and still in flight.
     submitted: usize,
+    /// Served by read-modify-write (unaligned write or zeroes).
+    rmw_unaligned: bool,
     parts_left: usize,
     error: u32,
 }
@@ -102,6 +104,11 @@ impl Client {
     fn busy(&self) -> bool {
         self.reqs.iter().any(Option::is_some)
     }
+
+    /// Part of a request (header or payload) has arrived, the rest has not.
+    fn mid_request(&self) -> bool {
+        self.hdr_fill > 0 || self.receiving.is_some()
+    }
 }
 
 /// Serves the NBD clients handed to one engine.
@@ -111,9 +118,19 @@ pub struct NbdDriver {
     incoming: Receiver<NewClient>,
     stop: Arc<AtomicBool>,
     queued: VecDeque<(usize, usize)>,
+    /// Writes in progress, by block span: (client, request, first byte, end).
+    writing: Vec<(usize, usize, u64, u64)>,
+    /// Requests waiting for an overlapping read-modify-write to finish.
+    blocked: Vec<(usize, usize)>,
+    /// When the stop was first seen; clients get a grace period to finish
+    /// sending a request they started.
+    stop_seen: Option<std::time::Instant>,
     sent: Vec<u64>,
     scratch: Vec<u8>,
 }
+
+/// How long a stopping export waits for clients to finish sending a request.
+const STOP_GRACE: std::time::Duration = std::time::Duration::from_secs(2);
 
 fn token(client: usize, send: bool) -> u32 {
     (client as u32) << 1 | send as u32
@@ -135,6 +152,9 @@ impl NbdDriver {
             incoming,
             stop,
             queued: VecDeque::new(),
+            writing: Vec::new(),
+            blocked: Vec::new(),
+            stop_seen: None,
             sent: Vec::new(),
             scratch: Vec::new(),
         }
@@ -171,7 +191,8 @@ impl NbdDriver {
     /// Starts the next receive of a client: header bytes or payload.
     fn post_recv(&mut self, ci: usize, cx: &mut Cx) {
         let c = self.clients[ci].as_mut().expect("live client");
-        if c.recv_busy || c.closing {
+        // A closing client may still finish sending the request it started.
+        if c.recv_busy || (c.closing && !c.mid_request()) {
             return;
         }
         let (ptr, len) = match c.receiving {
@@ -293,6 +314,7 @@ impl NbdDriver {
             span,
             got: 0,
             submitted: 0,
+            rmw_unaligned: false,
             parts_left: 0,
             error: err.unwrap_or(0),
         };
@@ -328,15 +350,34 @@ impl NbdDriver {
     /// Moves a received request on: edge reads for unaligned writes, else its commands.
     fn start(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
         let block = self.block();
-        let c = self.clients[ci].as_mut().expect("live client");
-        let req = c.reqs[ri].as_mut().expect("request");
+        let c = self.clients[ci].as_ref().expect("live client");
+        let req = c.reqs[ri].as_ref().expect("request");
         let unaligned = !req.r.offset.is_multiple_of(block)
             || !(req.r.offset + req.r.length as u64).is_multiple_of(block);
-        req.stage = if req.rmw() && unaligned {
-            Stage::EdgeRead
-        } else {
-            Stage::Queued
-        };
+        let rmw = req.rmw() && unaligned;
+        if req.rmw() {
+            // A read-modify-write rewrites whole blocks: it must not overlap
+            // another write in progress, nor another write overlap it.
+            let (s, e) = (req.base, req.base + req.span as u64);
+            let conflict = self.writing.iter().any(|&(wc, wr, ws, we)| {
+                let other_rmw = self.clients[wc]
+                    .as_ref()
+                    .and_then(|c| c.reqs[wr].as_ref())
+                    .is_some_and(|o| o.rmw_unaligned);
+                ws < e && s < we && (rmw || other_rmw)
+            });
+            if conflict {
+                self.blocked.push((ci, ri));
+                return;
+            }
+            self.writing.push((ci, ri, s, e));
+        }
+        let req = self.clients[ci]
+            .as_mut()
+            .and_then(|c| c.reqs[ri].as_mut())
+            .expect("request");
+        req.rmw_unaligned = rmw;
+        req.stage = if rmw { Stage::EdgeRead } else { Stage::Queued };
         req.submitted = 0;
         self.queued.push_back((ci, ri));
         self.submit_queued(cx);
@@ -553,14 +594,34 @@ impl NbdDriver {
 
     /// Frees a request and its buffer.
     fn release(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
+        self.end_write(ci, ri, cx);
         let c = self.clients[ci].as_mut().expect("live client");
         if let Some(b) = c.reqs[ri].take().and_then(|mut r| r.buf.take()) {
             cx.arena.free(b);
         }
     }
 
+    /// A write finished: requests it blocked may start.
+    fn end_write(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
+        let before = self.writing.len();
+        self.writing.retain(|&(wc, wr, _, _)| (wc, wr) != (ci, ri));
+        if self.writing.len() != before && !self.blocked.is_empty() {
+            for (bc, br) in std::mem::take(&mut self.blocked) {
+                if self
+                    .clients
+                    .get(bc)
+                    .and_then(Option::as_ref)
+                    .is_some_and(|c| c.reqs[br].is_some())
+                {
+                    self.start(bc, br, cx);
+                }
+            }
+        }
+    }
+
     /// Queues the reply of a request (and its data for reads).
     fn reply(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
+        self.end_write(ci, ri, cx);
         if self.clients[ci].as_ref().is_some_and(|c| c.shut) {
             return self.release(ci, ri, cx);
         }
@@ -653,7 +714,10 @@ impl Driver for NbdDriver {
         let stopping = self.stop.load(Ordering::Acquire);
         if !stopping {
             self.adopt();
+        } else if self.stop_seen.is_none() {
+            self.stop_seen = Some(std::time::Instant::now());
         }
+        let grace_over = self.stop_seen.is_some_and(|t| t.elapsed() > STOP_GRACE);
         self.submit_queued(cx);
         for ci in 0..self.clients.len() {
             let Some(c) = self.clients[ci].as_mut() else {
@@ -662,7 +726,11 @@ impl Driver for NbdDriver {
             if stopping && !c.closing {
                 c.closing = true;
             }
-            if c.closing && !c.busy() && c.tx.is_empty() && !c.send_busy {
+            let idle = !c.busy() && !c.mid_request() && c.tx.is_empty() && !c.send_busy;
+            if c.closing && (idle || grace_over) {
+                if grace_over && !idle {
+                    tracing::warn!(peer = %c.peer, "NBD client did not finish its request in time; closing");
+                }
                 self.close(ci, cx);
             }
             let c = self.clients[ci].as_mut().expect("live client");

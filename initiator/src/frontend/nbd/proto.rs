@@ -220,8 +220,9 @@ impl Request {
 /// - write, trim or write-zeroes on a read-only export → `EPERM`;
 /// - write or write-zeroes past the end (or `offset + length` overflowing) →
 ///   `ENOSPC`; read, trim or cache past the end → `EINVAL`;
-/// - read, write, cache or write-zeroes longer than `max_block` → `EINVAL`
-///   (trim is not bounded by the maximum block size).
+/// - read, write or cache longer than `max_block` → `EINVAL` (trim and
+///   write-zeroes carry no payload and are not bounded by it: the server
+///   splits them).
 ///
 /// `DISC` is always accepted: it has no reply. Zero-length requests are
 /// accepted (the protocol leaves them unspecified but forbids disconnecting);
@@ -283,11 +284,7 @@ pub fn validate(
         });
     }
 
-    let bounded = match req.command {
-        Command::Trim => false,
-        Command::WriteZeroes => req.flags & FAST_ZERO == 0,
-        _ => true,
-    };
+    let bounded = !matches!(req.command, Command::Trim | Command::WriteZeroes);
     if bounded && req.length > max_block {
         return Err(errno::EINVAL);
     }
@@ -605,7 +602,7 @@ mod tests {
         );
         let nh = req(Command::WriteZeroes, NO_HOLE | FUA, 0, 4096);
         assert_eq!(validate(&nh, SIZE, ALL, MAX), Ok(()));
-        // Trim and fast write-zeroes are not bounded by max_block.
+        // Trim and write-zeroes are not bounded by max_block.
         let big = req(Command::Trim, 0, 0, MAX + 512);
         assert_eq!(validate(&big, SIZE, ALL, MAX), Ok(()));
         let fz = req(Command::WriteZeroes, FAST_ZERO, 0, MAX + 512);
@@ -709,6 +706,6 @@ mod tests {
         // Longer than max_block.
         assert_eq!(e(Command::Read, 0, 0, MAX + 1), Err(errno::EINVAL));
         assert_eq!(e(Command::Write, 0, 0, MAX + 512), Err(errno::EINVAL));
-        assert_eq!(e(Command::WriteZeroes, 0, 0, MAX + 512), Err(errno::EINVAL));
+        assert_eq!(e(Command::WriteZeroes, 0, 0, MAX + 512), Ok(()));
     }
 }
