@@ -28,7 +28,7 @@ for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; s
 $bin/rdmablk connect -t tcp -a 127.0.0.1 -s $port -n $nqn --nbd unix:$work/rdmablk.sock > "$work/connect.out" 2> "$work/connect.log" & pids+=($!)
 nbdkit -U "$work/nbdkit.sock" --exit-with-parent memory $size & pids+=($!)
 truncate -s $size /dev/shm/rdmablk-bench.raw
-qemu-nbd -f raw --cache=none --aio=io_uring -k "$work/qemu.sock" /dev/shm/rdmablk-bench.raw & pids+=($!)
+qemu-nbd -f raw --cache=none --aio=io_uring --persistent --shared=8 -k "$work/qemu.sock" /dev/shm/rdmablk-bench.raw & pids+=($!)
 for s in rdmablk nbdkit qemu; do
   for _ in $(seq 100); do [ -S "$work/$s.sock" ] && break; sleep 0.1; done
   [ -S "$work/$s.sock" ] || { echo "no socket for $s" >&2; exit 1; }
@@ -37,7 +37,7 @@ done
 fio_run() { # name uri rw bs -> prints "iops p50_us p99_us MiB/s"
   fio --name="$1" --ioengine=nbd --uri="$2" --rw="$3" --bs="$4" --iodepth=32 --size=$size \
       --runtime="$secs" --time_based --output-format=json 2>/dev/null |
-    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"][0]["read"]; p=j["clat_ns"]["percentile"];
+    python3 -c 'import json,sys; t=sys.stdin.read(); j=json.loads(t[t.index("{"):])["jobs"][0]["read"]; p=j["clat_ns"]["percentile"];
 print("%.0f %.1f %.1f %.1f" % (j["iops"], p["50.000000"]/1e3, p["99.000000"]/1e3, j["bw_bytes"]/2**20))'
 }
 bench_run() { # rw bs -> same fields from rdmablk bench --json

@@ -7,7 +7,7 @@ set -euo pipefail
 # Build: gcc and pkg-config for -sys crates.
 BUILD_PKGS=(gcc pkg-config)
 # Tests with real clients we did not write, and the VM suite's QEMU.
-TEST_PKGS=(fio nbdkit libnbd-bin nbdfuse e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86)
+TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86)
 
 want=("${BUILD_PKGS[@]}")
 case "${1:-}" in
