@@ -102,6 +102,10 @@ struct ConnectArgs {
     /// I/O queues (one thread each); NBD clients are spread over them.
     #[arg(short = 'i', long = "nr-io-queues", default_value_t = 1)]
     nr_io_queues: u16,
+    /// Seconds to keep re-establishing a lost association (I/O waits
+    /// meanwhile) before failing it and exiting.
+    #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 600)]
+    ctrl_loss_tmo: u64,
 }
 
 #[derive(Args)]
@@ -268,7 +272,13 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
     set.thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
     let (session, ns) = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
-    nbd::serve(session, ns, &c.nbd, &c.subsys.nqn, c.nr_io_queues)?;
+    nbd::serve(
+        session,
+        ns,
+        &c.nbd,
+        c.nr_io_queues,
+        Duration::from_secs(c.ctrl_loss_tmo),
+    )?;
     Ok(ExitCode::SUCCESS)
 }
 

@@ -7,6 +7,7 @@ use io_uring::{opcode, squeue, types, IoUring};
 use rdmablk_common::mem::Arena;
 use std::io;
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::mpsc::{Receiver, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -62,6 +63,15 @@ impl Waker {
     }
 }
 
+/// How an engine whose queue died gets a new one: it reports the loss
+/// (engine index, generation of the lost queue) and waits for a replacement
+/// (generation, queue); the other side wakes it through its [`Waker`].
+pub struct Reconnect {
+    pub index: usize,
+    pub lost: Sender<(usize, u64)>,
+    pub replacements: Receiver<(u64, IoQueue)>,
+}
+
 /// One engine: ring, arena and I/O queue.
 pub struct Engine {
     // The ring goes before the arena it has registered.
@@ -72,6 +82,12 @@ pub struct Engine {
     wake: Arc<OwnedFd>,
     wake_buf: [u8; 8],
     tick: types::Timespec,
+    reconnect: Option<Reconnect>,
+    /// Generation of the current queue, and whether its loss was reported.
+    generation: u64,
+    reported: bool,
+    /// A replacement waiting for the old queue's operations to drain.
+    next_queue: Option<(u64, IoQueue)>,
 }
 
 impl Engine {
@@ -100,7 +116,54 @@ impl Engine {
             wake: Arc::new(unsafe { OwnedFd::from_raw_fd(raw) }),
             wake_buf: [0; 8],
             tick: types::Timespec::from(tick),
+            reconnect: None,
+            generation: 0,
+            reported: false,
+            next_queue: None,
         })
+    }
+
+    /// Makes a lost queue wait for a replacement instead of ending the run.
+    pub fn with_reconnect(mut self, r: Reconnect) -> Engine {
+        self.reconnect = Some(r);
+        self
+    }
+
+    /// Swaps in a replacement queue once the old one is idle in the ring;
+    /// reports a loss once. Returns the error ending the run, if any.
+    fn handle_loss(&mut self, driver: &dyn Driver) -> Option<String> {
+        if self.next_queue.is_none() {
+            if let Some(r) = &self.reconnect {
+                if let Ok(q) = r.replacements.try_recv() {
+                    self.next_queue = Some(q);
+                }
+            }
+        }
+        if self.next_queue.is_some() && self.queue.failed().is_none() {
+            self.queue.fail("replaced by a new association".into());
+        }
+        let why = self.queue.failed()?.to_string();
+        if self.queue.ops_in_flight() {
+            return None;
+        }
+        if let Some((generation, q)) = self.next_queue.take() {
+            tracing::info!(generation, "I/O queue replaced");
+            self.queue = q;
+            self.generation = generation;
+            self.reported = false;
+            return None;
+        }
+        match &self.reconnect {
+            Some(r) => {
+                if !self.reported {
+                    self.reported = true;
+                    let _ = r.lost.send((r.index, self.generation));
+                }
+                None
+            }
+            None if driver.ops_in_flight() == 0 => Some(why),
+            None => None,
+        }
     }
 
     pub fn waker(&self) -> Waker {
@@ -138,10 +201,8 @@ impl Engine {
             if finished && self.queue.idle() && driver.ops_in_flight() == 0 {
                 return Ok(());
             }
-            if let Some(why) = self.queue.failed() {
-                if driver.ops_in_flight() == 0 && !self.queue.ops_in_flight() {
-                    return Err(why.to_string());
-                }
+            if let Some(why) = self.handle_loss(driver) {
+                return Err(why);
             }
             self.submit_and_wait()
                 .map_err(|e| format!("io_uring: {e}"))?;

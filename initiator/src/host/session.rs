@@ -50,6 +50,8 @@ pub struct Session {
     /// I/O queue entries to use.
     pub queue_size: u16,
     keep_alive: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
+    /// Set when a Keep Alive failed: the association is gone.
+    lost: Arc<AtomicBool>,
 }
 
 fn property_get(q: &mut SyncQueue, offset: u32, wide: bool) -> Result<u64, HostError> {
@@ -202,7 +204,9 @@ impl Session {
         let queue_size = p.queue_size.min(mqes).min(ctrl.maxcmd.max(2)).max(2);
         let cntlid = ctrl.cntlid;
         let admin = Arc::new(Mutex::new(q));
-        let keep_alive = (kato_ms > 0).then(|| spawn_keep_alive(admin.clone(), p.kato / 2));
+        let lost = Arc::new(AtomicBool::new(false));
+        let keep_alive =
+            (kato_ms > 0).then(|| spawn_keep_alive(admin.clone(), p.kato / 2, lost.clone()));
         tracing::info!(
             subsystem = %p.subnqn,
             cntlid,
@@ -220,7 +224,18 @@ impl Session {
             io_queues,
             queue_size,
             keep_alive,
+            lost,
         })
+    }
+
+    /// What the session was opened with.
+    pub fn params(&self) -> &Params {
+        &self.params
+    }
+
+    /// Whether keep-alive found the association gone.
+    pub fn is_lost(&self) -> bool {
+        self.lost.load(Ordering::Acquire)
     }
 
     /// Reads the discovery log of the target at `p.addr`.
@@ -337,9 +352,11 @@ fn get_log(q: &mut SyncQueue, lid: u8, len: usize, offset: u64) -> Result<Vec<u8
     Ok(q.exec_ok("Get Log Page", sqe, &[], len)?.1)
 }
 
+/// Sends Keep Alive every `period`; sets `lost` when one fails.
 fn spawn_keep_alive(
     admin: Arc<Mutex<SyncQueue>>,
     period: Duration,
+    lost: Arc<AtomicBool>,
 ) -> (Arc<AtomicBool>, JoinHandle<()>) {
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
@@ -354,6 +371,7 @@ fn spawn_keep_alive(
                 let mut q = admin.lock().expect("admin queue");
                 if let Err(e) = q.exec_ok("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), &[], 0) {
                     tracing::error!("keep-alive failed: {e}");
+                    lost.store(true, Ordering::Release);
                     break;
                 }
             }

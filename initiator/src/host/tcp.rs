@@ -79,8 +79,12 @@ impl IoQueue {
         self.failed.as_deref()
     }
 
-    /// Whether nothing is in flight or queued.
+    /// Whether nothing is in flight or queued (a failed queue: nothing in
+    /// the ring any more).
     pub fn idle(&self) -> bool {
+        if self.failed.is_some() {
+            return !self.ops_in_flight();
+        }
         self.free.len() == self.cmds.len() && self.tx.is_empty() && !self.send_busy
     }
 

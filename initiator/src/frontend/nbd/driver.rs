@@ -11,7 +11,7 @@ use crate::host::tcp::Done;
 use crate::host::NamespaceInfo;
 use io_uring::{opcode, types};
 use rdmablk_common::mem::ArenaBuf;
-use rdmablk_common::nvme::{nvm, Sqe};
+use rdmablk_common::nvme::{nvm, Sqe, Status};
 use rdmablk_common::tcp::stream::TxQueue;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -21,6 +21,8 @@ use std::sync::Arc;
 
 /// Requests a client may have in progress at once.
 const MAX_REQUESTS: usize = 64;
+/// Times a request is tried again after transient transport errors.
+const MAX_ATTEMPTS: u32 = 5;
 /// Most blocks one Write Zeroes command covers (16-bit NLB).
 const MAX_ZEROES_BLOCKS: u64 = 1 << 16;
 
@@ -71,6 +73,10 @@ struct Req {
     submitted: usize,
     /// Served by read-modify-write (unaligned write or zeroes).
     rmw_unaligned: bool,
+    /// A command failed on a lost connection: run the step again.
+    retry: bool,
+    /// Times the request was retried.
+    attempts: u32,
     parts_left: usize,
     error: u32,
 }
@@ -117,6 +123,8 @@ pub struct NbdDriver {
     clients: Vec<Option<Client>>,
     incoming: Receiver<NewClient>,
     stop: Arc<AtomicBool>,
+    /// The association is gone for good: fail what waits for it.
+    give_up: Arc<AtomicBool>,
     queued: VecDeque<(usize, usize)>,
     /// Writes in progress, by block span: (client, request, first byte, end).
     writing: Vec<(usize, usize, u64, u64)>,
@@ -145,12 +153,14 @@ impl NbdDriver {
         export: ExportInfo,
         incoming: Receiver<NewClient>,
         stop: Arc<AtomicBool>,
+        give_up: Arc<AtomicBool>,
     ) -> NbdDriver {
         NbdDriver {
             export,
             clients: Vec::new(),
             incoming,
             stop,
+            give_up,
             queued: VecDeque::new(),
             writing: Vec::new(),
             blocked: Vec::new(),
@@ -315,6 +325,8 @@ impl NbdDriver {
             got: 0,
             submitted: 0,
             rmw_unaligned: false,
+            retry: false,
+            attempts: 0,
             parts_left: 0,
             error: err.unwrap_or(0),
         };
@@ -480,6 +492,9 @@ impl NbdDriver {
                 continue;
             }
             if cx.queue.failed().is_some() {
+                if !self.give_up.load(Ordering::Acquire) {
+                    return; // wait for the association to come back
+                }
                 self.queued.pop_front();
                 let req = self.clients[ci]
                     .as_mut()
@@ -763,13 +778,34 @@ impl Driver for NbdDriver {
         else {
             return;
         };
-        if !done.cqe.status().is_success() && req.error == 0 {
-            tracing::warn!(command = ?req.r.command, offset = req.r.offset, "NVMe command failed: {}", done.cqe.status());
-            req.error = errno::EIO;
+        let st = done.cqe.status();
+        if !st.is_success() {
+            let transient =
+                st == Status::TRANSIENT_TRANSPORT_ERROR || (st.sct == 0 && st.sc == 0x22);
+            if transient && !self.give_up.load(Ordering::Acquire) && req.attempts < MAX_ATTEMPTS {
+                req.retry = true;
+            } else if req.error == 0 {
+                tracing::warn!(command = ?req.r.command, offset = req.r.offset, "NVMe command failed: {st}");
+                req.error = errno::EIO;
+            }
         }
         req.parts_left -= 1;
-        if req.parts_left > 0 || self.queued.contains(&(ci, ri)) {
-            return; // more commands in flight, or more to submit
+        if req.parts_left > 0 {
+            return; // more commands in flight
+        }
+        if req.retry {
+            // Once the connection is back (or at once, for a transient
+            // error on a live one), the whole step runs again.
+            req.retry = false;
+            req.attempts += 1;
+            req.submitted = 0;
+            if !self.queued.contains(&(ci, ri)) {
+                self.queued.push_back((ci, ri));
+            }
+            return;
+        }
+        if self.queued.contains(&(ci, ri)) {
+            return; // more commands to submit
         }
         if req.stage == Stage::EdgeRead && req.error == 0 {
             let r = self.clients[ci]

@@ -4,9 +4,9 @@
 use super::driver::{ExportInfo, NbdDriver, NewClient};
 use super::handshake::{serve_handshake, Export, Outcome};
 use super::proto::flags;
-use crate::host::engine::{Engine, Waker};
+use crate::host::engine::{Engine, Reconnect, Waker};
 use crate::host::tcp::IoQueue;
-use crate::host::{NamespaceInfo, Session};
+use crate::host::{NamespaceInfo, Params, Session};
 use rdmablk_common::nvme::identify::oncs;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Largest NBD request served in one piece.
 const MAX_BLOCK: u32 = 2 << 20;
@@ -127,18 +127,21 @@ fn export_flags(session: &Session) -> u16 {
     f
 }
 
-/// Serves namespace `ns` of `session` at `listen` until SIGINT/SIGTERM or the
-/// association fails. Signals must be blocked in all threads (the caller
-/// blocks them before connecting).
+/// Serves namespace `ns` of `session` at `listen` until SIGINT/SIGTERM. A
+/// lost association is re-established with backoff, I/O waiting meanwhile,
+/// until `ctrl_loss_tmo` runs out; then waiting I/O fails and this returns an
+/// error. Signals must be blocked in all threads (the caller blocks them
+/// before connecting).
 pub fn serve(
     session: Session,
     ns: NamespaceInfo,
     listen: &Listen,
-    subnqn: &str,
     queues: u16,
+    ctrl_loss_tmo: Duration,
 ) -> Result<(), String> {
+    let subnqn = session.params().subnqn.clone();
     let export = Export {
-        name: subnqn.into(),
+        name: subnqn.clone(),
         description: format!("rdmablk: namespace {} of {subnqn}", ns.nsid),
         size: ns.size_bytes(),
         min_block: 512,
@@ -153,24 +156,38 @@ pub fn serve(
         max_transfer: session.max_transfer(),
     };
     let stop = Arc::new(AtomicBool::new(false));
-    let mut engines: Vec<(Sender<NewClient>, Waker)> = Vec::new();
+    let give_up = Arc::new(AtomicBool::new(false));
+    let (lost_tx, lost_rx) = mpsc::channel();
+    let mut engines: Vec<EngineLink> = Vec::new();
+    let mut clients: Vec<(Sender<NewClient>, Waker)> = Vec::new();
     let mut threads = Vec::new();
-    for q in 0..session.io_queues.min(queues).max(1) {
+    let n = session.io_queues.min(queues).max(1);
+    for q in 0..n {
         let (sock, limits) = session.open_io_queue(q + 1).map_err(|e| e.to_string())?;
         let arena = (limits.depth as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
+        let (rep_tx, rep_rx) = mpsc::channel();
         let engine = Engine::new(
             IoQueue::new(sock, limits),
             arena,
             Duration::from_millis(100),
         )
-        .map_err(|e| format!("I/O engine: {e}"))?;
+        .map_err(|e| format!("I/O engine: {e}"))?
+        .with_reconnect(Reconnect {
+            index: q as usize,
+            lost: lost_tx.clone(),
+            replacements: rep_rx,
+        });
         let (tx, rx) = mpsc::channel();
-        engines.push((tx, engine.waker()));
-        let stop = stop.clone();
+        clients.push((tx, engine.waker()));
+        engines.push(EngineLink {
+            replace: rep_tx,
+            waker: engine.waker(),
+        });
+        let (stop, give_up) = (stop.clone(), give_up.clone());
         threads.push(
             std::thread::Builder::new()
                 .name(format!("nbd-{}", q + 1))
-                .spawn(move || engine.run(&mut NbdDriver::new(info, rx, stop)))
+                .spawn(move || engine.run(&mut NbdDriver::new(info, rx, stop, give_up)))
                 .map_err(|e| e.to_string())?,
         );
     }
@@ -178,61 +195,180 @@ pub fn serve(
     println!("ready: {}", listen.uri());
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    tracing::info!(export = %listen.uri(), size = ns.size_bytes(), queues = engines.len(), "NBD export ready");
+    tracing::info!(export = %listen.uri(), size = ns.size_bytes(), queues = n, "NBD export ready");
 
     let acceptor = {
         let listener = listener.clone();
         let export = Arc::new(export);
         std::thread::Builder::new()
             .name("nbd-accept".into())
-            .spawn(move || accept_loop(&listener, &export, &engines))
+            .spawn(move || accept_loop(&listener, &export, &clients))
             .map_err(|e| e.to_string())?
     };
 
-    let why = wait_for_end(&threads);
-    tracing::info!("{why}: closing the NBD export");
+    let mut keeper = Keeper {
+        params: session.params().clone(),
+        session: Some(session),
+        ns,
+        generation: 0,
+        lost_since: None,
+        next_try: Instant::now(),
+        backoff: Duration::from_secs(1),
+        ctrl_loss_tmo,
+    };
+    let outcome = keeper.watch(&threads, &lost_rx, &engines);
+    if outcome.is_err() {
+        give_up.store(true, Ordering::Release);
+    }
     stop.store(true, Ordering::Release);
+    for e in &engines {
+        e.waker.wake();
+    }
     // SAFETY: shutting down our own listening socket ends the blocking accept.
     unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
-    let mut failure = None;
+    let mut failure = outcome.err();
     for t in threads {
         match t.join() {
-            Ok(Err(e)) => failure = Some(e),
-            Err(_) => failure = Some("an engine thread panicked".into()),
+            Ok(Err(e)) => failure = failure.or(Some(e)),
+            Err(_) => failure = failure.or(Some("an engine thread panicked".into())),
             Ok(Ok(())) => {}
         }
     }
     if let Listen::Unix(p) = listen {
         let _ = std::fs::remove_file(p);
     }
-    if let Err(e) = session.shutdown() {
-        tracing::warn!("controller shutdown: {e}");
+    if let Some(s) = keeper.session.take() {
+        if let Err(e) = s.shutdown() {
+            tracing::warn!("controller shutdown: {e}");
+        }
     }
     match failure {
-        Some(e) => Err(format!("the NVMe association failed: {e}")),
+        Some(e) => Err(e),
         None => Ok(()),
     }
 }
 
-/// Waits for SIGINT/SIGTERM or for an engine to end on its own (a failed queue).
-fn wait_for_end(threads: &[std::thread::JoinHandle<Result<(), String>>]) -> String {
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
-    let timeout = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 200_000_000,
-    };
-    loop {
-        // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
-        let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
-        if sig > 0 {
-            return format!("signal {sig}");
+/// What the coordinator keeps of each engine.
+struct EngineLink {
+    replace: Sender<(u64, IoQueue)>,
+    waker: Waker,
+}
+
+/// Keeps the association alive: notices its loss (a queue failed, or
+/// keep-alive did) and re-establishes it with backoff.
+struct Keeper {
+    params: Params,
+    session: Option<Session>,
+    ns: NamespaceInfo,
+    /// Generation of the queues handed to the engines.
+    generation: u64,
+    lost_since: Option<Instant>,
+    next_try: Instant,
+    backoff: Duration,
+    ctrl_loss_tmo: Duration,
+}
+
+const MAX_BACKOFF: Duration = Duration::from_secs(10);
+
+impl Keeper {
+    /// Runs until SIGINT/SIGTERM (Ok), an engine ends on its own, or the
+    /// association stays lost past ctrl-loss-tmo (Err).
+    fn watch(
+        &mut self,
+        threads: &[std::thread::JoinHandle<Result<(), String>>],
+        lost: &mpsc::Receiver<(usize, u64)>,
+        engines: &[EngineLink],
+    ) -> Result<(), String> {
+        let mut set = nix::sys::signal::SigSet::empty();
+        set.add(nix::sys::signal::Signal::SIGINT);
+        set.add(nix::sys::signal::Signal::SIGTERM);
+        let timeout = libc::timespec {
+            tv_sec: 0,
+            tv_nsec: 200_000_000,
+        };
+        loop {
+            // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
+            let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
+            if sig > 0 {
+                tracing::info!("signal {sig}: closing the NBD export");
+                return Ok(());
+            }
+            if threads.iter().any(|t| t.is_finished()) {
+                return Err("an I/O engine ended".into());
+            }
+            let mut lost_now = self.session.as_ref().is_some_and(Session::is_lost);
+            while let Ok((engine, generation)) = lost.try_recv() {
+                if generation == self.generation {
+                    tracing::warn!(queue = engine + 1, "I/O queue lost");
+                    lost_now = true;
+                }
+            }
+            if lost_now && self.lost_since.is_none() {
+                tracing::warn!(
+                    "association lost; reconnecting for up to {:?}",
+                    self.ctrl_loss_tmo
+                );
+                self.lost_since = Some(Instant::now());
+                self.next_try = Instant::now();
+                self.backoff = Duration::from_secs(1);
+                // Closing the admin queue ends the old controller on the target.
+                self.session = None;
+            }
+            let Some(since) = self.lost_since else {
+                continue;
+            };
+            if since.elapsed() > self.ctrl_loss_tmo {
+                return Err(format!(
+                    "the association stayed lost for {:?} (ctrl-loss-tmo)",
+                    self.ctrl_loss_tmo
+                ));
+            }
+            if Instant::now() >= self.next_try {
+                match self.reconnect(engines) {
+                    Ok(()) => {
+                        tracing::info!(
+                            generation = self.generation,
+                            "association re-established after {:?}",
+                            since.elapsed()
+                        );
+                        self.lost_since = None;
+                    }
+                    Err(e) => {
+                        tracing::warn!("reconnect failed: {e}; next try in {:?}", self.backoff);
+                        self.next_try = Instant::now() + self.backoff;
+                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
+                    }
+                }
+            }
         }
-        if threads.iter().any(|t| t.is_finished()) {
-            return "an I/O queue ended".into();
+    }
+
+    /// One attempt: a new association, and a new queue for every engine.
+    fn reconnect(&mut self, engines: &[EngineLink]) -> Result<(), String> {
+        let params = self.params.clone();
+        let session = Session::connect(&params).map_err(|e| e.to_string())?;
+        let ns = session.namespace(self.ns.nsid).map_err(|e| e.to_string())?;
+        if ns != self.ns {
+            return Err(format!(
+                "namespace {} changed ({ns:?}, was {:?})",
+                ns.nsid, self.ns
+            ));
         }
+        let mut queues = Vec::new();
+        for q in 0..engines.len() {
+            let (sock, limits) = session
+                .open_io_queue(q as u16 + 1)
+                .map_err(|e| e.to_string())?;
+            queues.push(IoQueue::new(sock, limits));
+        }
+        self.generation += 1;
+        for (e, q) in engines.iter().zip(queues) {
+            let _ = e.replace.send((self.generation, q));
+            e.waker.wake();
+        }
+        self.session = Some(session);
+        Ok(())
     }
 }
 
