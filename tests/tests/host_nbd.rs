@@ -1632,3 +1632,95 @@ fn connect_sigterm_while_client_writes() {
         client.kill();
     }
 }
+
+/// The target dies (SIGKILL) under an attached export: a write issued
+/// during the outage waits, completes once a new daemon serves the same file
+/// on the same port, and everything written before and during the outage
+/// reads back. The export process never restarts.
+#[test]
+fn reconnects_after_target_restart() {
+    let _s = serial();
+    let dir = TempDir::new("reconnect");
+    let file = backing_file(&dir, 64 * MIB as u64);
+    let port = free_port();
+    let mut t = Target::start_on(port, &["--file", path_str(&file)]);
+    let mut e = NbdExport::start(port, DEFAULT_NQN, &["-l", "60", "-k", "2"]);
+    qemu_io_ok(e.uri(), &["write -P 0x5a 0 1048576"], "before the outage");
+
+    t.kill();
+    let uri = e.uri().to_string();
+    let (mut writer, mut stdin) = Proc::spawn_with_stdin(
+        "qemu-io (during the outage)",
+        &mut cmd("qemu-io", &["-f", "raw", &uri]),
+    );
+    stdin
+        .write_all(b"write -P 0x6b 1048576 1048576\n")
+        .expect("writing to qemu-io");
+    // The write must wait, not fail, while nothing listens.
+    std::thread::sleep(Duration::from_secs(2));
+    assert!(
+        !writer.stdout().contains("wrote") && !writer.stdout().contains("failed"),
+        "the write finished while the target was down\n{}",
+        writer.report()
+    );
+    let _t2 = Target::start_on(port, &["--file", path_str(&file)]);
+    let done = poll_until(Duration::from_secs(30), || {
+        writer
+            .stdout()
+            .contains("wrote 1048576/1048576 bytes at offset 1048576")
+    });
+    assert!(
+        done,
+        "the write issued during the outage did not complete after the target came back\n{}\n{}",
+        writer.report(),
+        e.proc().report()
+    );
+    drop(stdin);
+    writer.kill();
+    qemu_io_ok(
+        e.uri(),
+        &["read -P 0x5a 0 1048576", "read -P 0x6b 1048576 1048576"],
+        "after the reconnect",
+    );
+    assert!(
+        e.proc().is_running(),
+        "rdmablk connect exited\n{}",
+        e.proc().report()
+    );
+}
+
+/// With the target gone for good, I/O fails once --ctrl-loss-tmo runs out
+/// and `rdmablk connect` exits non-zero, removing its socket.
+#[test]
+fn gives_up_after_ctrl_loss_tmo() {
+    let _s = serial();
+    let mut t = Target::start(&["--memory", "64MiB"]);
+    let mut e = NbdExport::start(t.port(), DEFAULT_NQN, &["-l", "2", "-k", "2"]);
+    qemu_io_ok(e.uri(), &["write -P 0x11 0 4096"], "before the outage");
+    t.kill();
+    let started = Instant::now();
+    let r = qemu_io(e.uri(), &["write -P 0x22 4096 4096"]);
+    let out = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        out.contains("Input/output error") || !r.status.success(),
+        "a write after the association was lost for good did not fail\n{}",
+        r.report()
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(15),
+        "the write took {:?} to fail with ctrl-loss-tmo 2 s",
+        started.elapsed()
+    );
+    let status = e.proc().wait(Duration::from_secs(15));
+    assert!(
+        !status.success(),
+        "rdmablk connect exited 0 after giving up\n{}",
+        e.proc().report()
+    );
+    assert!(
+        e.proc().stderr().contains("ctrl-loss-tmo"),
+        "the exit message does not name ctrl-loss-tmo\n{}",
+        e.proc().report()
+    );
+    assert!(!e.socket().exists(), "the NBD socket was left behind");
+}
