@@ -8,7 +8,11 @@ use crate::controller::{self, Association, Reply, TransportCaps, MAX_AERS, MAX_T
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
 use io_uring::squeue;
-use rdmablk_common::fabrics::fctype;
+use rdmablk_common::fabrics::{fctype, CONNECT_DATA_LEN};
+
+/// Largest data of an admin or Fabrics command (Identify and log pages are
+/// 4 KiB; the discovery log grows by 1 KiB per entry).
+const MAX_ADMIN_DATA: usize = 256 << 10;
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE};
 use std::sync::Arc;
@@ -37,6 +41,12 @@ pub struct Command {
     pub buf: Option<ArenaBuf>,
     /// Host-to-controller bytes received so far.
     pub received: usize,
+    /// Host-to-controller bytes asked for so far (R2T on NVMe/TCP).
+    pub requested: usize,
+    /// In-capsule data held until an arena buffer is free.
+    pub staged: Option<Vec<u8>>,
+    /// When the command last waited for the host (its data).
+    pub since: std::time::Instant,
     /// Final status, once known.
     pub status: Status,
     /// CQE dwords 0 and 1.
@@ -46,6 +56,8 @@ pub struct Command {
     pub ops_in_flight: u32,
     /// For a single read/write: bytes the backend has finished.
     done_bytes: usize,
+    /// Write Zeroes already retried the other way of zeroing.
+    zeroing_fallback: bool,
 }
 
 /// Classifies a capsule. `sgl_len` is the length its data pointer describes.
@@ -72,6 +84,12 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
     if len > MAX_TRANSFER as usize || dir == DataDirection::Bidirectional {
         return Err(Status::INVALID_FIELD);
     }
+    match work {
+        // Before a host is admitted it may only send the Connect data.
+        Work::Connect if len != CONNECT_DATA_LEN => return Err(Status::SGL_DATA_LENGTH_INVALID),
+        Work::Fabrics | Work::Admin if len > MAX_ADMIN_DATA => return Err(Status::INVALID_FIELD),
+        _ => {}
+    }
     let to_host = match &work {
         Work::Io(req) => req.data_to_host() > 0,
         _ => dir == DataDirection::ToHost,
@@ -83,11 +101,15 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
         to_host,
         buf: None,
         received: 0,
+        requested: 0,
+        staged: None,
+        since: std::time::Instant::now(),
         status: Status::SUCCESS,
         dw0: 0,
         dw1: 0,
         ops_in_flight: 0,
         done_bytes: 0,
+        zeroing_fallback: false,
     })
 }
 
@@ -247,11 +269,19 @@ impl Command {
         let rw = matches!(req.kind, IoKind::Read | IoKind::Write { .. });
         if res < 0 {
             let errno = -res;
-            if errno == libc::EOPNOTSUPP
-                && matches!(req.kind, IoKind::WriteZeroes { deallocate: false })
-            {
-                // No ZERO_RANGE on this file system: a hole reads back as zeroes too.
-                return Some(req.ns.backend.zero(req.offset, req.len, true).into_entry());
+            if let (libc::EOPNOTSUPP, IoKind::WriteZeroes { deallocate }) = (errno, req.kind) {
+                if !self.zeroing_fallback {
+                    // The other way of zeroing: a hole where ZERO_RANGE is
+                    // missing (some file systems), ZERO_RANGE where a hole
+                    // cannot be punched (block devices without discard).
+                    self.zeroing_fallback = true;
+                    return Some(
+                        req.ns
+                            .backend
+                            .zero(req.offset, req.len, !deallocate)
+                            .into_entry(),
+                    );
+                }
             }
             if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::Dsm { .. }) {
                 // Deallocation is advisory: the blocks simply stay allocated.

@@ -48,16 +48,14 @@ impl LogRequest {
         sqe.set_cdw(13, (self.offset >> 32) as u32);
     }
 
-    /// The requested window of a complete log page; bytes past its end read as zero.
+    /// The part of a complete log page that the request covers. It may be
+    /// shorter than `len`: the bytes past the page's end read as zero, and
+    /// the transport pads them (so a huge NUMD allocates nothing).
     pub fn window(&self, page: &[u8]) -> Vec<u8> {
-        let mut out = vec![0u8; self.len];
-        if let Ok(off) = usize::try_from(self.offset) {
-            if off < page.len() {
-                let n = (page.len() - off).min(self.len);
-                out[..n].copy_from_slice(&page[off..off + n]);
-            }
-        }
-        out
+        let off = usize::try_from(self.offset)
+            .unwrap_or(usize::MAX)
+            .min(page.len());
+        page[off..][..(page.len() - off).min(self.len)].to_vec()
     }
 }
 
@@ -78,6 +76,12 @@ mod tests {
         assert_eq!(sqe.cdw(10), 0x70 | 0xffff << 16);
         assert_eq!(sqe.cdw(11), 3);
         assert_eq!(LogRequest::from_sqe(&sqe), req);
-        assert_eq!(req.window(&[1, 2, 3]).len(), req.len);
+        assert_eq!(
+            req.window(&[1, 2, 3]),
+            Vec::<u8>::new(),
+            "offset past the page"
+        );
+        let whole = LogRequest { offset: 1, ..req };
+        assert_eq!(whole.window(&[1, 2, 3]), vec![2, 3]);
     }
 }

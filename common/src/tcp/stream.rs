@@ -57,7 +57,8 @@ struct TxItem {
     head: Vec<u8>,
     body: *const u8,
     body_len: usize,
-    digest: Option<[u8; 4]>,
+    /// Boxed: a send in flight points at it while the deque may reallocate.
+    digest: Option<Box<[u8; 4]>>,
     token: Option<u64>,
 }
 
@@ -124,7 +125,7 @@ impl TxQueue {
             head,
             body,
             body_len,
-            digest,
+            digest: digest.map(Box::new),
             token,
         });
     }

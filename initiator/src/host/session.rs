@@ -200,7 +200,7 @@ impl Session {
         let io_queues =
             ((cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1).min(p.io_queues.max(1) as u32) as u16;
         let cap = property_get(&mut q, property::CAP, true)?;
-        let mqes = (cap & 0xffff) as u16 + 1;
+        let mqes = ((cap & 0xffff) as u16).saturating_add(1);
         let queue_size = p.queue_size.min(mqes).min(ctrl.maxcmd.max(2)).max(2);
         let cntlid = ctrl.cntlid;
         let admin = Arc::new(Mutex::new(q));

@@ -10,6 +10,7 @@ use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
 use rdmablk_common::tcp::{self, fes, flags, Digests, Header, PduError, Transfer};
+use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::io::AsRawFd;
 use std::time::{Duration, Instant};
@@ -28,6 +29,8 @@ const RX_BUF: usize = 2 * MAX_PDU;
 const INITIAL_SLOTS: usize = 32;
 /// A connection that sends no ICReq within this time is closed.
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
+/// A connection whose host does not answer an R2T within this time is closed.
+const DATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// A connection that was sent a TermReq is closed after this time at most.
 const TERMINATE_GRACE: Duration = Duration::from_secs(1);
 
@@ -75,8 +78,10 @@ pub struct TcpConn {
     held_aers: Vec<u16>,
     /// Submission queue head reported in responses.
     sq_head: u16,
-    /// A capsule is waiting for a command slot or arena space.
+    /// A capsule is waiting for a command slot (the host exceeded the depth).
     stalled: bool,
+    /// Commands waiting for arena space, in arrival order.
+    awaiting_buffer: VecDeque<u16>,
     /// C2HData PDUs sent (for tests and stats).
     pub c2h_pdus: u64,
 }
@@ -135,6 +140,7 @@ impl TcpConn {
             held_aers: Vec::new(),
             sq_head: 0,
             stalled: false,
+            awaiting_buffer: VecDeque::new(),
             c2h_pdus: 0,
         }
     }
@@ -192,14 +198,28 @@ impl TcpConn {
                 self.close("terminated")
             }
             Phase::Live => {
-                if let Some(a) = &self.assoc {
-                    if a.qid == 0 && a.ctrl.keep_alive_expired() {
-                        a.ctrl
-                            .kill("keep-alive timeout (no Keep Alive within KATO)");
+                match &self.assoc {
+                    Some(a) => {
+                        if a.qid == 0 && a.ctrl.keep_alive_expired() {
+                            a.ctrl
+                                .kill("keep-alive timeout (no Keep Alive within KATO)");
+                        }
+                        if !a.ctrl.is_live() {
+                            self.close("controller ended");
+                        }
                     }
-                    if !a.ctrl.is_live() {
-                        self.close("controller ended");
+                    None if self.since.elapsed() > HANDSHAKE_TIMEOUT => {
+                        self.close("no Connect within 10 s of the connection");
                     }
+                    None => {}
+                }
+                let stuck = self
+                    .cmds
+                    .iter()
+                    .flatten()
+                    .any(|c| c.received < c.requested && c.since.elapsed() > DATA_TIMEOUT);
+                if stuck {
+                    self.close("the host did not send the data it was asked for (R2T) within 30 s");
                 }
             }
             _ => {}
@@ -210,6 +230,7 @@ impl TcpConn {
     /// receive and a send in flight, finish a drain.
     pub fn pump(&mut self, io: &mut Io) {
         if matches!(self.phase, Phase::Handshake | Phase::Live) {
+            self.grant_buffers(io);
             self.process_rx(io);
         }
         if matches!(self.phase, Phase::Handshake | Phase::Live) && !self.recv_busy {
@@ -448,44 +469,95 @@ impl TcpConn {
             Ok(c) => c,
             Err(st) => return Ok(self.respond_now(cid, st)),
         };
-        if cmd.len > 0 && cmd.to_host && in_capsule {
-            // Data to the host must travel in C2HData PDUs, not in the capsule.
-            return Ok(self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID));
+        if in_capsule && (cmd.to_host || data.len() != cmd.len) {
+            // Data to the host travels in C2HData PDUs, and data in the
+            // capsule must be exactly what the command moves.
+            return Ok(self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID));
         }
         let Some(slot) = self.cmds.iter().position(Option::is_none) else {
-            return Ok(Flow::Stall);
+            return Ok(Flow::Stall); // the host exceeded the queue depth
         };
+        self.sq_head = (self.sq_head + 1) % self.depth();
         if cmd.len > 0 {
-            match io.arena.alloc(cmd.len) {
-                Some(b) => cmd.buf = Some(b),
-                None => return Ok(Flow::Stall),
-            }
+            cmd.buf = io.arena.alloc(cmd.len);
         }
-        self.sq_head = self.sq_head.wrapping_add(1);
-        let slot16 = slot as u16;
-        if in_capsule {
-            let b = cmd.buf.as_ref().expect("allocated above");
-            io.arena.bytes_mut(b, data.len()).copy_from_slice(data);
+        if in_capsule && !data.is_empty() {
+            match &cmd.buf {
+                Some(b) => io.arena.bytes_mut(b, data.len()).copy_from_slice(data),
+                None => cmd.staged = Some(data.to_vec()),
+            }
             cmd.received = data.len();
+            cmd.requested = data.len();
             if !digest_ok {
                 cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
             }
         }
-        let needs_r2t = !cmd.to_host && cmd.received < cmd.len;
-        let len = cmd.len;
         self.cmds[slot] = Some(cmd);
-        if needs_r2t {
-            let r2t = Header::R2T(Transfer {
-                cccid: cid,
-                ttag: slot16,
-                offset: 0,
-                len: len as u32,
-            });
-            self.queue(tcp::encode(&r2t, 0, &[], self.digests, 1), None);
-        } else {
-            self.run(slot16, io);
-        }
+        self.advance(slot as u16, io);
         Ok(Flow::Consumed)
+    }
+
+    /// Moves a command on: it waits for an arena buffer, asks the host for
+    /// the next piece of its data, or runs.
+    fn advance(&mut self, slot: u16, io: &mut Io) {
+        let cmd = self.cmds[slot as usize]
+            .as_mut()
+            .expect("advancing a live slot");
+        if cmd.len > 0 && cmd.buf.is_none() {
+            // The arena is full: wait without blocking the byte stream, which
+            // carries the data that lets other commands finish.
+            if !self.awaiting_buffer.contains(&slot) {
+                self.awaiting_buffer.push_back(slot);
+            }
+            return;
+        }
+        if let Some(d) = cmd.staged.take() {
+            let b = cmd.buf.as_ref().expect("checked above");
+            io.arena.bytes_mut(b, d.len()).copy_from_slice(&d);
+        }
+        if !cmd.to_host && cmd.received < cmd.len {
+            if cmd.requested == cmd.received {
+                // One R2T of at most MAXH2CDATA at a time: hosts that predate
+                // splitting H2CData send each R2T's data in one PDU.
+                let n = (cmd.len - cmd.received).min(MAX_H2C_DATA);
+                let r2t = Header::R2T(Transfer {
+                    cccid: cmd.sqe.cid(),
+                    ttag: slot,
+                    offset: cmd.received as u32,
+                    len: n as u32,
+                });
+                cmd.requested += n;
+                cmd.since = Instant::now();
+                self.queue(tcp::encode(&r2t, 0, &[], self.digests, 1), None);
+            }
+            return;
+        }
+        self.run(slot, io);
+    }
+
+    /// Gives freed arena space to the commands waiting for it, in order.
+    fn grant_buffers(&mut self, io: &mut Io) {
+        while let Some(&slot) = self.awaiting_buffer.front() {
+            let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
+                self.awaiting_buffer.pop_front();
+                continue;
+            };
+            match io.arena.alloc(cmd.len) {
+                Some(b) => {
+                    cmd.buf = Some(b);
+                    self.awaiting_buffer.pop_front();
+                    self.advance(slot, io);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Queue entries: what Connect negotiated, or the admin maximum before.
+    fn depth(&self) -> u16 {
+        self.assoc
+            .as_ref()
+            .map_or(INITIAL_SLOTS as u16, |a| a.depth)
     }
 
     fn handle_h2c(
@@ -499,7 +571,7 @@ impl TcpConn {
             .cmds
             .get_mut(t.ttag as usize)
             .and_then(Option::as_mut)
-            .filter(|c| c.sqe.cid() == t.cccid && !c.to_host && c.received < c.len)
+            .filter(|c| c.sqe.cid() == t.cccid && !c.to_host && c.received < c.requested)
             .ok_or_else(|| {
                 fatal(
                     fes::INVALID_HEADER_FIELD,
@@ -515,29 +587,30 @@ impl TcpConn {
             ));
         }
         let end = t.offset as usize + data.len();
-        if t.offset as usize != cmd.received || end > cmd.len {
+        if t.offset as usize != cmd.received || end > cmd.requested {
             return Err(fatal(
                 fes::DATA_OUT_OF_RANGE,
                 12,
                 format!(
-                    "H2CData offset {} length {} outside the expected {}..{}",
+                    "H2CData offset {} length {} outside the requested {}..{}",
                     t.offset,
                     data.len(),
                     cmd.received,
-                    cmd.len
+                    cmd.requested
                 ),
             ));
         }
-        let b = cmd.buf.as_ref().expect("data command has a buffer");
+        let b = cmd
+            .buf
+            .as_ref()
+            .expect("data is asked for only into a buffer");
         io.arena.bytes_mut(b, end)[t.offset as usize..].copy_from_slice(data);
         cmd.received = end;
         if !digest_ok {
             tracing::warn!(peer = %self.peer, cid = t.cccid, "H2CData data digest mismatch");
             cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
         }
-        if end == cmd.len {
-            self.run(t.ttag, io);
-        }
+        self.advance(t.ttag, io);
         Ok(())
     }
 
@@ -629,7 +702,7 @@ impl TcpConn {
 
     /// Completes a command that never got a slot (refused while parsing).
     fn respond_now(&mut self, cid: u16, status: Status) -> Flow {
-        self.sq_head = self.sq_head.wrapping_add(1);
+        self.sq_head = (self.sq_head + 1) % self.depth();
         self.respond(cid, status, 0, 0, None);
         Flow::Consumed
     }

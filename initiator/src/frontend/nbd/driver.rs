@@ -103,6 +103,8 @@ struct Client {
     send_busy: bool,
     /// No more requests: the client sent DISC, broke the protocol or left.
     closing: bool,
+    /// A request header waiting for arena space; nothing more is read meanwhile.
+    parked: Option<[u8; REQUEST_LEN]>,
     shut: bool,
 }
 
@@ -113,7 +115,7 @@ impl Client {
 
     /// Part of a request (header or payload) has arrived, the rest has not.
     fn mid_request(&self) -> bool {
-        self.hdr_fill > 0 || self.receiving.is_some()
+        self.hdr_fill > 0 || self.receiving.is_some() || self.parked.is_some()
     }
 }
 
@@ -188,6 +190,7 @@ impl NbdDriver {
                 tx: TxQueue::default(),
                 send_busy: false,
                 closing: false,
+                parked: None,
                 shut: false,
             };
             tracing::info!(peer = %c.peer, structured = c.neg.structured_replies, "NBD client connected");
@@ -202,7 +205,7 @@ impl NbdDriver {
     fn post_recv(&mut self, ci: usize, cx: &mut Cx) {
         let c = self.clients[ci].as_mut().expect("live client");
         // A closing client may still finish sending the request it started.
-        if c.recv_busy || (c.closing && !c.mid_request()) {
+        if c.recv_busy || c.parked.is_some() || (c.closing && !c.mid_request()) {
             return;
         }
         let (ptr, len) = match c.receiving {
@@ -270,13 +273,18 @@ impl NbdDriver {
                 if c.hdr_fill == REQUEST_LEN {
                     c.hdr_fill = 0;
                     let hdr = c.hdr;
-                    self.on_request(ci, &hdr, cx);
+                    if !self.on_request(ci, &hdr, cx) {
+                        let c = self.clients[ci].as_mut().expect("live client");
+                        c.parked = Some(hdr);
+                    }
                 }
             }
         }
     }
 
-    fn on_request(&mut self, ci: usize, hdr: &[u8; REQUEST_LEN], cx: &mut Cx) {
+    /// Takes a request whose header arrived. Returns false when it must wait
+    /// for arena space (the client is parked with its header).
+    fn on_request(&mut self, ci: usize, hdr: &[u8; REQUEST_LEN], cx: &mut Cx) -> bool {
         let export = self.export;
         let c = self.clients[ci].as_mut().expect("live client");
         let r = match Request::parse(hdr) {
@@ -284,12 +292,12 @@ impl NbdDriver {
             Err(e) => {
                 tracing::warn!(peer = %c.peer, "NBD protocol error: {e}; closing");
                 self.close(ci, cx);
-                return;
+                return true;
             }
         };
         if r.command == Command::Disc {
             c.closing = true;
-            return;
+            return true;
         }
         let ri = c
             .reqs
@@ -299,7 +307,7 @@ impl NbdDriver {
         let size = export.ns.size_bytes();
         let mut err = proto::validate(&r, size, c.neg.transmission_flags, export.max_block).err();
         let block = export.ns.block_size as u64;
-        let end = r.offset + r.length as u64;
+        let end = r.offset.saturating_add(r.length as u64);
         let aligned = r.offset.is_multiple_of(block) && end.is_multiple_of(block);
         let covering = || {
             let base = r.offset / block * block;
@@ -331,17 +339,16 @@ impl NbdDriver {
             error: err.unwrap_or(0),
         };
         if err.is_none() && span > 0 {
-            // Room for the span plus two edge blocks for read-modify-write.
-            match cx.arena.alloc(span + 2 * block as usize) {
-                Some(b) => {
-                    if r.command == Command::WriteZeroes {
-                        let at = (r.offset - base) as usize;
-                        cx.arena.bytes_mut(&b, span)[at..at + r.length as usize].fill(0);
-                    }
-                    req.buf = Some(b);
-                }
-                None => req.error = errno::ENOMEM,
+            // Unaligned writes need room for two edge blocks after the span.
+            let edges = if aligned { 0 } else { 2 * block as usize };
+            let Some(b) = cx.arena.alloc(span + edges) else {
+                return false; // no room now: retried as buffers free up
+            };
+            if r.command == Command::WriteZeroes {
+                let at = (r.offset - base) as usize;
+                cx.arena.bytes_mut(&b, span)[at..at + r.length as usize].fill(0);
             }
+            req.buf = Some(b);
         }
         let has_payload = r.payload_len() > 0;
         req.stage = match (has_payload, req.error) {
@@ -357,6 +364,7 @@ impl NbdDriver {
         } else {
             self.start(ci, ri, cx);
         }
+        true
     }
 
     /// Moves a received request on: edge reads for unaligned writes, else its commands.
@@ -367,10 +375,19 @@ impl NbdDriver {
         let unaligned = !req.r.offset.is_multiple_of(block)
             || !(req.r.offset + req.r.length as u64).is_multiple_of(block);
         let rmw = req.rmw() && unaligned;
-        if req.rmw() {
+        let writes = matches!(
+            req.r.command,
+            Command::Write | Command::WriteZeroes | Command::Trim
+        );
+        if writes {
             // A read-modify-write rewrites whole blocks: it must not overlap
             // another write in progress, nor another write overlap it.
-            let (s, e) = (req.base, req.base + req.span as u64);
+            let (s, e) = if req.span > 0 {
+                (req.base, req.base + req.span as u64)
+            } else {
+                let end = req.r.offset + req.r.length as u64;
+                (req.r.offset / block * block, end.next_multiple_of(block))
+            };
             let conflict = self.writing.iter().any(|&(wc, wr, ws, we)| {
                 let other_rmw = self.clients[wc]
                     .as_ref()
@@ -507,7 +524,7 @@ impl NbdDriver {
                 continue;
             }
             let is_trim = req.r.command == Command::Trim;
-            if is_trim && req.submitted == 0 {
+            if is_trim && req.buf.is_none() {
                 // The DSM ranges, 16 bytes each, live in the arena with the request.
                 let Some(b) = cx.arena.alloc(16 * plan.len()) else {
                     return;
@@ -610,6 +627,8 @@ impl NbdDriver {
     /// Frees a request and its buffer.
     fn release(&mut self, ci: usize, ri: usize, cx: &mut Cx) {
         self.end_write(ci, ri, cx);
+        self.queued.retain(|&q| q != (ci, ri));
+        self.blocked.retain(|&q| q != (ci, ri));
         let c = self.clients[ci].as_mut().expect("live client");
         if let Some(b) = c.reqs[ri].take().and_then(|mut r| r.buf.take()) {
             cx.arena.free(b);
@@ -735,6 +754,13 @@ impl Driver for NbdDriver {
         let grace_over = self.stop_seen.is_some_and(|t| t.elapsed() > STOP_GRACE);
         self.submit_queued(cx);
         for ci in 0..self.clients.len() {
+            if let Some(hdr) = self.clients[ci].as_ref().and_then(|c| c.parked) {
+                if self.on_request(ci, &hdr, cx) {
+                    if let Some(c) = self.clients[ci].as_mut() {
+                        c.parked = None;
+                    }
+                }
+            }
             let Some(c) = self.clients[ci].as_mut() else {
                 continue;
             };
