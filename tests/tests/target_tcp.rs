@@ -1191,3 +1191,169 @@ fn graceful_shutdown_drains() {
         );
     }
 }
+
+/// Reads one CapsuleResp for `cid` (the connection must have nothing else in flight).
+fn raw_response(q: &mut Queue, cid: u16, what: &str) -> Status {
+    match q.recv_pdu().or_panic(format_args!("{what}: response")) {
+        (Header::CapsuleResp(cqe), _) if cqe.cid == cid => cqe.status(),
+        (h, _) => panic!("{what}: expected the CapsuleResp of cid {cid}, got {h:?}"),
+    }
+}
+
+/// Capsules whose in-capsule data does not match the command, and a Get Log
+/// Page asking for 16 GiB, get statuses; the daemon and another controller
+/// carry on.
+#[test]
+fn mismatched_capsule_data_and_huge_log_requests() {
+    let t = Target::start(&["--memory", "64MiB"]);
+    let mut healthy = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
+    let mut c = open(&t, DEFAULT_NQN, HOST_B, &Opts::default());
+
+    // Keep Alive (no data) with an in-capsule descriptor of length 0.
+    let mut ka = Sqe::new(0x18, 0x7001);
+    ka.set_sgl(&Sgl::InCapsule { offset: 0, len: 0 });
+    c.admin()
+        .send_raw(&encode(
+            &Header::CapsuleCmd(ka),
+            0,
+            &[],
+            Digests::default(),
+            1,
+        ))
+        .or_panic("sending Keep Alive");
+    let st = raw_response(
+        &mut c.admin(),
+        0x7001,
+        "Keep Alive with an empty in-capsule SGL",
+    );
+    assert!(
+        st.is_success(),
+        "Keep Alive with an empty in-capsule SGL: {st}"
+    );
+
+    // Flush (no data) with 512 bytes in the capsule.
+    let mut flush = Sqe::new(nvm::FLUSH, 0x7002);
+    flush.set_nsid(NSID);
+    flush.set_sgl(&Sgl::InCapsule {
+        offset: 0,
+        len: 512,
+    });
+    let q = &mut c.io[0];
+    q.send_raw(&encode(
+        &Header::CapsuleCmd(flush),
+        0,
+        &[0u8; 512],
+        Digests::default(),
+        1,
+    ))
+    .or_panic("sending Flush with data");
+    let st = raw_response(q, 0x7002, "Flush carrying 512 bytes");
+    assert_eq!(
+        sct_sc(st),
+        sct_sc(Status::SGL_DATA_LENGTH_INVALID),
+        "Flush carrying 512 bytes: {st}"
+    );
+
+    // DSM with one range (16 bytes) but 8 KiB in the capsule.
+    let mut dsm = Sqe::new(nvm::DSM, 0x7003);
+    dsm.set_nsid(NSID);
+    dsm.set_cdw(11, 1 << 2);
+    dsm.set_sgl(&Sgl::InCapsule {
+        offset: 0,
+        len: 8192,
+    });
+    q.send_raw(&encode(
+        &Header::CapsuleCmd(dsm),
+        0,
+        &[0u8; 8192],
+        Digests::default(),
+        1,
+    ))
+    .or_panic("sending DSM with 8 KiB");
+    let st = raw_response(q, 0x7003, "DSM of one range carrying 8 KiB");
+    assert_eq!(
+        sct_sc(st),
+        sct_sc(Status::SGL_DATA_LENGTH_INVALID),
+        "DSM of one range carrying 8 KiB: {st}"
+    );
+
+    // Get Log Page (SMART) with NUMD = 2^32 - 1 dwords and a 4 KiB transfer.
+    let mut glp = Sqe::new(0x02, 0);
+    glp.set_cdw(10, lid::SMART as u32 | 0xffff << 16);
+    glp.set_cdw(11, 0xffff);
+    let got = c
+        .admin()
+        .exec(glp, None, 4096)
+        .or_panic("Get Log Page of 16 GiB");
+    assert_status(&got, Status::SUCCESS, "Get Log Page with the largest NUMD");
+    assert_eq!(got.data.len(), 4096);
+
+    c.io[0]
+        .write(NSID, 8, &[0x5au8; 4096], 512, false)
+        .or_panic("I/O on the same queue afterwards");
+    healthy.io[0]
+        .write(NSID, 0, &[0xa5u8; 4096], 512, false)
+        .or_panic("the other controller afterwards");
+    let back = healthy.io[0].read(NSID, 0, 8, 512).or_panic("read back");
+    assert_same(&back, &[0xa5u8; 4096], "the other controller's data");
+}
+
+/// More large writes in flight than the arena holds: commands wait for
+/// buffers while the byte stream keeps flowing, every write completes, and
+/// each R2T asks for at most MAXH2CDATA (hosts older than Linux 5.18 send an
+/// R2T's data in one PDU).
+#[test]
+fn writes_larger_than_the_arena_complete() {
+    let t = Target::start_config(
+        r#"
+[pollers]
+count = 1
+arena = "4MiB"
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1:{port}"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.rdmablk:default"
+allow_any_host = true
+
+  [[subsystem.namespace]]
+  backend = "memory"
+  size = "64MiB"
+"#,
+    );
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
+    let q = &mut c.io[0];
+    let mut rng = Rng::new(77);
+    let data: Vec<Vec<u8>> = (0..32).map(|_| rng.bytes(MIB)).collect();
+    let lbas = (MIB / 512) as u32;
+    let before = q.stats;
+    let mut cids = HashMap::new();
+    for (i, d) in data.iter().enumerate() {
+        let sqe = Queue::rw_sqe(nvm::WRITE, NSID, (i as u32 * lbas) as u64, lbas);
+        cids.insert(
+            q.submit(sqe, Some(d), 0)
+                .or_panic(format_args!("submit write #{i}")),
+            i,
+        );
+    }
+    for _ in 0..data.len() {
+        let c = q
+            .wait_any()
+            .or_panic("32 writes of 1 MiB through a 4 MiB arena");
+        assert_status(&c, Status::SUCCESS, &format!("write #{}", cids[&c.cid]));
+    }
+    let r2ts = q.stats.r2ts - before.r2ts;
+    assert_eq!(
+        r2ts,
+        32 * (MIB as u64 / MAX_DATA_PDU as u64),
+        "R2Ts for 32 MiB in 128 KiB pieces"
+    );
+    for (i, d) in data.iter().enumerate() {
+        let got = q
+            .read(NSID, (i as u32 * lbas) as u64, lbas, 512)
+            .or_panic(format_args!("read #{i}"));
+        assert_same(&got, d, &format!("1 MiB #{i}"));
+    }
+}
