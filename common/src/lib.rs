@@ -7,5 +7,6 @@ pub mod bytes;
 pub mod fabrics;
 pub mod mem;
 pub mod nvme;
+pub mod ring;
 pub mod tcp;
 pub mod units;

@@ -146,7 +146,7 @@ impl Command {
         FixedBuf {
             ptr: arena.addr(buf, from),
             len: self.len - from,
-            index: 0,
+            index: rdmablk_common::ring::ARENA_BUF_INDEX,
         }
     }
 

@@ -4,11 +4,11 @@
 
 use crate::subsystem::Registry;
 use crate::transport::tcp::TcpConn;
-use io_uring::{opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
+use rdmablk_common::ring::{Ring, Wakeup};
 use std::io;
 use std::net::TcpStream;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -79,28 +79,21 @@ pub struct Shared {
 /// How other threads reach a poller: hand it connections, wake it.
 pub struct PollerLink {
     sender: Sender<(TcpStream, std::net::SocketAddr)>,
-    wake: Arc<OwnedFd>,
+    wakeup: Wakeup,
 }
 
 impl PollerLink {
     /// Hands a new connection to the poller.
     pub fn adopt(&self, sock: TcpStream, peer: std::net::SocketAddr) {
         if self.sender.send((sock, peer)).is_ok() {
-            wake(&self.wake);
+            self.wakeup.wake();
         }
     }
 
     /// Wakes the poller so it notices the stop flag.
     pub fn wake(&self) {
-        wake(&self.wake);
+        self.wakeup.wake();
     }
-}
-
-fn wake(fd: &OwnedFd) {
-    let one = 1u64.to_ne_bytes();
-    // An eventfd write only fails if the counter would overflow, which a
-    // sleeping poller that drains it never lets happen.
-    let _ = nix::unistd::write(fd, &one);
 }
 
 /// Creates a poller (ring, arena, registration) and starts its thread.
@@ -109,74 +102,40 @@ pub fn spawn(
     shared: Arc<Shared>,
     arena_bytes: usize,
 ) -> io::Result<(PollerLink, JoinHandle<()>)> {
-    let ring: IoUring = IoUring::builder().build(RING_ENTRIES)?;
-    let arena = Arena::new(arena_bytes, true)?;
-    let iov = libc::iovec {
-        iov_base: arena.base().cast(),
-        iov_len: arena.len(),
-    };
-    // SAFETY: the iovec describes the arena's mapping, which lives in the same
-    // Poller as the ring and is declared after it, so it is unmapped only
-    // after the ring (and its registration) is gone.
-    unsafe { ring.submitter().register_buffers(&[iov]) }.map_err(|e| {
-        io::Error::new(
-            e.kind(),
-            format!("registering the {arena_bytes}-byte buffer arena with io_uring: {e}"),
-        )
-    })?;
-    // SAFETY: eventfd returns a new descriptor that we own, or -1.
-    let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-    if raw < 0 {
-        return Err(io::Error::last_os_error());
-    }
-    // SAFETY: `raw` is a fresh, valid descriptor owned by nobody else.
-    let wake_fd = Arc::new(unsafe { OwnedFd::from_raw_fd(raw) });
+    let ring = Ring::new(RING_ENTRIES, arena_bytes)?;
+    let wakeup = Wakeup::new()?;
     let (sender, incoming) = mpsc::channel();
     tracing::debug!(
         poller = id,
-        arena = arena.len(),
-        huge_pages = arena.is_huge(),
+        arena = ring.arena.len(),
+        huge_pages = ring.arena.is_huge(),
         "poller ready"
     );
-    let poller_wake = wake_fd.clone();
+    let poller_wakeup = wakeup.clone();
     let make = move || Poller {
         ring,
-        arena,
         id,
         conns: Vec::new(),
         incoming,
-        wake_fd: poller_wake,
-        wake_buf: [0; 8],
+        wakeup: poller_wakeup,
         tick: types::Timespec::from(TICK),
         shared,
-        sq: Vec::new(),
         stop_at: None,
     };
     let thread = std::thread::Builder::new()
         .name(format!("poller-{id}"))
         .spawn(move || make().run())?;
-    Ok((
-        PollerLink {
-            sender,
-            wake: wake_fd,
-        },
-        thread,
-    ))
+    Ok((PollerLink { sender, wakeup }, thread))
 }
 
 struct Poller {
-    // Field order matters: the ring must be dropped before the arena it has
-    // registered.
-    ring: IoUring,
-    arena: Arena,
+    ring: Ring,
     id: usize,
     conns: Vec<Option<Box<TcpConn>>>,
     incoming: Receiver<(TcpStream, std::net::SocketAddr)>,
-    wake_fd: Arc<OwnedFd>,
-    wake_buf: [u8; 8],
+    wakeup: Wakeup,
     tick: types::Timespec,
     shared: Arc<Shared>,
-    sq: Vec<squeue::Entry>,
     /// When the stop was noticed.
     stop_at: Option<Instant>,
 }
@@ -187,12 +146,17 @@ impl Poller {
         self.arm_tick();
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         loop {
-            if let Err(e) = self.submit_and_wait() {
+            // SAFETY: every queued operation points at memory that stays valid
+            // until its completion: connection buffers and message headers live
+            // in boxed connections freed only once no operation of theirs is in
+            // flight, arena buffers are released only after their operations
+            // complete, and the tick timespec lives in the Poller.
+            if let Err(e) = unsafe { self.ring.submit_and_wait() } {
                 tracing::error!(poller = self.id, "io_uring failed: {e}; poller stops");
                 break;
             }
             completions.clear();
-            completions.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            self.ring.reap(&mut completions);
             for &(ud, res) in &completions {
                 self.dispatch(ud, res);
             }
@@ -204,33 +168,12 @@ impl Poller {
         tracing::debug!(poller = self.id, "poller stopped");
     }
 
-    /// Pushes queued operations and waits for at least one completion.
-    fn submit_and_wait(&mut self) -> io::Result<()> {
-        let mut pending = std::mem::take(&mut self.sq);
-        for e in pending.drain(..) {
-            // SAFETY: every entry points at memory that stays valid until its
-            // completion: connection buffers and message headers live in boxed
-            // connections that are freed only once no operation of theirs is in
-            // flight, and arena buffers are released only after their
-            // operations complete.
-            while unsafe { self.ring.submission().push(&e) }.is_err() {
-                self.ring.submit()?;
-            }
-        }
-        self.sq = pending;
-        match self.ring.submit_and_wait(1) {
-            Ok(_) => Ok(()),
-            Err(e) if matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => Ok(()),
-            Err(e) => Err(e),
-        }
-    }
-
     /// Splits the poller into what connection handlers need and the connections.
     fn split(&mut self) -> (Io<'_>, &mut Vec<Option<Box<TcpConn>>>, &Shared) {
         (
             Io {
-                arena: &mut self.arena,
-                sq: &mut self.sq,
+                arena: &mut self.ring.arena,
+                sq: &mut self.ring.pending,
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
             },
@@ -299,8 +242,7 @@ impl Poller {
     }
 
     fn on_wake(&mut self) {
-        // The eventfd is readable: this read does not block.
-        let _ = nix::unistd::read(self.wake_fd.as_raw_fd(), &mut self.wake_buf);
+        self.wakeup.drain();
         if self.shared.stop.load(Ordering::Acquire) && self.stop_at.is_none() {
             self.stop_at = Some(Instant::now());
             tracing::debug!(
@@ -331,13 +273,12 @@ impl Poller {
         let e = opcode::Timeout::new(&self.tick)
             .build()
             .user_data(Token::Tick.encode());
-        self.sq.push(e);
+        self.ring.pending.push(e);
     }
 
     fn arm_wake(&mut self) {
-        let e = opcode::PollAdd::new(types::Fd(self.wake_fd.as_raw_fd()), libc::POLLIN as u32)
-            .build()
-            .user_data(Token::Wake.encode());
-        self.sq.push(e);
+        self.ring
+            .pending
+            .push(self.wakeup.poll(Token::Wake.encode()));
     }
 }

@@ -8,6 +8,8 @@
 //! the tests that time an exit. A failing test prints the daemon's log tail
 //! and the output of every process it still holds.
 
+use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
+use rdmablk_tests::two_subsystems_config;
 use rdmablk_tests::{
     fd_count, free_port, run, NbdExport, Proc, Ran, Rng, Target, TempDir, START_TIMEOUT,
 };
@@ -21,11 +23,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
-const DEFAULT_NQN: &str = "nqn.2026-11.io.rdmablk:default";
-const OPEN_NQN: &str = "nqn.2026-11.io.rdmablk:open";
-const PRIVATE_NQN: &str = "nqn.2026-11.io.rdmablk:private";
-const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:6c3e2f0a-2b1d-4c5e-9f8a-1a2b3c4d5e6f";
-const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f9e8d7c-6b5a-4c3d-8e2f-1a0b9c8d7e6f";
 const MIB: usize = 1 << 20;
 /// The export's advertised maximum block size.
 const MAX_BLOCK: u64 = 2 << 20;
@@ -93,35 +90,6 @@ fn poll_until(timeout: Duration, mut cond: impl FnMut() -> bool) -> bool {
         }
         std::thread::sleep(Duration::from_millis(10));
     }
-}
-
-/// A configuration with two subsystems: one any host may use, one only
-/// `HOST_A` may use.
-fn two_subsystems_config() -> String {
-    format!(
-        r#"
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{OPEN_NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "64MiB"
-
-[[subsystem]]
-nqn = "{PRIVATE_NQN}"
-allow_any_host = false
-hosts = ["{HOST_A}"]
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "16MiB"
-"#
-    )
 }
 
 // ---------------------------------------------------------------- nbdinfo

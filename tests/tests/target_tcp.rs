@@ -9,17 +9,14 @@ use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{nvm, property, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{encode, fes, Digests, Header, Transfer};
 use rdmablk_tests::client::{Completion, Controller, Opts, Queue};
+use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
+use rdmablk_tests::two_subsystems_config;
 use rdmablk_tests::{fd_count, Rng, Target, TempDir};
 use std::collections::{BTreeMap, HashMap};
 use std::fmt::Display;
 use std::io;
 use std::time::{Duration, Instant};
 
-const DEFAULT_NQN: &str = "nqn.2026-11.io.rdmablk:default";
-const OPEN_NQN: &str = "nqn.2026-11.io.rdmablk:open";
-const PRIVATE_NQN: &str = "nqn.2026-11.io.rdmablk:private";
-const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:6c3e2f0a-2b1d-4c5e-9f8a-1a2b3c4d5e6f";
-const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f9e8d7c-6b5a-4c3d-8e2f-1a0b9c8d7e6f";
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 const NSID: u32 = 1;
@@ -744,33 +741,6 @@ impl Healthy {
     }
 }
 
-fn two_subsystems_config() -> String {
-    format!(
-        r#"
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{OPEN_NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "64MiB"
-
-[[subsystem]]
-nqn = "{PRIVATE_NQN}"
-allow_any_host = false
-hosts = ["{HOST_A}"]
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "16MiB"
-"#
-    )
-}
-
 /// A valid capsule (Property Get CAP) without digests.
 fn plain_capsule() -> Vec<u8> {
     let sqe = rdmablk_common::fabrics::PropertyCmd {
@@ -1192,8 +1162,23 @@ fn graceful_shutdown_drains() {
     }
 }
 
-/// Reads one CapsuleResp for `cid` (the connection must have nothing else in flight).
-fn raw_response(q: &mut Queue, cid: u16, what: &str) -> Status {
+/// Sends `sqe` with `data` in the capsule under an in-capsule SGL of the
+/// data's length, and reads the status of its CapsuleResp (the connection
+/// must have nothing else in flight).
+fn raw_capsule_status(q: &mut Queue, mut sqe: Sqe, data: &[u8], what: &str) -> Status {
+    let cid = sqe.cid();
+    sqe.set_sgl(&Sgl::InCapsule {
+        offset: 0,
+        len: data.len() as u32,
+    });
+    q.send_raw(&encode(
+        &Header::CapsuleCmd(sqe),
+        0,
+        data,
+        Digests::default(),
+        1,
+    ))
+    .or_panic(format_args!("{what}: sending"));
     match q.recv_pdu().or_panic(format_args!("{what}: response")) {
         (Header::CapsuleResp(cqe), _) if cqe.cid == cid => cqe.status(),
         (h, _) => panic!("{what}: expected the CapsuleResp of cid {cid}, got {h:?}"),
@@ -1210,72 +1195,28 @@ fn mismatched_capsule_data_and_huge_log_requests() {
     let mut c = open(&t, DEFAULT_NQN, HOST_B, &Opts::default());
 
     // Keep Alive (no data) with an in-capsule descriptor of length 0.
-    let mut ka = Sqe::new(0x18, 0x7001);
-    ka.set_sgl(&Sgl::InCapsule { offset: 0, len: 0 });
-    c.admin()
-        .send_raw(&encode(
-            &Header::CapsuleCmd(ka),
-            0,
-            &[],
-            Digests::default(),
-            1,
-        ))
-        .or_panic("sending Keep Alive");
-    let st = raw_response(
-        &mut c.admin(),
-        0x7001,
-        "Keep Alive with an empty in-capsule SGL",
-    );
-    assert!(
-        st.is_success(),
-        "Keep Alive with an empty in-capsule SGL: {st}"
-    );
+    let what = "Keep Alive with an empty in-capsule SGL";
+    let st = raw_capsule_status(&mut c.admin(), Sqe::new(0x18, 0x7001), &[], what);
+    assert!(st.is_success(), "{what}: {st}");
 
-    // Flush (no data) with 512 bytes in the capsule.
+    // Flush (no data) with 512 bytes in the capsule, and DSM with one range
+    // (16 bytes) but 8 KiB in the capsule.
     let mut flush = Sqe::new(nvm::FLUSH, 0x7002);
     flush.set_nsid(NSID);
-    flush.set_sgl(&Sgl::InCapsule {
-        offset: 0,
-        len: 512,
-    });
-    let q = &mut c.io[0];
-    q.send_raw(&encode(
-        &Header::CapsuleCmd(flush),
-        0,
-        &[0u8; 512],
-        Digests::default(),
-        1,
-    ))
-    .or_panic("sending Flush with data");
-    let st = raw_response(q, 0x7002, "Flush carrying 512 bytes");
-    assert_eq!(
-        sct_sc(st),
-        sct_sc(Status::SGL_DATA_LENGTH_INVALID),
-        "Flush carrying 512 bytes: {st}"
-    );
-
-    // DSM with one range (16 bytes) but 8 KiB in the capsule.
     let mut dsm = Sqe::new(nvm::DSM, 0x7003);
     dsm.set_nsid(NSID);
     dsm.set_cdw(11, 1 << 2);
-    dsm.set_sgl(&Sgl::InCapsule {
-        offset: 0,
-        len: 8192,
-    });
-    q.send_raw(&encode(
-        &Header::CapsuleCmd(dsm),
-        0,
-        &[0u8; 8192],
-        Digests::default(),
-        1,
-    ))
-    .or_panic("sending DSM with 8 KiB");
-    let st = raw_response(q, 0x7003, "DSM of one range carrying 8 KiB");
-    assert_eq!(
-        sct_sc(st),
-        sct_sc(Status::SGL_DATA_LENGTH_INVALID),
-        "DSM of one range carrying 8 KiB: {st}"
-    );
+    for (sqe, len, what) in [
+        (flush, 512, "Flush carrying 512 bytes"),
+        (dsm, 8192, "DSM of one range carrying 8 KiB"),
+    ] {
+        let st = raw_capsule_status(&mut c.io[0], sqe, &vec![0u8; len], what);
+        assert_eq!(
+            sct_sc(st),
+            sct_sc(Status::SGL_DATA_LENGTH_INVALID),
+            "{what}: {st}"
+        );
+    }
 
     // Get Log Page (SMART) with NUMD = 2^32 - 1 dwords and a 4 KiB transfer.
     let mut glp = Sqe::new(0x02, 0);

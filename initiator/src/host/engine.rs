@@ -3,12 +3,11 @@
 //! does, with a registered buffer arena for data. No locks, no runtime.
 
 use super::tcp::{Done, IoQueue};
-use io_uring::{opcode, squeue, types, IoUring};
+use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
+use rdmablk_common::ring::Ring;
 use std::io;
-use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
 use std::sync::mpsc::{Receiver, Sender};
-use std::sync::Arc;
 use std::time::Duration;
 
 const RING_ENTRIES: u32 = 512;
@@ -53,15 +52,7 @@ pub trait Driver {
 }
 
 /// Wakes an engine from another thread.
-#[derive(Clone)]
-pub struct Waker(Arc<OwnedFd>);
-
-impl Waker {
-    pub fn wake(&self) {
-        // Fails only if the counter would overflow; the engine drains it.
-        let _ = nix::unistd::write(&*self.0, &1u64.to_ne_bytes());
-    }
-}
+pub use rdmablk_common::ring::Wakeup as Waker;
 
 /// How an engine whose queue died gets a new one: it reports the loss
 /// (engine index, generation of the lost queue) and waits for a replacement
@@ -74,13 +65,9 @@ pub struct Reconnect {
 
 /// One engine: ring, arena and I/O queue.
 pub struct Engine {
-    // The ring goes before the arena it has registered.
-    ring: IoUring,
-    arena: Arena,
+    ring: Ring,
     queue: IoQueue,
-    sq: Vec<squeue::Entry>,
-    wake: Arc<OwnedFd>,
-    wake_buf: [u8; 8],
+    wakeup: Waker,
     tick: types::Timespec,
     reconnect: Option<Reconnect>,
     /// Generation of the current queue, and whether its loss was reported.
@@ -93,28 +80,10 @@ pub struct Engine {
 impl Engine {
     /// Builds an engine with an arena of `arena_bytes` registered with the ring.
     pub fn new(queue: IoQueue, arena_bytes: usize, tick: Duration) -> io::Result<Engine> {
-        let ring = IoUring::builder().build(RING_ENTRIES)?;
-        let arena = Arena::new(arena_bytes, true)?;
-        let iov = libc::iovec {
-            iov_base: arena.base().cast(),
-            iov_len: arena.len(),
-        };
-        // SAFETY: the arena outlives the registration: it is declared after the
-        // ring in Engine and so dropped after it.
-        unsafe { ring.submitter().register_buffers(&[iov]) }?;
-        // SAFETY: eventfd returns a new descriptor or -1.
-        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
-        if raw < 0 {
-            return Err(io::Error::last_os_error());
-        }
         Ok(Engine {
-            ring,
-            arena,
+            ring: Ring::new(RING_ENTRIES, arena_bytes)?,
             queue,
-            sq: Vec::new(),
-            // SAFETY: `raw` is a fresh descriptor owned by nobody else.
-            wake: Arc::new(unsafe { OwnedFd::from_raw_fd(raw) }),
-            wake_buf: [0; 8],
+            wakeup: Waker::new()?,
             tick: types::Timespec::from(tick),
             reconnect: None,
             generation: 0,
@@ -167,7 +136,7 @@ impl Engine {
     }
 
     pub fn waker(&self) -> Waker {
-        Waker(self.wake.clone())
+        self.wakeup.clone()
     }
 
     /// Runs `driver` until it is finished and the queue is idle, or the queue fails.
@@ -182,9 +151,9 @@ impl Engine {
             // a completion may let the driver reply or submit more.
             loop {
                 let mut cx = Cx {
-                    arena: &mut self.arena,
+                    arena: &mut self.ring.arena,
                     queue: &mut self.queue,
-                    sq: &mut self.sq,
+                    sq: &mut self.ring.pending,
                 };
                 if !finished {
                     finished = !driver.pump(&mut cx);
@@ -204,15 +173,18 @@ impl Engine {
             if let Some(why) = self.handle_loss(driver) {
                 return Err(why);
             }
-            self.submit_and_wait()
-                .map_err(|e| format!("io_uring: {e}"))?;
+            // SAFETY: queued operations point at memory that outlives their
+            // completion: queue buffers live in the boxed I/O queue (swapped
+            // only once idle in the ring), data in the arena or in driver state
+            // that waits for its operations, the tick timespec in the Engine.
+            unsafe { self.ring.submit_and_wait() }.map_err(|e| format!("io_uring: {e}"))?;
             events.clear();
-            events.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+            self.ring.reap(&mut events);
             for &(ud, res) in &events {
                 let mut cx = Cx {
-                    arena: &mut self.arena,
+                    arena: &mut self.ring.arena,
                     queue: &mut self.queue,
-                    sq: &mut self.sq,
+                    sq: &mut self.ring.pending,
                 };
                 match ud >> 56 {
                     KIND_RECV => cx.queue.on_recv(res),
@@ -220,7 +192,7 @@ impl Engine {
                     KIND_FRONT => driver.on_op(ud as u32, res, &mut cx),
                     KIND_TICK => driver.on_tick(&mut cx),
                     KIND_WAKE => {
-                        let _ = nix::unistd::read(self.wake.as_raw_fd(), &mut self.wake_buf);
+                        self.wakeup.drain();
                         driver.on_wake(&mut cx);
                     }
                     _ => {}
@@ -234,34 +206,14 @@ impl Engine {
         }
     }
 
-    fn submit_and_wait(&mut self) -> io::Result<()> {
-        let mut pending = std::mem::take(&mut self.sq);
-        for e in pending.drain(..) {
-            // SAFETY: entries point at memory that outlives their completion:
-            // queue buffers live in the boxed I/O queue, data in the arena or
-            // in driver state that waits for its operations.
-            while unsafe { self.ring.submission().push(&e) }.is_err() {
-                self.ring.submit()?;
-            }
-        }
-        self.sq = pending;
-        match self.ring.submit_and_wait(1) {
-            Err(e) if e.raw_os_error() != Some(libc::EINTR) => Err(e),
-            _ => Ok(()),
-        }
-    }
-
     fn arm_tick(&mut self) {
         let e = opcode::Timeout::new(&self.tick)
             .build()
             .user_data(KIND_TICK << 56);
-        self.sq.push(e);
+        self.ring.pending.push(e);
     }
 
     fn arm_wake(&mut self) {
-        let e = opcode::PollAdd::new(types::Fd(self.wake.as_raw_fd()), libc::POLLIN as u32)
-            .build()
-            .user_data(KIND_WAKE << 56);
-        self.sq.push(e);
+        self.ring.pending.push(self.wakeup.poll(KIND_WAKE << 56));
     }
 }

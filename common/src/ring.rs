@@ -1,0 +1,109 @@
+//! The io_uring every I/O thread runs on (the target's pollers, the host's
+//! engines): a ring with a buffer arena registered as fixed buffer 0, the
+//! operations waiting to be pushed, and an eventfd other threads wake it with.
+
+use crate::mem::Arena;
+use io_uring::{opcode, squeue, types, IoUring};
+use std::io;
+use std::os::fd::{AsRawFd, FromRawFd, OwnedFd};
+use std::sync::Arc;
+
+/// Index of the arena among the ring's registered buffers.
+pub const ARENA_BUF_INDEX: u16 = 0;
+
+/// A ring and its registered arena.
+pub struct Ring {
+    // Field order matters: the ring (and its registration) goes before the
+    // arena it points into.
+    ring: IoUring,
+    /// Data buffers, registered with the ring.
+    pub arena: Arena,
+    /// Operations to push at the next [`Ring::submit_and_wait`].
+    pub pending: Vec<squeue::Entry>,
+}
+
+impl Ring {
+    /// A ring of `entries` and an arena of `arena_bytes`, registered.
+    pub fn new(entries: u32, arena_bytes: usize) -> io::Result<Ring> {
+        let ring = IoUring::builder().build(entries)?;
+        let arena = Arena::new(arena_bytes, true)?;
+        let iov = libc::iovec {
+            iov_base: arena.base().cast(),
+            iov_len: arena.len(),
+        };
+        // SAFETY: the iovec describes the arena's mapping, which lives in the
+        // same Ring and is dropped after the ring and its registration.
+        unsafe { ring.submitter().register_buffers(&[iov]) }.map_err(|e| {
+            io::Error::new(
+                e.kind(),
+                format!("registering a {arena_bytes}-byte buffer arena with io_uring: {e}"),
+            )
+        })?;
+        Ok(Ring {
+            ring,
+            arena,
+            pending: Vec::new(),
+        })
+    }
+
+    /// Pushes the pending operations and waits for at least one completion
+    /// (an interrupted wait returns early).
+    ///
+    /// # Safety
+    /// Every pending operation's memory (buffers, message headers, timespecs)
+    /// must stay valid and in place until its completion is reaped.
+    pub unsafe fn submit_and_wait(&mut self) -> io::Result<()> {
+        for e in self.pending.drain(..) {
+            // SAFETY: the caller keeps the operation's memory valid (above).
+            while unsafe { self.ring.submission().push(&e) }.is_err() {
+                self.ring.submit()?;
+            }
+        }
+        match self.ring.submit_and_wait(1) {
+            Err(e) if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Moves the completions that arrived into `out` as (user data, result).
+    pub fn reap(&mut self, out: &mut Vec<(u64, i32)>) {
+        out.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+    }
+}
+
+/// An eventfd that wakes a ring: a poll on it completes when another thread
+/// calls [`Wakeup::wake`].
+#[derive(Clone)]
+pub struct Wakeup(Arc<OwnedFd>);
+
+impl Wakeup {
+    pub fn new() -> io::Result<Wakeup> {
+        // SAFETY: eventfd returns a new descriptor, or -1.
+        let raw = unsafe { libc::eventfd(0, libc::EFD_CLOEXEC) };
+        if raw < 0 {
+            return Err(io::Error::last_os_error());
+        }
+        // SAFETY: `raw` is a fresh descriptor that nothing else owns.
+        Ok(Wakeup(Arc::new(unsafe { OwnedFd::from_raw_fd(raw) })))
+    }
+
+    pub fn wake(&self) {
+        // Fails only if the counter would overflow, which draining prevents.
+        // SAFETY: writes 8 bytes from a valid buffer to our own descriptor.
+        let _ = unsafe { libc::write(self.0.as_raw_fd(), 1u64.to_ne_bytes().as_ptr().cast(), 8) };
+    }
+
+    /// Resets the counter after a wake-up (the descriptor is readable then).
+    pub fn drain(&self) {
+        let mut buf = [0u8; 8];
+        // SAFETY: reads at most 8 bytes into a valid buffer from our own descriptor.
+        let _ = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
+    }
+
+    /// The poll operation to queue; re-queue it after each completion.
+    pub fn poll(&self, user_data: u64) -> squeue::Entry {
+        opcode::PollAdd::new(types::Fd(self.0.as_raw_fd()), libc::POLLIN as u32)
+            .build()
+            .user_data(user_data)
+    }
+}
