@@ -894,6 +894,22 @@ fn bench_verify_memory_and_file() {
         &with(&["--bs", "2m", "--runtime", "2s"]),
     );
     check_bench(&r, 2.0 * MIB as f64, &["read", "write"], "memory, 2 MiB");
+    // Header and data digests, with reads large enough to be received in
+    // place and small ones through the receive buffer.
+    for bs in ["4k", "256k"] {
+        let r = bench(
+            mem.port(),
+            DEFAULT_NQN,
+            &with(&["-g", "-G", "--bs", bs, "--runtime", "1s"]),
+        );
+        let bytes = rdmablk_common::units::parse_size(bs).expect("size") as f64;
+        check_bench(
+            &r,
+            bytes,
+            &["read", "write"],
+            &format!("memory, {bs}, digests"),
+        );
+    }
     let second_queues = || mem.log().matches("qid=2 ").count();
     let before = second_queues();
     let r = bench(

@@ -236,26 +236,37 @@ pub fn peek_len(buf: &[u8], max_pdu: usize) -> Result<Option<usize>, PduError> {
     Ok(Some(plen))
 }
 
-/// Decodes the PDU at the start of `buf`. Returns `Ok(None)` until the whole
-/// PDU is buffered, otherwise the PDU and its length. `expect` is what the
-/// connection negotiated (ICReq/ICResp never carry digests). `max_pdu` bounds
-/// PLEN.
-pub fn decode(
+/// Where a PDU's parts lie, known from its header alone.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Framing {
+    pub header: Header,
+    /// Common header flags.
+    pub flags: u8,
+    /// Total PDU length (PLEN).
+    pub plen: usize,
+    /// Offset of the data in the PDU.
+    pub data_at: usize,
+    /// Bytes of data.
+    pub data_len: usize,
+    /// Whether a data digest follows the data.
+    pub data_digest: bool,
+}
+
+/// Decodes and validates the header of the PDU at the start of `buf`:
+/// `Ok(None)` until the header (and header digest) is buffered. The data
+/// need not be there yet, so that a receiver can place large data directly.
+pub fn decode_framing(
     buf: &[u8],
     expect: Digests,
     max_pdu: usize,
-) -> Result<Option<(Pdu<'_>, usize)>, PduError> {
+) -> Result<Option<Framing>, PduError> {
     let Some(plen) = peek_len(buf, max_pdu)? else {
         return Ok(None);
     };
-    if buf.len() < plen {
-        return Ok(None);
-    }
-    let b = &buf[..plen];
-    let ty = b[0];
-    let fl = b[1];
-    let hlen = b[2] as usize;
-    let pdo = b[3] as usize;
+    let ty = buf[0];
+    let fl = buf[1];
+    let hlen = buf[2] as usize;
+    let pdo = buf[3] as usize;
     let is_ic = matches!(ty, pdu_type::ICREQ | pdu_type::ICRESP);
     let is_term = matches!(ty, pdu_type::H2C_TERM_REQ | pdu_type::C2H_TERM_REQ);
 
@@ -280,17 +291,17 @@ pub fn decode(
     if plen < hlen + hd {
         return Err(invalid(4, "PLEN is shorter than header and digest"));
     }
-    if hd != 0 {
-        let want = get_u32(b, hlen);
-        if crc32c::crc32c(&b[..hlen]) != want {
-            return Err(PduError::HeaderDigest);
-        }
+    if buf.len() < hlen + hd {
+        return Ok(None);
+    }
+    let b = &buf[..hlen + hd];
+    if hd != 0 && crc32c::crc32c(&b[..hlen]) != get_u32(b, hlen) {
+        return Err(PduError::HeaderDigest);
     }
 
-    let mut data: &[u8] = &[];
-    let mut data_digest_ok = true;
+    let (mut data_at, mut data_len, mut data_digest) = (plen, 0, false);
     if is_term {
-        data = &b[hlen..];
+        (data_at, data_len) = (hlen, plen - hlen);
     } else if plen > hlen + hd {
         if !carries_data(ty) {
             return Err(invalid(
@@ -301,24 +312,18 @@ pub fn decode(
         if pdo < hlen + hd || pdo > plen {
             return Err(invalid(3, "PDO points outside the PDU"));
         }
-        let dd = if fl & flags::DDGST != 0 {
-            DIGEST_LEN
-        } else {
-            0
-        };
-        if (dd != 0) != expect.data {
+        data_digest = fl & flags::DDGST != 0;
+        if data_digest != expect.data {
             return Err(invalid(
                 1,
                 "DDGSTF does not match the negotiated data digest",
             ));
         }
+        let dd = if data_digest { DIGEST_LEN } else { 0 };
         if plen < pdo + dd {
             return Err(invalid(4, "PLEN is shorter than PDO and data digest"));
         }
-        data = &b[pdo..plen - dd];
-        if dd != 0 {
-            data_digest_ok = crc32c::crc32c(data) == get_u32(b, plen - dd);
-        }
+        (data_at, data_len) = (pdo, plen - dd - pdo);
     }
 
     let header = match ty {
@@ -346,18 +351,46 @@ pub fn decode(
         _ => Header::R2T(transfer(b)),
     };
     if let Header::H2CData(t) | Header::C2HData(t) = header {
-        if t.len as usize != data.len() {
+        if t.len as usize != data_len {
             return Err(invalid(16, "DATAL does not match the data the PDU carries"));
         }
     }
+    Ok(Some(Framing {
+        header,
+        flags: fl,
+        plen,
+        data_at,
+        data_len,
+        data_digest,
+    }))
+}
+
+/// Decodes the PDU at the start of `buf`. Returns `Ok(None)` until the whole
+/// PDU is buffered, otherwise the PDU and its length. `expect` is what the
+/// connection negotiated (ICReq/ICResp never carry digests). `max_pdu` bounds
+/// PLEN.
+pub fn decode(
+    buf: &[u8],
+    expect: Digests,
+    max_pdu: usize,
+) -> Result<Option<(Pdu<'_>, usize)>, PduError> {
+    let Some(f) = decode_framing(buf, expect, max_pdu)? else {
+        return Ok(None);
+    };
+    if buf.len() < f.plen {
+        return Ok(None);
+    }
+    let data = &buf[f.data_at..f.data_at + f.data_len];
+    let data_digest_ok =
+        !f.data_digest || crc32c::crc32c(data) == get_u32(buf, f.plen - DIGEST_LEN);
     Ok(Some((
         Pdu {
-            flags: fl,
-            header,
+            flags: f.flags,
+            header: f.header,
             data,
             data_digest_ok,
         },
-        plen,
+        f.plen,
     )))
 }
 

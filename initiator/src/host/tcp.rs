@@ -14,6 +14,24 @@ use std::os::fd::AsRawFd;
 /// Largest PDU accepted from the target (C2HData of up to 4 MiB).
 const MAX_PDU: usize = (4 << 20) + 256;
 
+/// C2HData at least this large is received straight into the command's
+/// buffer rather than through the receive buffer.
+const DIRECT_MIN: usize = 16 << 10;
+
+/// A C2HData payload being received in place.
+struct Direct {
+    cid: u16,
+    /// Where the next bytes go, and how many are still to come.
+    dst: *mut u8,
+    left: usize,
+    /// The whole payload, for the data digest that follows it.
+    start: *const u8,
+    len: usize,
+    digest: bool,
+    /// The PDU had the SUCCESS flag: the command completes with it.
+    success: bool,
+}
+
 /// A finished command: the caller's tag and the completion entry.
 #[derive(Clone, Copy, Debug)]
 pub struct Done {
@@ -41,6 +59,9 @@ pub struct IoQueue {
     free: Vec<u16>,
     done: Vec<Done>,
     failed: Option<String>,
+    direct: Option<Direct>,
+    /// The receive in flight writes into a command's buffer.
+    recv_direct: bool,
 }
 
 // SAFETY: the raw buffer pointers refer to memory the submitter keeps valid
@@ -62,6 +83,8 @@ impl IoQueue {
             free: (0..depth as u16).rev().collect(),
             done: Vec::new(),
             failed: None,
+            direct: None,
+            recv_direct: false,
         }
     }
 
@@ -159,16 +182,19 @@ impl IoQueue {
         }
         self.process_rx();
         if !self.recv_busy && self.failed.is_none() {
-            let spare = self.rx.spare();
-            let e = opcode::Recv::new(
-                types::Fd(self.sock.as_raw_fd()),
-                spare.as_mut_ptr(),
-                spare.len() as u32,
-            )
-            .build()
-            .user_data(recv_ud);
+            let (ptr, len, direct) = match &self.direct {
+                Some(d) if d.left > 0 => (d.dst, d.left, true),
+                _ => {
+                    let spare = self.rx.spare();
+                    (spare.as_mut_ptr(), spare.len(), false)
+                }
+            };
+            let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
+                .build()
+                .user_data(recv_ud);
             sq.push(e);
             self.recv_busy = true;
+            self.recv_direct = direct;
         }
         if !self.send_busy && !self.tx.is_empty() {
             let e = opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), self.tx.message())
@@ -182,6 +208,18 @@ impl IoQueue {
 
     pub fn on_recv(&mut self, res: i32) {
         self.recv_busy = false;
+        if std::mem::take(&mut self.recv_direct) {
+            if self.failed.is_some() {
+                // Completions waited for this receive to leave the buffer.
+                return self.complete_all_failed();
+            }
+            if res > 0 {
+                let d = self.direct.as_mut().expect("a direct receive has a target");
+                d.left -= res as usize;
+                d.dst = d.dst.wrapping_add(res as usize);
+                return;
+            }
+        }
         match res {
             0 => self.fail("the target closed the connection".into()),
             r if r < 0 => self.fail(format!(
@@ -215,6 +253,19 @@ impl IoQueue {
         if self.failed.is_none() {
             tracing::error!("I/O queue failed: {why}");
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
+            self.failed = Some(why);
+            self.direct = None;
+            // A receive still writing into a command's buffer must finish
+            // before that buffer goes back to its owner.
+            if !(self.recv_busy && self.recv_direct) {
+                self.complete_all_failed();
+            }
+        }
+    }
+
+    /// Completes every command in flight with a transient transport error.
+    fn complete_all_failed(&mut self) {
+        {
             for (cid, c) in self.cmds.iter_mut().enumerate() {
                 if let Some(c) = c.take() {
                     let cqe = Cqe {
@@ -226,15 +277,26 @@ impl IoQueue {
                     self.free.push(cid as u16);
                 }
             }
-            self.failed = Some(why);
         }
     }
 
     fn process_rx(&mut self) {
         loop {
+            if self.direct.is_some() {
+                match self.drain_direct() {
+                    Ok(true) => continue,
+                    Ok(false) => return,
+                    Err(why) => return self.fail(why),
+                }
+            }
             let decoded = tcp::decode(self.rx.pending(), self.limits.digests, MAX_PDU);
             let (header, fl, data_ok, data_at, data_len, n) = match decoded {
-                Ok(None) => return,
+                Ok(None) => {
+                    if let Err(why) = self.start_direct() {
+                        self.fail(why);
+                    }
+                    return;
+                }
                 Ok(Some((pdu, n))) => {
                     let base = self.rx.pending().as_ptr();
                     // Offsets rather than slices, so that `self` can change below.
@@ -255,6 +317,91 @@ impl IoQueue {
             }
             self.rx.consume(n);
         }
+    }
+
+    /// Starts placing a large C2HData payload whose header has arrived
+    /// straight into its command's buffer.
+    fn start_direct(&mut self) -> Result<(), String> {
+        let pending = self.rx.pending();
+        let Ok(Some(f)) = tcp::decode_framing(pending, self.limits.digests, MAX_PDU) else {
+            return Ok(()); // errors surface once the whole PDU is here
+        };
+        let Header::C2HData(t) = f.header else {
+            return Ok(());
+        };
+        if f.data_len < DIRECT_MIN || pending.len() >= f.plen {
+            return Ok(());
+        }
+        let c = self
+            .cmds
+            .get(t.cccid as usize)
+            .and_then(Option::as_ref)
+            .ok_or("C2HData for an unknown command")?;
+        let end = t.offset as usize + f.data_len;
+        if !c.to_host || end > c.len {
+            return Err(format!(
+                "C2HData {}..{end} outside the command's {} bytes",
+                t.offset, c.len
+            ));
+        }
+        let start = c.buf.wrapping_add(t.offset as usize);
+        let have = pending.len().saturating_sub(f.data_at).min(f.data_len);
+        let src = &pending[f.data_at..f.data_at + have];
+        // SAFETY: `start` has `f.data_len` writable bytes (checked against the
+        // command's length above; submit's contract keeps the buffer alive).
+        unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), start, have) };
+        self.rx.consume(f.data_at + have);
+        self.direct = Some(Direct {
+            cid: t.cccid,
+            dst: start.wrapping_add(have),
+            left: f.data_len - have,
+            start,
+            len: f.data_len,
+            digest: f.data_digest,
+            success: f.flags & flags::SUCCESS != 0,
+        });
+        Ok(())
+    }
+
+    /// Moves received bytes of a direct payload into place and finishes it
+    /// (digest, SUCCESS). Returns true once it is finished.
+    fn drain_direct(&mut self) -> Result<bool, String> {
+        let d = self.direct.as_mut().expect("direct placement in progress");
+        if d.left > 0 {
+            let pending = self.rx.pending();
+            let n = pending.len().min(d.left);
+            // SAFETY: `d.dst` has `d.left` writable bytes of the command's buffer.
+            unsafe { std::ptr::copy_nonoverlapping(pending.as_ptr(), d.dst, n) };
+            d.left -= n;
+            d.dst = d.dst.wrapping_add(n);
+            self.rx.consume(n);
+            if d.left > 0 {
+                return Ok(false);
+            }
+        }
+        if d.digest {
+            let pending = self.rx.pending();
+            if pending.len() < tcp::DIGEST_LEN {
+                return Ok(false);
+            }
+            let want = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
+            // SAFETY: the payload was written to `d.start..d.start + d.len` above.
+            let data = unsafe { std::slice::from_raw_parts(d.start, d.len) };
+            if crc32c::crc32c(data) != want {
+                return Err("C2HData data digest mismatch".into());
+            }
+            self.rx.consume(tcp::DIGEST_LEN);
+        }
+        let d = self.direct.take().expect("checked above");
+        if d.success {
+            let c = self.take(d.cid)?;
+            let cqe = Cqe {
+                cid: d.cid,
+                ..Default::default()
+            };
+            self.done.push(Done { tag: c.tag, cqe });
+        }
+        Ok(true)
     }
 
     fn handle(
