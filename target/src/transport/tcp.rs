@@ -25,6 +25,9 @@ pub const MAX_C2H_DATA: usize = 128 << 10;
 const MAX_PDU: usize = MAX_H2C_DATA + 256;
 /// Receive buffer: room for a whole largest PDU plus the start of the next.
 const RX_BUF: usize = 2 * MAX_PDU;
+/// H2CData at least this large is received straight into the command's
+/// arena buffer rather than through the receive buffer.
+const DIRECT_MIN: usize = 16 << 10;
 /// Commands per queue before Connect says how deep it is.
 const INITIAL_SLOTS: usize = 32;
 /// A connection that sends no ICReq within this time is closed.
@@ -82,8 +85,23 @@ pub struct TcpConn {
     stalled: bool,
     /// Commands waiting for arena space, in arrival order.
     awaiting_buffer: VecDeque<u16>,
+    direct: Option<Direct>,
+    /// The receive in flight writes into a command's buffer.
+    recv_direct: bool,
     /// C2HData PDUs sent (for tests and stats).
     pub c2h_pdus: u64,
+}
+
+/// An H2CData payload being received in place.
+struct Direct {
+    slot: u16,
+    /// Where the next bytes go, and how many are still to come.
+    dst: *mut u8,
+    left: usize,
+    /// The whole payload, for the data digest that follows it.
+    start: *const u8,
+    len: usize,
+    digest: bool,
 }
 
 /// Why a PDU cannot be handled: the connection ends with a TermReq.
@@ -141,6 +159,8 @@ impl TcpConn {
             sq_head: 0,
             stalled: false,
             awaiting_buffer: VecDeque::new(),
+            direct: None,
+            recv_direct: false,
             c2h_pdus: 0,
         }
     }
@@ -249,24 +269,33 @@ impl TcpConn {
     }
 
     fn start_recv(&mut self, io: &mut Io) {
-        let spare = self.rx.spare();
-        if spare.is_empty() {
+        let (ptr, len, direct) = match &self.direct {
+            Some(d) if d.left > 0 => (d.dst, d.left, true),
+            _ => {
+                let spare = self.rx.spare();
+                (spare.as_mut_ptr(), spare.len(), false)
+            }
+        };
+        if len == 0 {
             return; // full of a stalled PDU: wait for resources
         }
-        let e = opcode::Recv::new(
-            types::Fd(self.sock.as_raw_fd()),
-            spare.as_mut_ptr(),
-            spare.len() as u32,
-        )
-        .build()
-        .user_data(Token::Recv(self.idx).encode());
+        let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
+            .build()
+            .user_data(Token::Recv(self.idx).encode());
         io.sq.push(e);
         self.recv_busy = true;
+        self.recv_direct = direct;
     }
 
     pub fn on_recv(&mut self, res: i32) {
         self.recv_busy = false;
+        let direct = std::mem::take(&mut self.recv_direct);
         if self.phase == Phase::Closing {
+            return;
+        }
+        if let (true, Some(d)) = (direct && res > 0, self.direct.as_mut()) {
+            d.left -= res as usize;
+            d.dst = d.dst.wrapping_add(res as usize);
             return;
         }
         if res == 0 {
@@ -332,6 +361,12 @@ impl TcpConn {
         let mut rx = std::mem::replace(&mut self.rx, RxBuf::new(0));
         self.stalled = false;
         while matches!(self.phase, Phase::Handshake | Phase::Live) {
+            if self.direct.is_some() {
+                if self.drain_direct(&mut rx, io) {
+                    continue;
+                }
+                break;
+            }
             let avail = rx.pending();
             let expect = if self.phase == Phase::Handshake {
                 Digests::default()
@@ -345,7 +380,14 @@ impl TcpConn {
                     Some((pdu, n)) => self.handle_pdu(&pdu, io).map(|f| Some((f, n))),
                 });
             match res {
-                Ok(None) => break,
+                Ok(None) => {
+                    if let Err(f) = self.start_direct(&mut rx, io) {
+                        let avail = rx.pending();
+                        let hdr = &avail[..avail.len().min(tcp::TERM_REQ_MAX_DATA)];
+                        self.terminate(f, hdr);
+                    }
+                    break;
+                }
                 Ok(Some((Flow::Consumed, n))) => rx.consume(n),
                 Ok(Some((Flow::Stall, _))) => {
                     self.stalled = true;
@@ -560,17 +602,13 @@ impl TcpConn {
             .map_or(INITIAL_SLOTS as u16, |a| a.depth)
     }
 
-    fn handle_h2c(
-        &mut self,
-        t: Transfer,
-        data: &[u8],
-        digest_ok: bool,
-        io: &mut Io,
-    ) -> Result<(), Fatal> {
+    /// Checks an H2CData header against the command it names; returns
+    /// where its data goes.
+    fn check_h2c(&self, t: Transfer, len: usize, io: &Io) -> Result<*mut u8, Fatal> {
         let cmd = self
             .cmds
-            .get_mut(t.ttag as usize)
-            .and_then(Option::as_mut)
+            .get(t.ttag as usize)
+            .and_then(Option::as_ref)
             .filter(|c| c.sqe.cid() == t.cccid && !c.to_host && c.received < c.requested)
             .ok_or_else(|| {
                 fatal(
@@ -579,24 +617,21 @@ impl TcpConn {
                     format!("H2CData for unknown transfer tag {}", t.ttag),
                 )
             })?;
-        if data.len() > MAX_H2C_DATA {
+        if len > MAX_H2C_DATA {
             return Err(fatal(
                 fes::DATA_LIMIT_EXCEEDED,
                 16,
                 "H2CData larger than MAXH2CDATA",
             ));
         }
-        let end = t.offset as usize + data.len();
+        let end = t.offset as usize + len;
         if t.offset as usize != cmd.received || end > cmd.requested {
             return Err(fatal(
                 fes::DATA_OUT_OF_RANGE,
                 12,
                 format!(
-                    "H2CData offset {} length {} outside the requested {}..{}",
-                    t.offset,
-                    data.len(),
-                    cmd.received,
-                    cmd.requested
+                    "H2CData offset {} length {len} outside the requested {}..{}",
+                    t.offset, cmd.received, cmd.requested
                 ),
             ));
         }
@@ -604,14 +639,103 @@ impl TcpConn {
             .buf
             .as_ref()
             .expect("data is asked for only into a buffer");
-        io.arena.bytes_mut(b, end)[t.offset as usize..].copy_from_slice(data);
+        Ok(io.arena.addr(b, t.offset as usize))
+    }
+
+    /// Records that H2CData for `slot` arrived up to `end` and moves it on.
+    fn h2c_received(&mut self, slot: u16, end: usize, digest_ok: bool, io: &mut Io) {
+        let cmd = self.cmds[slot as usize]
+            .as_mut()
+            .expect("checked by check_h2c");
         cmd.received = end;
         if !digest_ok {
-            tracing::warn!(peer = %self.peer, cid = t.cccid, "H2CData data digest mismatch");
+            tracing::warn!(peer = %self.peer, cid = cmd.sqe.cid(), "H2CData data digest mismatch");
             cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
         }
-        self.advance(t.ttag, io);
+        self.advance(slot, io);
+    }
+
+    fn handle_h2c(
+        &mut self,
+        t: Transfer,
+        data: &[u8],
+        digest_ok: bool,
+        io: &mut Io,
+    ) -> Result<(), Fatal> {
+        let dst = self.check_h2c(t, data.len(), io)?;
+        // SAFETY: check_h2c found `data.len()` bytes of the command's arena
+        // buffer at `dst` (within what was requested of the host).
+        unsafe { std::ptr::copy_nonoverlapping(data.as_ptr(), dst, data.len()) };
+        self.h2c_received(t.ttag, t.offset as usize + data.len(), digest_ok, io);
         Ok(())
+    }
+
+    /// Starts placing a large H2CData payload whose header has arrived
+    /// straight into its command's arena buffer.
+    fn start_direct(&mut self, rx: &mut RxBuf, io: &Io) -> Result<(), Fatal> {
+        if self.phase != Phase::Live {
+            return Ok(());
+        }
+        let pending = rx.pending();
+        let Some(f) = tcp::decode_framing(pending, self.digests, MAX_PDU)? else {
+            return Ok(());
+        };
+        let Header::H2CData(t) = f.header else {
+            return Ok(());
+        };
+        if f.data_len < DIRECT_MIN || pending.len() >= f.plen {
+            return Ok(());
+        }
+        let dst = self.check_h2c(t, f.data_len, io)?;
+        let have = pending.len().saturating_sub(f.data_at).min(f.data_len);
+        // SAFETY: check_h2c found `f.data_len` bytes of the command's buffer at `dst`.
+        unsafe { std::ptr::copy_nonoverlapping(pending[f.data_at..].as_ptr(), dst, have) };
+        rx.consume(f.data_at + have);
+        self.direct = Some(Direct {
+            slot: t.ttag,
+            dst: dst.wrapping_add(have),
+            left: f.data_len - have,
+            start: dst,
+            len: f.data_len,
+            digest: f.data_digest,
+        });
+        Ok(())
+    }
+
+    /// Moves received bytes of a direct payload into place and, once all is
+    /// there (with its digest), hands it to the command. Returns true then.
+    fn drain_direct(&mut self, rx: &mut RxBuf, io: &mut Io) -> bool {
+        let d = self.direct.as_mut().expect("direct placement in progress");
+        if d.left > 0 {
+            let pending = rx.pending();
+            let n = pending.len().min(d.left);
+            // SAFETY: `d.dst` has `d.left` writable bytes of the command's buffer.
+            unsafe { std::ptr::copy_nonoverlapping(pending.as_ptr(), d.dst, n) };
+            d.left -= n;
+            d.dst = d.dst.wrapping_add(n);
+            rx.consume(n);
+            if d.left > 0 {
+                return false;
+            }
+        }
+        let mut digest_ok = true;
+        if d.digest {
+            let pending = rx.pending();
+            if pending.len() < tcp::DIGEST_LEN {
+                return false;
+            }
+            let want = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
+            // SAFETY: the payload was written to `d.start..d.start + d.len`.
+            let data = unsafe { std::slice::from_raw_parts(d.start, d.len) };
+            digest_ok = crc32c::crc32c(data) == want;
+            rx.consume(tcp::DIGEST_LEN);
+        }
+        let d = self.direct.take().expect("checked above");
+        let received = self.cmds[d.slot as usize]
+            .as_ref()
+            .map_or(0, |c| c.received);
+        self.h2c_received(d.slot, received + d.len, digest_ok, io);
+        true
     }
 
     /// Executes a command whose data (if any) has arrived.
