@@ -614,6 +614,43 @@ fn digests_on() {
         "FES for a header digest error"
     );
 
+    // H2CData whose data digest is wrong, small (through the receive
+    // buffer) and large (placed straight in the arena): the write completes
+    // with Transient Transport Error and the queue goes on.
+    for (len, cid) in [(8 * KIB, 0x7101u16), (128 * KIB, 0x7102)] {
+        let q = &mut c.io[0];
+        let mut sqe = Queue::rw_sqe(nvm::WRITE, NSID, 4096, (len / 512) as u32);
+        sqe.set_cid(cid);
+        sqe.set_sgl(&Sgl::Transport { len: len as u32 });
+        q.send_raw(&encode(&Header::CapsuleCmd(sqe), 0, &[], BOTH_DIGESTS, 1))
+            .or_panic("sending a write");
+        let r2t = match q.recv_pdu().or_panic("R2T") {
+            (Header::R2T(t), _) => t,
+            (h, _) => panic!("expected an R2T, got {h:?}"),
+        };
+        let data = rng.bytes(r2t.len as usize);
+        let h2c = Transfer {
+            len: r2t.len,
+            ..r2t
+        };
+        let mut pdu = encode(&Header::H2CData(h2c), 0x04, &data, BOTH_DIGESTS, 1);
+        let n = pdu.len();
+        pdu[n - 1] ^= 0xff; // last byte of DDGST
+        q.send_raw(&pdu).or_panic("sending H2CData");
+        match q.recv_pdu().or_panic("response to the corrupted write") {
+            (Header::CapsuleResp(cqe), _) => {
+                assert_eq!(cqe.cid, cid);
+                assert_eq!(
+                    sct_sc(cqe.status()),
+                    sct_sc(Status::TRANSIENT_TRANSPORT_ERROR),
+                    "{len}-byte H2CData with a bad data digest: {}",
+                    cqe.status()
+                );
+            }
+            (h, _) => panic!("expected a CapsuleResp, got {h:?}"),
+        }
+    }
+
     // The first association is unharmed.
     write_read_checked(&mut c.io[0], 512, 2 * MIB as u64, &rng.bytes(4 * KIB));
 }
