@@ -495,18 +495,27 @@ pub fn us(ns: u64) -> f64 {
     (ns as f64 / 10.0).round() / 100.0
 }
 
+impl DirStats {
+    /// Latency p50, p99, p99.9 and max, in microseconds.
+    fn latency_us(&self) -> [f64; 4] {
+        let q = |x| us(self.lat.quantile(x));
+        [q(0.5), q(0.99), q(0.999), us(self.lat.max())]
+    }
+}
+
 /// One direction as a JSON object.
 fn dir_json(d: &DirStats, secs: f64) -> String {
+    let [p50, p99, p999, max] = d.latency_us();
     format!(
         "{{\"iops\":{:.1},\"bw_bytes\":{:.0},\"ios\":{},\"errors\":{},\"lat_us\":{{\"p50\":{},\"p99\":{},\"p99.9\":{},\"max\":{}}}}}",
         d.ios as f64 / secs,
         d.bytes as f64 / secs,
         d.ios,
         d.errors,
-        us(d.lat.quantile(0.5)),
-        us(d.lat.quantile(0.99)),
-        us(d.lat.quantile(0.999)),
-        us(d.lat.max())
+        p50,
+        p99,
+        p999,
+        max
     )
 }
 
@@ -534,16 +543,17 @@ pub fn to_text(s: &Stats) -> String {
         if d.ios == 0 && d.errors == 0 {
             continue;
         }
+        let [p50, p99, p999, max] = d.latency_us();
         out += &format!(
             "{name:>5}: {:>10.0} IOPS  {:>9.1} MiB/s  {} I/Os  {} errors  latency us: p50 {:.1}  p99 {:.1}  p99.9 {:.1}  max {:.1}\n",
             d.ios as f64 / secs,
             d.bytes as f64 / secs / (1 << 20) as f64,
             d.ios,
             d.errors,
-            us(d.lat.quantile(0.5)),
-            us(d.lat.quantile(0.99)),
-            us(d.lat.quantile(0.999)),
-            us(d.lat.max())
+            p50,
+            p99,
+            p999,
+            max
         );
     }
     out += &format!("  run: {secs:.2} s, verify errors: {}\n", s.verify_errors);

@@ -758,21 +758,8 @@ impl NbdExport {
                 (format!("unix:{}", s.display()), Some(s))
             }
         };
-        let port = port.to_string();
-        let mut cmd = Command::new(bin_path("rdmablk"));
-        cmd.args([
-            "connect",
-            "-t",
-            "tcp",
-            "-a",
-            "127.0.0.1",
-            "-s",
-            &port,
-            "-n",
-            nqn,
-        ])
-        .args(["--nbd", &listen])
-        .args(extra);
+        let mut cmd = rdmablk_command("connect", port, nqn);
+        cmd.args(["--nbd", &listen]).args(extra);
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "debug");
         }
@@ -885,4 +872,22 @@ hosts = ["{HOST_A}"]
   size = "16MiB"
 "#
     )
+}
+
+/// `rdmablk SUBCOMMAND -t tcp -a 127.0.0.1 -s PORT -n NQN`, for the caller
+/// to add to.
+pub fn rdmablk_command(subcommand: &str, port: u16, nqn: &str) -> Command {
+    let mut c = Command::new(bin_path("rdmablk"));
+    c.args([
+        subcommand,
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port.to_string(),
+        "-n",
+        nqn,
+    ]);
+    c
 }

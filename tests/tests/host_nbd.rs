@@ -785,21 +785,7 @@ fn umount_fuse(fuse_dir: &Path, nbdfuse: &mut Proc) {
 // ---------------------------------------------------------------- bench
 
 fn bench(port: u16, nqn: &str, args: &[&str]) -> Ran {
-    let port = port.to_string();
-    let mut c = cmd(
-        path_str(&rdmablk_tests::bin_path("rdmablk")),
-        &[
-            "bench",
-            "-t",
-            "tcp",
-            "-a",
-            "127.0.0.1",
-            "-s",
-            &port,
-            "-n",
-            nqn,
-        ],
-    );
+    let mut c = rdmablk_tests::rdmablk_command("bench", port, nqn);
     c.args(args);
     run("rdmablk bench", &mut c, TOOL_TIMEOUT)
 }
@@ -1111,24 +1097,8 @@ fn assert_refused(port: u16, nqn: &str, extra: &[&str], cause: &str, what: &str)
     let dir = TempDir::new("refused");
     let sock = dir.join("nbd.sock");
     let listen = format!("unix:{}", sock.display());
-    let port = port.to_string();
-    let mut c = cmd(
-        path_str(&rdmablk_tests::bin_path("rdmablk")),
-        &[
-            "connect",
-            "-t",
-            "tcp",
-            "-a",
-            "127.0.0.1",
-            "-s",
-            &port,
-            "-n",
-            nqn,
-            "--nbd",
-            &listen,
-        ],
-    );
-    c.args(extra);
+    let mut c = rdmablk_tests::rdmablk_command("connect", port, nqn);
+    c.args(["--nbd", &listen]).args(extra);
     let started = Instant::now();
     let mut p = Proc::spawn("rdmablk connect", &mut c);
     let status = p.wait_timeout(EXIT_WITHIN).unwrap_or_else(|| {
