@@ -11,6 +11,7 @@ use rdmablk_tests::names::{HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
 use rdmablk_tests::{two_subsystems_config, Rng, Target};
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::process::Command;
 use std::time::Duration;
 
 const ROUNDS: u64 = 400;
@@ -245,4 +246,103 @@ fn random_hostile_hosts_never_bring_the_daemon_down() {
         .read(1, 0, 8, 512)
         .expect("healthy read after the storm");
     assert!(back == pattern, "the healthy controller's data changed");
+}
+
+/// Opens an NBD session by hand (fixed newstyle, NBD_OPT_EXPORT_NAME "")
+/// and returns the socket in the transmission phase.
+fn nbd_session(socket: &std::path::Path) -> std::os::unix::net::UnixStream {
+    let mut s = std::os::unix::net::UnixStream::connect(socket).expect("NBD connect");
+    s.set_read_timeout(Some(Duration::from_secs(5)))
+        .expect("timeout");
+    let mut greeting = [0u8; 18];
+    s.read_exact(&mut greeting).expect("NBD greeting");
+    s.write_all(&3u32.to_be_bytes()).expect("client flags"); // FIXED_NEWSTYLE | NO_ZEROES
+    let mut opt = Vec::new();
+    opt.extend_from_slice(&0x4948_4156_454F_5054u64.to_be_bytes()); // IHAVEOPT
+    opt.extend_from_slice(&1u32.to_be_bytes()); // NBD_OPT_EXPORT_NAME
+    opt.extend_from_slice(&0u32.to_be_bytes());
+    s.write_all(&opt).expect("export name");
+    let mut reply = [0u8; 10];
+    s.read_exact(&mut reply).expect("export size and flags");
+    s
+}
+
+/// Random NBD requests (any command, flags, offsets and lengths, with and
+/// without payloads, sometimes a bad magic or a half-sent payload) never
+/// bring `rdmablk connect` down, and the export keeps serving.
+#[test]
+fn random_nbd_clients_never_bring_the_export_down() {
+    use rdmablk::frontend::nbd::proto::{Command as Nbd, Request};
+    let t = Target::start(&["--memory", "16MiB", "--block-size", "4096"]);
+    let mut e = rdmablk_tests::NbdExport::start(t.port(), rdmablk_tests::names::DEFAULT_NQN, &[]);
+    let mut rng = Rng::new(0x4e42);
+    let size = 16u64 << 20;
+    for _ in 0..ROUNDS / 4 {
+        let mut s = nbd_session(e.socket());
+        let _ = s.set_read_timeout(Some(Duration::from_millis(5)));
+        for _ in 0..8 {
+            let command = Nbd::from(rng.below(12) as u16);
+            let offset = match rng.below(3) {
+                0 => rng.below(size),
+                1 => rng.below(size / 512) * 512,
+                _ => rng.next_u64(),
+            };
+            let length = match rng.below(4) {
+                0 => rng.below(8192) as u32,
+                1 => (rng.below(64) as u32) * 4096,
+                2 => rng.below(4 << 20) as u32,
+                _ => rng.next_u64() as u32,
+            };
+            let req = Request {
+                flags: rng.next_u64() as u16 & [0, 0x1, 0x3, 0xffff][rng.below(4) as usize],
+                command,
+                cookie: rng.next_u64(),
+                offset,
+                length,
+            };
+            let mut bytes = req.encode().to_vec();
+            if rng.below(20) == 0 {
+                bytes[0] ^= 0x80; // bad magic
+            }
+            if command == Nbd::Write {
+                // The whole payload, or only part of it.
+                let n = (length as usize).min(1 << 20);
+                let n = if rng.below(4) == 0 { n / 2 } else { n };
+                bytes.extend(rng.bytes(n));
+            }
+            if s.write_all(&bytes).is_err() {
+                break;
+            }
+            let mut sink = [0u8; 65536];
+            while let Ok(n) = s.read(&mut sink) {
+                if n == 0 {
+                    break;
+                }
+            }
+        }
+        assert!(
+            e.proc().is_running(),
+            "rdmablk connect died\n{}",
+            e.proc().report()
+        );
+    }
+    let r = rdmablk_tests::run(
+        "qemu-io",
+        Command::new("qemu-io").args([
+            "-f",
+            "raw",
+            "-c",
+            "write -P 0x3c 4096 8192",
+            "-c",
+            "read -P 0x3c 4096 8192",
+            e.uri(),
+        ]),
+        Duration::from_secs(30),
+    );
+    let out = format!("{}{}", r.stdout, r.stderr);
+    assert!(
+        r.status.success() && !out.contains("fail"),
+        "the export after the storm\n{}",
+        r.report()
+    );
 }
