@@ -474,6 +474,48 @@ fn write_read_patterns_file() {
     exercise_namespace(&t, DEFAULT_NQN, 512, 64 * MIB as u64, 3);
 }
 
+/// A loop device attached for the life of a test.
+struct LoopDevice(String);
+
+impl LoopDevice {
+    fn attach(file: &str) -> LoopDevice {
+        let out = std::process::Command::new("losetup")
+            .args(["-f", "--show", file])
+            .output()
+            .unwrap_or_else(|e| {
+                panic!("losetup (util-linux) is needed for the block-device test: {e}")
+            });
+        assert!(
+            out.status.success(),
+            "losetup -f --show {file} failed (no free loop device, or not root?): {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        LoopDevice(String::from_utf8_lossy(&out.stdout).trim().to_string())
+    }
+}
+
+impl Drop for LoopDevice {
+    fn drop(&mut self) {
+        let _ = std::process::Command::new("losetup")
+            .args(["-d", &self.0])
+            .status();
+    }
+}
+
+#[test]
+fn write_read_patterns_block_device() {
+    let dir = TempDir::new("blockdev-ns");
+    let path = file_of(&dir, 64 * MIB as u64);
+    let dev = LoopDevice::attach(&path);
+    let t = Target::start(&["--file", &dev.0]);
+    assert!(
+        t.log().contains("block device"),
+        "the daemon does not report a block device\n{}",
+        t.log_tail()
+    );
+    exercise_namespace(&t, DEFAULT_NQN, 512, 64 * MIB as u64, 31);
+}
+
 #[test]
 fn write_read_patterns_file_4k_config() {
     let dir = TempDir::new("file-ns-4k");
