@@ -8,6 +8,7 @@ mod controller;
 mod io_cmd;
 mod notify;
 mod poller;
+mod stats;
 mod subsystem;
 mod transport;
 
@@ -63,6 +64,10 @@ struct Args {
     /// Log level when RUST_LOG is not set: error, warn, info, debug, trace.
     #[arg(long, value_name = "LEVEL", default_value = "info")]
     log_level: String,
+    /// Write counters (connections, controllers, arena buffers in use per
+    /// poller) as JSON to this file every second.
+    #[arg(long, value_name = "FILE")]
+    stats: Option<PathBuf>,
 }
 
 const EXAMPLES: &str = "Examples:
@@ -91,10 +96,8 @@ fn main() -> ExitCode {
         );
         return ExitCode::SUCCESS;
     }
-    match serve(
-        cfg,
-        args.config.is_none() && args.listen.is_empty() && !has_quick_backend(&args),
-    ) {
+    let embedded = args.config.is_none() && args.listen.is_empty() && !has_quick_backend(&args);
+    match serve(cfg, embedded, args.stats) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -159,7 +162,7 @@ fn load_config(a: &Args) -> Result<Config, String> {
     Ok(cfg)
 }
 
-fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
+fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), String> {
     // Signals are taken synchronously by this thread; block them before any
     // other thread exists so that all inherit the mask.
     let mut signals = SigSet::empty();
@@ -174,6 +177,9 @@ fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
         registry: registry.clone(),
         stop: AtomicBool::new(false),
         connections: AtomicUsize::new(0),
+        buffers_in_use: (0..cfg.pollers.count)
+            .map(|_| AtomicUsize::new(0))
+            .collect(),
     });
     let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
         .map(|i| poller::spawn(i, shared.clone(), cfg.pollers.arena_bytes as usize))
@@ -217,6 +223,13 @@ fn serve(cfg: Config, embedded: bool) -> Result<(), String> {
             l.address.port(),
             cfg.subsystems[0].nqn
         );
+    }
+    if let Some(path) = stats {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("stats".into())
+            .spawn(move || stats::write_every_second(&path, &shared))
+            .map_err(|e| format!("starting the stats writer: {e}"))?;
     }
     notify::notify("READY=1");
 

@@ -74,6 +74,8 @@ pub struct Shared {
     pub stop: AtomicBool,
     /// Connections alive across all pollers.
     pub connections: AtomicUsize,
+    /// Arena buffers in use, per poller (for the stats file).
+    pub buffers_in_use: Vec<AtomicUsize>,
 }
 
 /// How other threads reach a poller: hand it connections, wake it.
@@ -216,6 +218,7 @@ impl Poller {
     /// Lets every connection make progress, and frees the finished ones.
     fn pump_all(&mut self) {
         let stop_at = self.stop_at;
+        let id = self.id;
         let (mut io, conns, shared) = self.split();
         for slot in conns.iter_mut() {
             let Some(conn) = slot else { continue };
@@ -226,6 +229,7 @@ impl Poller {
                 shared.connections.fetch_sub(1, Ordering::AcqRel);
             }
         }
+        shared.buffers_in_use[id].store(io.arena.buffers_in_use(), Ordering::Relaxed);
         if let Some(t) = stop_at {
             if t.elapsed() > DRAIN_TIMEOUT {
                 for c in conns.iter_mut().flatten() {

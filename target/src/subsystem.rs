@@ -116,6 +116,12 @@ impl Subsystem {
         None
     }
 
+    /// Number of live controllers.
+    pub fn controller_count(&self) -> usize {
+        let c = self.controllers.lock().expect("controllers lock");
+        c.live.values().filter(|w| w.strong_count() > 0).count()
+    }
+
     /// The live controller with this id.
     pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
         let c = self.controllers.lock().expect("controllers lock");

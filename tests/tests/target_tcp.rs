@@ -1377,3 +1377,87 @@ allow_any_host = true
         assert_same(&got, d, &format!("1 MiB #{i}"));
     }
 }
+
+/// Reads the daemon's stats file: (connections, controllers, arena buffers
+/// in use summed over pollers), once it exists.
+fn read_stats(path: &std::path::Path) -> Option<(u64, u64, u64)> {
+    let text = std::fs::read_to_string(path).ok()?;
+    let field = |name: &str| -> Option<&str> {
+        let at = text.find(&format!("\"{name}\":"))? + name.len() + 3;
+        Some(&text[at..])
+    };
+    let num = |name: &str| -> Option<u64> {
+        let rest = field(name)?;
+        rest[..rest.find(|c: char| !c.is_ascii_digit())?]
+            .parse()
+            .ok()
+    };
+    let buffers = field("arena_buffers_in_use")?;
+    let list = &buffers[1..buffers.find(']')?];
+    let sum = list
+        .split(',')
+        .filter(|s| !s.is_empty())
+        .map(|s| s.parse::<u64>().ok())
+        .sum::<Option<u64>>()?;
+    Some((num("connections")?, num("controllers")?, sum))
+}
+
+/// Polls the stats file until `want` holds (≤ 5 s); returns the last reading.
+fn stats_until(
+    path: &std::path::Path,
+    what: &str,
+    want: impl Fn((u64, u64, u64)) -> bool,
+) -> (u64, u64, u64) {
+    let start = Instant::now();
+    loop {
+        let got = read_stats(path);
+        if let Some(s) = got.filter(|s| want(*s)) {
+            return s;
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "{what}: stats file says {got:?} (connections, controllers, arena buffers in use)"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// `--stats FILE`: the counters follow connections, controllers and arena
+/// buffers, and the buffers come back to zero once the I/O is done.
+#[test]
+fn stats_file_tracks_connections_and_buffers() {
+    let dir = TempDir::new("stats");
+    let path = dir.join("stats.json");
+    let t = Target::start(&[
+        "--memory",
+        "64MiB",
+        "--stats",
+        path.to_str().expect("utf-8 path"),
+    ]);
+    stats_until(&path, "idle daemon", |s| s == (0, 0, 0));
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
+    stats_until(&path, "one controller, admin and I/O queue", |s| {
+        s == (2, 1, 0)
+    });
+    // Eight 1 MiB writes whose data we hold back: each holds an arena buffer.
+    let q = &mut c.io[0];
+    let data = Rng::new(5).bytes(MIB);
+    let lbas = (MIB / 512) as u32;
+    let cids: Vec<u16> = (0..8)
+        .map(|i| {
+            q.submit(
+                Queue::rw_sqe(nvm::WRITE, NSID, i * lbas as u64, lbas),
+                Some(&data),
+                0,
+            )
+            .or_panic("submit")
+        })
+        .collect();
+    stats_until(&path, "eight writes waiting for their data", |s| s.2 >= 8);
+    for cid in cids {
+        assert_status(&q.wait(cid).or_panic("write"), Status::SUCCESS, "write");
+    }
+    stats_until(&path, "after the writes", |s| s == (2, 1, 0));
+    drop(c);
+    stats_until(&path, "after the host left", |s| s == (0, 0, 0));
+}

@@ -1,0 +1,48 @@
+//! The stats file: counters an operator (or a test) can read while the
+//! daemon runs, rewritten atomically every second.
+
+use crate::poller::Shared;
+use std::path::Path;
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+/// The counters as one JSON object.
+fn render(shared: &Shared, started: Instant) -> String {
+    let r = &shared.registry;
+    let controllers: usize = r
+        .subsystems
+        .iter()
+        .chain([&r.discovery])
+        .map(|s| s.controller_count())
+        .sum();
+    let buffers: Vec<String> = shared
+        .buffers_in_use
+        .iter()
+        .map(|b| b.load(Ordering::Relaxed).to_string())
+        .collect();
+    format!(
+        "{{\"uptime_s\":{},\"connections\":{},\"controllers\":{},\"arena_buffers_in_use\":[{}]}}\n",
+        started.elapsed().as_secs(),
+        shared.connections.load(Ordering::Acquire),
+        controllers,
+        buffers.join(",")
+    )
+}
+
+/// Writes the stats file every second until the daemon stops.
+pub fn write_every_second(path: &Path, shared: &Shared) {
+    let started = Instant::now();
+    let tmp = path.with_extension("tmp");
+    let mut warned = false;
+    while !shared.stop.load(Ordering::Acquire) {
+        let written = std::fs::write(&tmp, render(shared, started))
+            .and_then(|()| std::fs::rename(&tmp, path));
+        if let Err(e) = written {
+            if !warned {
+                tracing::warn!("cannot write the stats file {}: {e}", path.display());
+                warned = true;
+            }
+        }
+        std::thread::sleep(Duration::from_secs(1));
+    }
+}
