@@ -6,6 +6,7 @@ use crate::command::{self, Command, Connected, Progress, Work};
 use crate::controller::{Association, TransportCaps};
 use crate::poller::{Io, Token};
 use io_uring::{opcode, types};
+use rdmablk_common::fabrics::ConnectCmd;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
@@ -780,6 +781,11 @@ impl TcpConn {
             .as_ref()
             .expect("completing a live slot");
         let (cid, status, dw0, dw1) = (cmd.sqe.cid(), cmd.status, cmd.dw0, cmd.dw1);
+        // A refused Connect answers for the queue it asked for.
+        let sqid = match (&self.assoc, &cmd.work) {
+            (None, Work::Connect) => ConnectCmd::from_sqe(&cmd.sqe).qid,
+            _ => self.sqid(),
+        };
         if cmd.to_host && status.is_success() && cmd.len > 0 {
             let buf = cmd.buf.as_ref().expect("data command has a buffer");
             let mut at = 0;
@@ -805,10 +811,22 @@ impl TcpConn {
                 at += n;
             }
         }
-        self.respond(cid, status, dw0, dw1, Some(slot));
+        self.respond(cid, status, (dw0, dw1), sqid, Some(slot));
     }
 
-    fn respond(&mut self, cid: u16, status: Status, dw0: u32, dw1: u32, release: Option<u16>) {
+    /// The queue id this connection answers for.
+    fn sqid(&self) -> u16 {
+        self.assoc.as_ref().map_or(0, |a| a.qid)
+    }
+
+    fn respond(
+        &mut self,
+        cid: u16,
+        status: Status,
+        (dw0, dw1): (u32, u32),
+        sqid: u16,
+        release: Option<u16>,
+    ) {
         if !status.is_success() {
             tracing::debug!(peer = %self.peer, cid, %status, "command failed");
         }
@@ -816,7 +834,7 @@ impl TcpConn {
             dw0,
             dw1,
             sqhd: self.sq_head,
-            sqid: self.assoc.as_ref().map_or(0, |a| a.qid),
+            sqid,
             cid,
             status: status.to_field(),
         };
@@ -827,7 +845,7 @@ impl TcpConn {
     /// Completes a command that never got a slot (refused while parsing).
     fn respond_now(&mut self, cid: u16, status: Status) -> Flow {
         self.sq_head = (self.sq_head + 1) % self.depth();
-        self.respond(cid, status, 0, 0, None);
+        self.respond(cid, status, (0, 0), self.sqid(), None);
         Flow::Consumed
     }
 
