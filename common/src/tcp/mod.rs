@@ -504,6 +504,23 @@ pub fn encode_header(
     plen
 }
 
+/// Splits a transfer (`offset`, `len`) into the headers of data PDUs of at
+/// most `max` bytes each, the last flagged LAST_PDU: how an R2T is answered
+/// with H2CData, and how a read goes out as C2HData.
+pub fn split_transfer(t: Transfer, max: usize) -> impl Iterator<Item = (Transfer, u8)> {
+    let (start, end) = (t.offset as usize, t.offset as usize + t.len as usize);
+    let max = max.max(1);
+    (start..end).step_by(max).map(move |at| {
+        let n = (end - at).min(max);
+        let piece = Transfer {
+            offset: at as u32,
+            len: n as u32,
+            ..t
+        };
+        (piece, if at + n == end { flags::LAST_PDU } else { 0 })
+    })
+}
+
 /// The data digest of `data`, in wire byte order.
 pub fn data_digest(data: &[u8]) -> [u8; 4] {
     crc32c::crc32c(data).to_le_bytes()

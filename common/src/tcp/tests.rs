@@ -194,3 +194,25 @@ proptest! {
         let _ = decode(&bytes, digests, 4096);
     }
 }
+
+#[test]
+fn split_transfer_pieces() {
+    let t = Transfer {
+        cccid: 3,
+        ttag: 9,
+        offset: 4096,
+        len: 300_000,
+    };
+    let pieces: Vec<_> = split_transfer(t, 131072).collect();
+    assert_eq!(pieces.len(), 3);
+    assert_eq!(
+        (pieces[0].0.offset, pieces[0].0.len, pieces[0].1),
+        (4096, 131072, 0)
+    );
+    assert_eq!(
+        (pieces[2].0.offset, pieces[2].0.len, pieces[2].1),
+        (4096 + 262144, 300_000 - 262144, flags::LAST_PDU)
+    );
+    assert!(pieces.iter().all(|(p, _)| p.cccid == 3 && p.ttag == 9));
+    assert_eq!(split_transfer(Transfer { len: 0, ..t }, 4096).count(), 0);
+}

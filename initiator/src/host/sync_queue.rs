@@ -4,7 +4,7 @@
 use super::HostError;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, CONNECT_DATA_LEN};
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
-use rdmablk_common::tcp::{self, flags, Digests, Header, Transfer};
+use rdmablk_common::tcp::{self, Digests, Header, Transfer};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -209,20 +209,12 @@ impl SyncQueue {
     }
 
     fn send_h2c(&mut self, r2t: Transfer, data: &[u8]) -> Result<(), HostError> {
-        let (start, end) = (r2t.offset as usize, r2t.offset as usize + r2t.len as usize);
+        let end = r2t.offset as usize + r2t.len as usize;
         if end > data.len() {
             return Err(HostError::Protocol("R2T beyond the command's data".into()));
         }
-        let mut at = start;
-        while at < end {
-            let n = (end - at).min(self.max_h2c);
-            let t = Transfer {
-                cccid: r2t.cccid,
-                ttag: r2t.ttag,
-                offset: at as u32,
-                len: n as u32,
-            };
-            let fl = if at + n == end { flags::LAST_PDU } else { 0 };
+        for (t, fl) in tcp::split_transfer(r2t, self.max_h2c) {
+            let (at, n) = (t.offset as usize, t.len as usize);
             self.sock.write_all(&tcp::encode(
                 &Header::H2CData(t),
                 fl,
@@ -230,7 +222,6 @@ impl SyncQueue {
                 self.digests,
                 1,
             ))?;
-            at += n;
         }
         Ok(())
     }

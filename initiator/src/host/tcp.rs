@@ -492,16 +492,8 @@ impl IoQueue {
             ));
         }
         let buf = c.buf;
-        let mut at = r2t.offset as usize;
-        while at < end {
-            let n = (end - at).min(self.limits.max_h2c);
-            let t = Transfer {
-                cccid: r2t.cccid,
-                ttag: r2t.ttag,
-                offset: at as u32,
-                len: n as u32,
-            };
-            let fl = if at + n == end { flags::LAST_PDU } else { 0 };
+        for (t, fl) in tcp::split_transfer(r2t, self.limits.max_h2c) {
+            let (at, n) = (t.offset as usize, t.len as usize);
             let mut head = Vec::with_capacity(32);
             tcp::encode_header(
                 &mut head,
@@ -517,7 +509,6 @@ impl IoQueue {
                 tcp::data_digest(unsafe { std::slice::from_raw_parts(body, n) })
             });
             self.tx.push_with_body(head, body, n, digest, None);
-            at += n;
         }
         Ok(())
     }

@@ -10,7 +10,7 @@ use rdmablk_common::fabrics::ConnectCmd;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
-use rdmablk_common::tcp::{self, fes, flags, Digests, Header, PduError, Transfer};
+use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
 use std::collections::VecDeque;
 use std::net::{Shutdown, SocketAddr, TcpStream};
 use std::os::unix::io::AsRawFd;
@@ -788,19 +788,23 @@ impl TcpConn {
         };
         if cmd.to_host && status.is_success() && cmd.len > 0 {
             let buf = cmd.buf.as_ref().expect("data command has a buffer");
-            let mut at = 0;
-            while at < cmd.len {
-                let n = (cmd.len - at).min(MAX_C2H_DATA);
-                let last = at + n == cmd.len;
-                let h = Header::C2HData(Transfer {
-                    cccid: cid,
-                    ttag: 0,
-                    offset: at as u32,
-                    len: n as u32,
-                });
+            let all = Transfer {
+                cccid: cid,
+                ttag: 0,
+                offset: 0,
+                len: cmd.len as u32,
+            };
+            for (t, fl) in tcp::split_transfer(all, MAX_C2H_DATA) {
+                let (at, n) = (t.offset as usize, t.len as usize);
                 let mut head = Vec::with_capacity(64);
-                let fl = if last { flags::LAST_PDU } else { 0 };
-                tcp::encode_header(&mut head, &h, fl, n, self.digests, self.c2h_align);
+                tcp::encode_header(
+                    &mut head,
+                    &Header::C2HData(t),
+                    fl,
+                    n,
+                    self.digests,
+                    self.c2h_align,
+                );
                 let digest = self
                     .digests
                     .data
@@ -808,7 +812,6 @@ impl TcpConn {
                 self.tx
                     .push_with_body(head, io.arena.addr(buf, at), n, digest, None);
                 self.c2h_pdus += 1;
-                at += n;
             }
         }
         self.respond(cid, status, (dw0, dw1), sqid, Some(slot));
