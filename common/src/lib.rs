@@ -7,6 +7,7 @@ pub mod bytes;
 pub mod fabrics;
 pub mod mem;
 pub mod nvme;
+pub mod rdma;
 pub mod ring;
 pub mod tcp;
 pub mod units;
