@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # VM suite: boots Debian's stock 6.12 kernel under QEMU (TCG) with our release
 # binaries and runs named scenarios against the real Linux NVMe-oF host,
-# nvmet, nbd and (later) soft-RoCE and ublk.
+# nvmet, nbd, soft-RoCE (rdma_rxe) and (later) ublk.
 #
 #   tests/vm/run.sh                  # every scenario in tests/vm/scenarios/
 #   tests/vm/run.sh kernel-host-tcp  # only these (file names without .sh)
@@ -42,9 +42,14 @@ if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! comm
 fi
 
 # ---------------------------------------------------------------- downloads (cached)
-guest_pkgs="kmod nvme-cli nbd-client e2fsprogs iproute2"
+# RDMA: libibverbs/librdmacm, the rxe and siw providers, perftest.
+guest_pkgs="kmod nvme-cli nbd-client e2fsprogs iproute2 libibverbs1 librdmacm1 ibverbs-providers perftest"
+# The closure of guest_pkgs is cut down to these (perl, PAM etc. not needed).
+keep_re='^(lib|kmod|nvme-cli|nbd-client|e2fsprogs|iproute2|zlib|ibverbs-providers|perftest)'
+drop_re='^lib.*-perl$|^libperl|^libpam|^libsemanage|^libdb5|^libgdbm'
 mkdir -p "$cache/debs" "$work"
-stamp="$cache/debs/.complete-$(echo "$kpkg $guest_pkgs" | md5sum | cut -c1-8)"
+# A new package list or filter downloads again.
+stamp="$cache/debs/.complete-$(echo "$kpkg $guest_pkgs $keep_re $drop_re" | md5sum | cut -c1-8)"
 if [ ! -f "$stamp" ]; then
   log "downloading the kernel and guest packages into $cache"
   $SUDO apt-get update -qq
@@ -52,8 +57,7 @@ if [ ! -f "$stamp" ]; then
   [ -n "$kimg" ] || die "cannot resolve $kpkg"
   pkgs=$(apt-cache depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
            --no-replaces --no-enhances $guest_pkgs | grep '^[a-z]' | sort -u |
-         grep -E '^(lib|kmod|nvme-cli|nbd-client|e2fsprogs|iproute2|zlib)' |
-         grep -vE '^lib.*-perl$|^libperl|^libpam|^libsemanage|^libdb5|^libgdbm')
+         grep -E "$keep_re" | grep -vE "$drop_re")
   (cd "$cache/debs" && apt-get download -q "$kimg" $pkgs >/dev/null 2>&1) || die "apt-get download failed"
   echo "$kimg" > "$cache/debs/kernel-package"
   touch "$stamp"
@@ -102,7 +106,16 @@ find_sr() { local p; for p in usr/sbin usr/bin sbin bin; do [ -f "$sr/$p/$1" ] &
 
 add_bin "$(find_sr kmod)" kmod
 for a in modprobe insmod lsmod rmmod depmod modinfo; do ln -sf kmod "$ir/usr/bin/$a"; done
-for b in nvme nbd-client mke2fs ip; do add_bin "$(find_sr $b)" "$b"; done
+for b in nvme nbd-client mke2fs ip rdma ib_write_bw ib_read_bw; do add_bin "$(find_sr $b)" "$b"; done
+# libibverbs dlopen()s its providers: rxe (soft-RoCE) and siw (soft-iWARP).
+mkdir -p "$ir/usr/lib/x86_64-linux-gnu/libibverbs" "$ir/etc/libibverbs.d"
+for prov in rxe siw; do
+  for f in "$sr"/usr/lib/x86_64-linux-gnu/libibverbs/lib$prov-rdmav*.so; do
+    [ -f "$f" ] || die "libibverbs provider $prov not in the guest packages"
+    cp -L "$f" "$ir/usr/lib/x86_64-linux-gnu/libibverbs/"; copy_deps "$f"
+  done
+  cp "$sr/etc/libibverbs.d/$prov.driver" "$ir/etc/libibverbs.d/"
+done
 for b in rdmablk-target rdmablk blkload; do
   add_bin "$repo/build/release/$b" "$b"
   strip --strip-debug "$ir/usr/bin/$b" 2>/dev/null || true
@@ -111,12 +124,15 @@ copy_lib_gcc=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/libgcc_s.so.1 2>/dev/null | 
 [ -n "$copy_lib_gcc" ] && cp -L "$copy_lib_gcc" "$ir/usr/lib/x86_64-linux-gnu/"
 
 # Kernel modules with their dependencies; depmod so modprobe works.
-want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net"
+# rdma_rxe needs the crc32 shash (crc32_generic); siw is not built in Debian's
+# 6.12 (CONFIG_RDMA_SIW unset) and is skipped there.
+want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net
+  rdma_rxe siw rdma_ucm ib_uverbs ib_umad nvme-rdma nvmet-rdma crc32_generic ublk_drv"
 declare -A have=()
 queue=()
 for m in $want; do
-  f=$(LD_LIBRARY_PATH="$srlib" "$cache/hosttools/modinfo" -b "$kroot" -k "$kver" -n "$m" 2>/dev/null) || continue
-  case "$f" in /*) queue+=("${f#$moddir/}");; esac
+  f=$(LD_LIBRARY_PATH="$srlib" "$cache/hosttools/modinfo" -b "$kroot" -k "$kver" -n "$m" 2>/dev/null) || { log "module $m: not in $kver"; continue; }
+  for ff in $f; do case "$ff" in /*) queue+=("${ff#$moddir/}");; esac; done
 done
 while [ ${#queue[@]} -gt 0 ]; do
   rel=${queue[0]}; queue=("${queue[@]:1}")

@@ -57,17 +57,54 @@ verify_ext4() {
   say "$1: mkfs.ext4, files, remount verified"
 }
 
-# nvmet_tcp_export NQN FILE PORT: exports FILE through kernel nvmet-tcp.
-nvmet_tcp_export() {
-  /usr/bin/modprobe nvmet-tcp || fail "modprobe nvmet-tcp"
+# nvmet_export TRTYPE TRADDR NQN FILE PORT: exports FILE as namespace 1 of
+# subsystem NQN (any host) through kernel nvmet-TRTYPE on TRADDR:PORT. The
+# configfs port is named PORT: use a port number once per boot.
+nvmet_export() {
+  /usr/bin/modprobe "nvmet-$1" || fail "modprobe nvmet-$1"
   grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs configfs /sys/kernel/config
   n=/sys/kernel/config/nvmet
-  mkdir -p "$n/subsystems/$1/namespaces/1"
-  echo 1 > "$n/subsystems/$1/attr_allow_any_host"
-  echo -n "$2" > "$n/subsystems/$1/namespaces/1/device_path"
-  echo 1 > "$n/subsystems/$1/namespaces/1/enable" || fail "nvmet namespace enable"
-  p=$n/ports/$3; mkdir -p "$p"
-  echo tcp > "$p/addr_trtype"; echo ipv4 > "$p/addr_adrfam"
-  echo 127.0.0.1 > "$p/addr_traddr"; echo "$3" > "$p/addr_trsvcid"
-  ln -s "$n/subsystems/$1" "$p/subsystems/$1" || fail "nvmet port link"
+  mkdir -p "$n/subsystems/$3/namespaces/1"
+  echo 1 > "$n/subsystems/$3/attr_allow_any_host"
+  echo -n "$4" > "$n/subsystems/$3/namespaces/1/device_path"
+  echo 1 > "$n/subsystems/$3/namespaces/1/enable" || fail "nvmet namespace enable"
+  p=$n/ports/$5; mkdir -p "$p"
+  echo "$1" > "$p/addr_trtype"; echo ipv4 > "$p/addr_adrfam"
+  echo "$2" > "$p/addr_traddr"; echo "$5" > "$p/addr_trsvcid"
+  ln -s "$n/subsystems/$3" "$p/subsystems/$3" || fail "nvmet port link ($1 $2:$5)"
+}
+
+# nvmet_tcp_export NQN FILE PORT: exports FILE through kernel nvmet-tcp.
+nvmet_tcp_export() { nvmet_export tcp 127.0.0.1 "$@"; }
+
+# nvmet_rdma_export NQN FILE PORT: exports FILE through kernel nvmet-rdma on
+# $RDMA_IP (brings rxe0 up first).
+nvmet_rdma_export() { rxe_up; nvmet_export rdma "$RDMA_IP" "$@"; }
+
+# rxe_up: soft-RoCE device rxe0 on eth0, with the user verbs and rdma_cm
+# devices; exports RDMA_IP, eth0's IPv4 address, which both ends of an RDMA
+# connection in the guest use (rxe needs a real netdev: not 127.0.0.1), and
+# RDMA_GID_INDEX, the GID of that address for tools that take -x. A second
+# call only sets the variables.
+rxe_up() {
+  RDMA_IP=$(/usr/bin/ip -4 -o addr show dev eth0 2>/dev/null | awk '{sub("/.*", "", $4); print $4; exit}')
+  [ -n "$RDMA_IP" ] || fail "eth0 has no IPv4 address"
+  if [ ! -d /sys/class/infiniband/rxe0 ]; then
+    # rxe computes its ICRC with the crc32 shash, which nothing loads for it.
+    for m in crc32_generic rdma_rxe ib_uverbs rdma_ucm ib_umad; do
+      /usr/bin/modprobe $m || fail "modprobe $m"
+    done
+    /usr/bin/rdma link add rxe0 type rxe netdev eth0 || fail "rdma link add rxe0 on eth0"
+  fi
+  wait_for 10 grep -q ACTIVE /sys/class/infiniband/rxe0/ports/1/state ||
+    fail "rxe0 port not active: $(cat /sys/class/infiniband/rxe0/ports/1/state)"
+  # The IPv4 GID is ::ffff:a.b.c.d; it appears shortly after the link.
+  gid=$(echo "$RDMA_IP" | awk -F. '{printf "0000:0000:0000:0000:0000:ffff:%02x%02x:%02x%02x", $1, $2, $3, $4}')
+  RDMA_GID_INDEX=""
+  wait_for 10 grep -qx "$gid" /sys/class/infiniband/rxe0/ports/1/gids/* || fail "rxe0 has no GID for $RDMA_IP"
+  for g in /sys/class/infiniband/rxe0/ports/1/gids/*; do
+    [ "$(cat "$g" 2>/dev/null)" = "$gid" ] && { RDMA_GID_INDEX=${g##*/}; break; }
+  done
+  [ -c /dev/infiniband/uverbs0 ] || fail "no /dev/infiniband/uverbs0"
+  export RDMA_IP RDMA_GID_INDEX
 }
