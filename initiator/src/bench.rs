@@ -3,7 +3,7 @@
 //! verifies every block it reads back against what it wrote.
 
 use crate::host::engine::{Cx, Driver};
-use crate::host::tcp::Done;
+use crate::host::Done;
 use crate::host::NamespaceInfo;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{nvm, Sqe};

@@ -5,8 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
 use rdmablk::frontend::nbd::{self, Listen};
 use rdmablk::host::engine::Engine;
-use rdmablk::host::tcp::IoQueue;
-use rdmablk::host::{HostError, Params, Session};
+use rdmablk::host::{HostError, Params, Session, Transport};
 use rdmablk::hostid;
 use rdmablk_common::fabrics::discovery::{adrfam, subtype, trtype, DiscoveryEntry};
 use rdmablk_common::tcp::Digests;
@@ -50,7 +49,7 @@ Then: nbd-client -unix /run/rdmablk/disk0.sock /dev/nbd0, qemu-img info nbd+unix
 /// Where the target is and who we are.
 #[derive(Args, Clone)]
 struct Target {
-    /// Transport: tcp (rdma comes with the NVMe/RDMA transport).
+    /// Transport: tcp (NVMe/TCP) or rdma (NVMe/RDMA: RoCE, InfiniBand).
     #[arg(short = 't', long = "transport", default_value = "tcp")]
     transport: String,
     /// Target address (IP or host name).
@@ -167,13 +166,11 @@ fn params(
     queue_size: u16,
     io_queues: u16,
 ) -> Result<Params, String> {
-    match t.transport.as_str() {
-        "tcp" => {}
-        "rdma" => {
-            return Err("-t rdma: this build has no NVMe/RDMA transport yet; use -t tcp".into())
-        }
-        other => return Err(format!("-t {other}: unknown transport; use tcp")),
-    }
+    let transport = match t.transport.as_str() {
+        "tcp" => Transport::Tcp,
+        "rdma" => Transport::Rdma,
+        other => return Err(format!("-t {other}: unknown transport; use tcp or rdma")),
+    };
     let addr: SocketAddr = (t.traddr.as_str(), t.trsvcid)
         .to_socket_addrs()
         .map_err(|e| format!("-a {}: {e}", t.traddr))?
@@ -184,7 +181,11 @@ fn params(
             .ok_or_else(|| format!("-I {s}: not a UUID (xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx)"))?,
         None => hostid::default_hostid(),
     };
+    if transport == Transport::Rdma && (t.hdr_digest || t.data_digest) {
+        return Err("-g/-G: digests are an NVMe/TCP feature; NVMe/RDMA has none".into());
+    }
     Ok(Params {
+        transport,
         addr,
         subnqn: subnqn.into(),
         hostnqn: t.hostnqn.clone().unwrap_or_else(hostid::default_hostnqn),
@@ -319,10 +320,10 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     spawn_signal_watch(progress.clone());
     let mut threads = Vec::new();
     for q in 0..queues {
-        let (sock, limits) = session
+        let queue = session
             .open_io_queue(q as u16 + 1)
             .map_err(|e| e.to_string())?;
-        let qd = b.qd.min(limits.depth as usize - 1).max(1);
+        let qd = b.qd.min(session.queue_size as usize - 1).max(1);
         let job = Job {
             pattern: b.rw,
             bs,
@@ -336,12 +337,8 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
             run_id,
         };
         let arena = (qd * bs.next_power_of_two().max(4096) + (8 << 20)).next_multiple_of(4 << 20);
-        let engine = Engine::new(
-            IoQueue::new(sock, limits),
-            arena,
-            Duration::from_millis(100),
-        )
-        .map_err(|e| e.to_string())?;
+        let engine =
+            Engine::new(queue, arena, Duration::from_millis(100)).map_err(|e| e.to_string())?;
         let progress = progress.clone();
         threads.push(
             std::thread::Builder::new()

@@ -8,6 +8,7 @@ mod controller;
 mod io_cmd;
 mod notify;
 mod poller;
+mod queue;
 mod stats;
 mod subsystem;
 mod transport;
@@ -149,16 +150,6 @@ fn load_config(a: &Args) -> Result<Config, String> {
         }
         cfg.pollers.count = n;
     }
-    if let Some(l) = cfg
-        .listeners
-        .iter()
-        .find(|l| l.transport == Transport::Rdma)
-    {
-        return Err(format!(
-            "listener rdma://{}: this build has no NVMe/RDMA transport yet; use tcp://",
-            l.address
-        ));
-    }
     Ok(cfg)
 }
 
@@ -190,8 +181,18 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
     let pollers = Arc::new(links);
 
     for l in &cfg.listeners {
-        let listener = TcpListener::bind(l.address)
-            .map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
+        match l.transport {
+            Transport::Tcp => {
+                let listener = TcpListener::bind(l.address)
+                    .map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
+                let pollers = pollers.clone();
+                std::thread::Builder::new()
+                    .name(format!("accept-{}", l.address))
+                    .spawn(move || accept_loop(listener, &pollers))
+                    .map_err(|e| format!("starting acceptor: {e}"))?;
+            }
+            Transport::Rdma => transport::rdma::listen(l.address, pollers.clone())?,
+        }
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
             tracing::warn!(
@@ -199,12 +200,7 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
                 l.address
             );
         }
-        tracing::info!("listening on tcp://{}", l.address);
-        let pollers = pollers.clone();
-        std::thread::Builder::new()
-            .name(format!("accept-{}", l.address))
-            .spawn(move || accept_loop(listener, &pollers))
-            .map_err(|e| format!("starting acceptor: {e}"))?;
+        tracing::info!("listening on {}://{}", l.transport, l.address);
     }
     for s in &registry.subsystems {
         tracing::info!(

@@ -3,6 +3,7 @@
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
 use crate::subsystem::Registry;
+use crate::transport::rdma::{self, Endpoint};
 use crate::transport::tcp::TcpConn;
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
@@ -30,6 +31,12 @@ pub enum Token {
     Backend(usize, u16),
     Tick,
     Wake,
+    /// The completion channel of RDMA device `.0` is readable.
+    RdmaCq(usize),
+    /// The RDMA CM channel is readable.
+    RdmaCm,
+    /// A backend operation of command slot `.1` on RDMA queue `.0`.
+    RdmaBackend(usize, u16),
 }
 
 impl Token {
@@ -40,6 +47,9 @@ impl Token {
             Token::Backend(c, s) => (3, c, s),
             Token::Tick => (4, 0, 0),
             Token::Wake => (5, 0, 0),
+            Token::RdmaCq(d) => (6, d, 0),
+            Token::RdmaCm => (7, 0, 0),
+            Token::RdmaBackend(c, s) => (8, c, s),
         };
         kind << 56 | (conn as u64) << 16 | slot as u64
     }
@@ -53,6 +63,9 @@ impl Token {
             3 => Token::Backend(conn, slot),
             4 => Token::Tick,
             5 => Token::Wake,
+            6 => Token::RdmaCq(conn),
+            7 => Token::RdmaCm,
+            8 => Token::RdmaBackend(conn, slot),
             _ => return None,
         })
     }
@@ -78,16 +91,31 @@ pub struct Shared {
     pub buffers_in_use: Vec<AtomicUsize>,
 }
 
+/// A new connection for a poller.
+enum Incoming {
+    Tcp(TcpStream, std::net::SocketAddr),
+    Rdma(rdma::Incoming),
+}
+
 /// How other threads reach a poller: hand it connections, wake it.
 pub struct PollerLink {
-    sender: Sender<(TcpStream, std::net::SocketAddr)>,
+    sender: Sender<Incoming>,
     wakeup: Wakeup,
 }
 
 impl PollerLink {
-    /// Hands a new connection to the poller.
+    /// Hands a new NVMe/TCP connection to the poller.
     pub fn adopt(&self, sock: TcpStream, peer: std::net::SocketAddr) {
-        if self.sender.send((sock, peer)).is_ok() {
+        self.send(Incoming::Tcp(sock, peer));
+    }
+
+    /// Hands an NVMe/RDMA connect request to the poller.
+    pub fn adopt_rdma(&self, inc: rdma::Incoming) {
+        self.send(Incoming::Rdma(inc));
+    }
+
+    fn send(&self, inc: Incoming) {
+        if self.sender.send(inc).is_ok() {
             self.wakeup.wake();
         }
     }
@@ -115,6 +143,7 @@ pub fn spawn(
     );
     let poller_wakeup = wakeup.clone();
     let make = move || Poller {
+        rdma: Endpoint::new(id),
         ring,
         id,
         conns: Vec::new(),
@@ -131,10 +160,12 @@ pub fn spawn(
 }
 
 struct Poller {
+    /// Declared before the ring: its memory registrations go before the arena.
+    rdma: Endpoint,
     ring: Ring,
     id: usize,
     conns: Vec<Option<Box<TcpConn>>>,
-    incoming: Receiver<(TcpStream, std::net::SocketAddr)>,
+    incoming: Receiver<Incoming>,
     wakeup: Wakeup,
     tick: types::Timespec,
     shared: Arc<Shared>,
@@ -163,7 +194,10 @@ impl Poller {
                 self.dispatch(ud, res);
             }
             self.pump_all();
-            if self.stop_at.is_some() && self.conns.iter().all(Option::is_none) {
+            if self.stop_at.is_some()
+                && self.conns.iter().all(Option::is_none)
+                && self.rdma.connections() == 0
+            {
                 break;
             }
         }
@@ -171,7 +205,14 @@ impl Poller {
     }
 
     /// Splits the poller into what connection handlers need and the connections.
-    fn split(&mut self) -> (Io<'_>, &mut Vec<Option<Box<TcpConn>>>, &Shared) {
+    fn split(
+        &mut self,
+    ) -> (
+        Io<'_>,
+        &mut Vec<Option<Box<TcpConn>>>,
+        &Shared,
+        &mut Endpoint,
+    ) {
         (
             Io {
                 arena: &mut self.ring.arena,
@@ -181,6 +222,7 @@ impl Poller {
             },
             &mut self.conns,
             &self.shared,
+            &mut self.rdma,
         )
     }
 
@@ -200,16 +242,25 @@ impl Poller {
                 }
             }
             Some(Token::Send(c)) => {
-                let (mut io, conns, _) = self.split();
+                let (mut io, conns, _, _) = self.split();
                 if let Some(conn) = conns.get_mut(c).and_then(Option::as_mut) {
                     conn.on_send(res, &mut io);
                 }
             }
             Some(Token::Backend(c, slot)) => {
-                let (mut io, conns, _) = self.split();
+                let (mut io, conns, _, _) = self.split();
                 if let Some(conn) = conns.get_mut(c).and_then(Option::as_mut) {
                     conn.on_backend(slot, res, &mut io);
                 }
+            }
+            Some(Token::RdmaCq(d)) => {
+                let (mut io, _, _, rdma) = self.split();
+                rdma.on_cq(d, &mut io);
+            }
+            Some(Token::RdmaCm) => self.rdma.on_cm(),
+            Some(Token::RdmaBackend(c, slot)) => {
+                let (mut io, _, _, rdma) = self.split();
+                rdma.on_backend(c, slot, res, &mut io);
             }
             None => tracing::error!(poller = self.id, ud, "completion with unknown user data"),
         }
@@ -219,7 +270,12 @@ impl Poller {
     fn pump_all(&mut self) {
         let stop_at = self.stop_at;
         let id = self.id;
-        let (mut io, conns, shared) = self.split();
+        let (mut io, conns, shared, rdma) = self.split();
+        let rdma_before = rdma.connections();
+        rdma.pump(&mut io);
+        rdma.arm(io.sq);
+        let rdma_closed = rdma_before - rdma.connections();
+        shared.connections.fetch_sub(rdma_closed, Ordering::AcqRel);
         for slot in conns.iter_mut() {
             let Some(conn) = slot else { continue };
             conn.pump(&mut io);
@@ -229,12 +285,15 @@ impl Poller {
                 shared.connections.fetch_sub(1, Ordering::AcqRel);
             }
         }
-        shared.buffers_in_use[id].store(io.arena.buffers_in_use(), Ordering::Relaxed);
+        // Buffers held by commands: the SRQs' standing receive buffers aside.
+        let in_use = io.arena.buffers_in_use() - rdma.recv_buffers();
+        shared.buffers_in_use[id].store(in_use, Ordering::Relaxed);
         if let Some(t) = stop_at {
             if t.elapsed() > DRAIN_TIMEOUT {
                 for c in conns.iter_mut().flatten() {
                     c.close("drain timeout at shutdown");
                 }
+                rdma.close_all("drain timeout at shutdown");
             }
         }
     }
@@ -243,6 +302,7 @@ impl Poller {
         for c in self.conns.iter_mut().flatten() {
             c.on_tick();
         }
+        self.rdma.on_tick();
     }
 
     fn on_wake(&mut self) {
@@ -255,21 +315,31 @@ impl Poller {
                 "draining"
             );
         }
-        while let Ok((sock, peer)) = self.incoming.try_recv() {
-            if self.stop_at.is_some() {
-                continue; // dropping the socket closes it
+        while let Ok(inc) = self.incoming.try_recv() {
+            match inc {
+                Incoming::Tcp(sock, peer) => {
+                    if self.stop_at.is_some() {
+                        continue; // dropping the socket closes it
+                    }
+                    let idx = self
+                        .conns
+                        .iter()
+                        .position(Option::is_none)
+                        .unwrap_or_else(|| {
+                            self.conns.push(None);
+                            self.conns.len() - 1
+                        });
+                    tracing::debug!(poller = self.id, %peer, "connection accepted");
+                    self.conns[idx] = Some(Box::new(TcpConn::new(sock, peer, idx)));
+                    self.shared.connections.fetch_add(1, Ordering::AcqRel);
+                }
+                Incoming::Rdma(inc) => {
+                    let (mut io, _, shared, rdma) = self.split();
+                    if rdma.adopt(inc, &mut io) {
+                        shared.connections.fetch_add(1, Ordering::AcqRel);
+                    }
+                }
             }
-            let idx = self
-                .conns
-                .iter()
-                .position(Option::is_none)
-                .unwrap_or_else(|| {
-                    self.conns.push(None);
-                    self.conns.len() - 1
-                });
-            tracing::debug!(poller = self.id, %peer, "connection accepted");
-            self.conns[idx] = Some(Box::new(TcpConn::new(sock, peer, idx)));
-            self.shared.connections.fetch_add(1, Ordering::AcqRel);
         }
     }
 

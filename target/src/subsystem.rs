@@ -203,7 +203,7 @@ impl Registry {
                     trsvcid: l.address.port().to_string(),
                     subnqn: s.nqn.clone(),
                     traddr: l.address.ip().to_string(),
-                    tsas: [0; 32],
+                    tsas: transport_specific(l.transport),
                 });
             }
         }
@@ -259,4 +259,14 @@ fn id128(key: &str, seed: u8) -> [u8; 16] {
     out[..8].copy_from_slice(&stable_hash(key, seed).to_be_bytes());
     out[8..].copy_from_slice(&stable_hash(key, seed.wrapping_add(1)).to_be_bytes());
     out
+}
+
+/// The transport specific address subtype of a discovery log entry: for
+/// RDMA, a reliable connected QP, no particular provider, RDMA CM.
+fn transport_specific(t: Transport) -> [u8; 32] {
+    let mut tsas = [0u8; 32];
+    if t == Transport::Rdma {
+        tsas[..3].copy_from_slice(&[1, 1, 1]);
+    }
+    tsas
 }

@@ -70,6 +70,28 @@ pub struct NewId(*mut rdma_cm_id);
 // SAFETY: an id may move between threads; it is used by one at a time.
 unsafe impl Send for NewId {}
 
+impl NewId {
+    /// Refuses the connection with `private_data`.
+    pub fn reject(self, private_data: &[u8]) -> io::Result<()> {
+        // SAFETY: the id is alive (dropped, and so destroyed, after this);
+        // the data lives through the call.
+        let rc = unsafe {
+            rdma_reject(
+                self.0,
+                private_data.as_ptr().cast(),
+                private_data.len() as u8,
+            )
+        };
+        check(rc, "rdma_reject")
+    }
+
+    /// The device the connection arrived on.
+    pub fn device(&self) -> Device {
+        // SAFETY: an incoming id is bound to its device's open context.
+        unsafe { Device::from_raw((*self.0).verbs) }
+    }
+}
+
 impl Drop for NewId {
     fn drop(&mut self) {
         // SAFETY: an unadopted id is still ours to destroy.
@@ -128,8 +150,11 @@ impl CmChannel {
             let private_data = if conn.private_data.is_null() {
                 Vec::new()
             } else {
-                std::slice::from_raw_parts(conn.private_data as *const u8, conn.private_data_len as usize)
-                    .to_vec()
+                std::slice::from_raw_parts(
+                    conn.private_data as *const u8,
+                    conn.private_data_len as usize,
+                )
+                .to_vec()
             };
             let new_id = (kind == CmEventKind::ConnectRequest).then(|| NewId(e.id));
             let context = if kind == CmEventKind::ConnectRequest {
@@ -165,7 +190,13 @@ impl CmChannel {
             revents: 0,
         };
         // SAFETY: one valid pollfd.
-        let rc = unsafe { libc::poll(&mut pfd, 1, timeout.as_millis().min(i32::MAX as u128) as i32) };
+        let rc = unsafe {
+            libc::poll(
+                &mut pfd,
+                1,
+                timeout.as_millis().min(i32::MAX as u128) as i32,
+            )
+        };
         if rc < 0 {
             let e = io::Error::last_os_error();
             if e.kind() != io::ErrorKind::Interrupted {
@@ -228,10 +259,15 @@ impl CmId {
     pub fn new(channel: &Arc<CmChannel>) -> io::Result<CmId> {
         let mut ptr = std::ptr::null_mut();
         // SAFETY: the channel is open; `ptr` is writable.
-        check(
-            unsafe { rdma_create_id(channel.ptr, &mut ptr, std::ptr::null_mut(), rdma_port_space::RDMA_PS_TCP) },
-            "rdma_create_id",
-        )?;
+        let rc = unsafe {
+            rdma_create_id(
+                channel.ptr,
+                &mut ptr,
+                std::ptr::null_mut(),
+                rdma_port_space::RDMA_PS_TCP,
+            )
+        };
+        check(rc, "rdma_create_id")?;
         Ok(CmId {
             ptr,
             channel: channel.clone(),
@@ -259,7 +295,8 @@ impl CmId {
     pub fn listen(&mut self, addr: SocketAddr, backlog: i32) -> io::Result<()> {
         let mut sa = SockAddr::from(addr);
         // SAFETY: `sa` holds a valid sockaddr of its family.
-        check(unsafe { rdma_bind_addr(self.ptr, sa.as_mut_ptr()) }, "rdma_bind_addr")?;
+        let rc = unsafe { rdma_bind_addr(self.ptr, sa.as_mut_ptr()) };
+        check(rc, "rdma_bind_addr")?;
         // SAFETY: the id is bound.
         check(unsafe { rdma_listen(self.ptr, backlog) }, "rdma_listen")
     }
@@ -268,16 +305,22 @@ impl CmId {
     pub fn resolve_addr(&mut self, dst: SocketAddr, timeout: Duration) -> io::Result<()> {
         let mut sa = SockAddr::from(dst);
         // SAFETY: `sa` holds a valid sockaddr; no source address.
-        check(
-            unsafe { rdma_resolve_addr(self.ptr, std::ptr::null_mut(), sa.as_mut_ptr(), timeout.as_millis() as i32) },
-            "rdma_resolve_addr",
-        )
+        let rc = unsafe {
+            rdma_resolve_addr(
+                self.ptr,
+                std::ptr::null_mut(),
+                sa.as_mut_ptr(),
+                timeout.as_millis() as i32,
+            )
+        };
+        check(rc, "rdma_resolve_addr")
     }
 
     /// Starts resolving the route (event RouteResolved).
     pub fn resolve_route(&mut self, timeout: Duration) -> io::Result<()> {
         // SAFETY: the address is resolved.
-        check(unsafe { rdma_resolve_route(self.ptr, timeout.as_millis() as i32) }, "rdma_resolve_route")
+        let rc = unsafe { rdma_resolve_route(self.ptr, timeout.as_millis() as i32) };
+        check(rc, "rdma_resolve_route")
     }
 
     /// The device the id is bound to, once it is.
@@ -319,7 +362,8 @@ impl CmId {
         attr.qp_type = ibv_qp_type::IBV_QPT_RC;
         // SAFETY: the id has a device; PD, CQs and SRQ are alive and kept so
         // by `QpDeps` for as long as the queue pair.
-        check(unsafe { rdma_create_qp(self.ptr, c.pd.as_ptr(), &mut attr) }, "rdma_create_qp")?;
+        let rc = unsafe { rdma_create_qp(self.ptr, c.pd.as_ptr(), &mut attr) };
+        check(rc, "rdma_create_qp")?;
         self.qp = Some(QpDeps {
             _pd: c.pd.clone(),
             _cqs: [c.send_cq.keep(), c.recv_cq.keep()],
@@ -336,8 +380,12 @@ impl CmId {
 
     pub fn qp_num(&self) -> u32 {
         let qp = self.qp();
-        // SAFETY: a non-null qp is alive while the id owns it.
-        if qp.is_null() { 0 } else { unsafe { (*qp).qp_num } }
+        if qp.is_null() {
+            0
+        } else {
+            // SAFETY: a non-null qp is alive while the id owns it.
+            unsafe { (*qp).qp_num }
+        }
     }
 
     fn conn_param(p: &ConnParam) -> rdma_conn_param {
@@ -370,10 +418,14 @@ impl CmId {
     /// Refuses an incoming connection with `private_data`.
     pub fn reject(&mut self, private_data: &[u8]) -> io::Result<()> {
         // SAFETY: the data lives through the call.
-        check(
-            unsafe { rdma_reject(self.ptr, private_data.as_ptr().cast(), private_data.len() as u8) },
-            "rdma_reject",
-        )
+        let rc = unsafe {
+            rdma_reject(
+                self.ptr,
+                private_data.as_ptr().cast(),
+                private_data.len() as u8,
+            )
+        };
+        check(rc, "rdma_reject")
     }
 
     /// Starts a disconnect; the queue pair goes to the error state, and
@@ -441,13 +493,22 @@ fn sockaddr_string(st: &libc::sockaddr_storage) -> String {
         libc::AF_INET => {
             // SAFETY: the family says it is a sockaddr_in.
             let sin = unsafe { &*(st as *const _ as *const libc::sockaddr_in) };
-            SocketAddrV4::new(u32::from_be(sin.sin_addr.s_addr).into(), u16::from_be(sin.sin_port)).to_string()
+            SocketAddrV4::new(
+                u32::from_be(sin.sin_addr.s_addr).into(),
+                u16::from_be(sin.sin_port),
+            )
+            .to_string()
         }
         libc::AF_INET6 => {
             // SAFETY: the family says it is a sockaddr_in6.
             let sin6 = unsafe { &*(st as *const _ as *const libc::sockaddr_in6) };
-            SocketAddrV6::new(sin6.sin6_addr.s6_addr.into(), u16::from_be(sin6.sin6_port), 0, sin6.sin6_scope_id)
-                .to_string()
+            SocketAddrV6::new(
+                sin6.sin6_addr.s6_addr.into(),
+                u16::from_be(sin6.sin6_port),
+                0,
+                sin6.sin6_scope_id,
+            )
+            .to_string()
         }
         _ => "?".into(),
     }

@@ -6,7 +6,10 @@ pub mod private_data;
 pub mod verbs;
 
 pub use cm::{CmChannel, CmEvent, CmEventKind, CmId, ConnParam, NewId, QpConfig};
-pub use verbs::{access, device_names, CompChannel, Completion, Cq, Device, DeviceAttrs, Mr, Pd, SendOp, SendWr, Sge, Srq};
+pub use verbs::{
+    access, device_names, CompChannel, Completion, Cq, Device, DeviceAttrs, Mr, Pd, SendOp, SendWr,
+    Sge, Srq,
+};
 
 /// The message for `-t rdma` / `rdma://` on a machine without RDMA devices.
 pub fn no_device_message() -> String {
@@ -19,7 +22,10 @@ pub fn no_device_message() -> String {
 /// Fails at once when the machine has no RDMA device.
 pub fn require_device() -> std::io::Result<()> {
     if device_names().is_empty() {
-        return Err(std::io::Error::new(std::io::ErrorKind::NotFound, no_device_message()));
+        return Err(std::io::Error::new(
+            std::io::ErrorKind::NotFound,
+            no_device_message(),
+        ));
     }
     Ok(())
 }

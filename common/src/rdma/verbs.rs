@@ -83,7 +83,8 @@ impl Device {
         // SAFETY: ibv_device_attr is plain data; zeroed is a valid value.
         let mut a: ibv_device_attr = unsafe { std::mem::zeroed() };
         // SAFETY: the context is open and `a` is writable.
-        check(unsafe { ibv_query_device(self.0, &mut a) }, "ibv_query_device")?;
+        let rc = unsafe { ibv_query_device(self.0, &mut a) };
+        check(rc, "ibv_query_device")?;
         Ok(DeviceAttrs {
             max_qp_init_rd_atom: a.max_qp_init_rd_atom.clamp(0, 255) as u8,
             max_qp_rd_atom: a.max_qp_rd_atom.clamp(0, 255) as u8,
@@ -108,7 +109,9 @@ pub fn device_names() -> Vec<String> {
             // SAFETY: `i < n` entries of the list are valid devices.
             unsafe {
                 let name = ibv_get_device_name(*list.add(i));
-                std::ffi::CStr::from_ptr(name).to_string_lossy().into_owned()
+                std::ffi::CStr::from_ptr(name)
+                    .to_string_lossy()
+                    .into_owned()
             }
         })
         .collect();
@@ -182,7 +185,9 @@ impl Mr {
         let ptr = unsafe { ibv_reg_mr(pd.as_ptr(), addr.cast(), len, access as i32) };
         if ptr.is_null() {
             let e = io::Error::last_os_error();
-            let hint = if e.raw_os_error() == Some(libc::ENOMEM) || e.raw_os_error() == Some(libc::EPERM) {
+            let hint = if e.raw_os_error() == Some(libc::ENOMEM)
+                || e.raw_os_error() == Some(libc::EPERM)
+            {
                 " (pinning memory needs LimitMEMLOCK=infinity or CAP_IPC_LOCK; see `ulimit -l`)"
             } else {
                 ""
@@ -388,7 +393,10 @@ impl Cq {
     /// Asks for a channel event at the next completion.
     pub fn arm(&mut self) -> io::Result<()> {
         // SAFETY: the CQ is alive.
-        check(unsafe { ibv_req_notify_cq(self.as_ptr(), 0) }, "ibv_req_notify_cq")
+        check(
+            unsafe { ibv_req_notify_cq(self.as_ptr(), 0) },
+            "ibv_req_notify_cq",
+        )
     }
 
     /// Consumes pending channel events (non-blocking) and re-arms the CQ.
@@ -420,9 +428,12 @@ impl Cq {
             return Err(io::Error::other("ibv_poll_cq failed"));
         }
         for wc in &self.wcs[..n as usize] {
-            let inv = (wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0)
+            let inv = if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
                 // SAFETY: with IBV_WC_WITH_INV the union holds the rkey.
-                .then(|| unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey });
+                Some(unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey })
+            } else {
+                None
+            };
             out.push(Completion {
                 wr_id: wc.wr_id,
                 status: wc.status,
@@ -511,7 +522,10 @@ impl Srq {
         let mut bad = std::ptr::null_mut();
         // SAFETY: `wr` and its list live through the call; the caller
         // guarantees the memory.
-        check(unsafe { ibv_post_srq_recv(self.ptr, &mut wr, &mut bad) }, "ibv_post_srq_recv")
+        check(
+            unsafe { ibv_post_srq_recv(self.ptr, &mut wr, &mut bad) },
+            "ibv_post_srq_recv",
+        )
     }
 }
 
@@ -526,9 +540,17 @@ impl Drop for Srq {
 #[derive(Clone, Copy, Debug)]
 pub enum SendOp {
     /// A SEND; `invalidate` asks the peer to invalidate that rkey.
-    Send { invalidate: Option<u32> },
-    RdmaWrite { remote_addr: u64, rkey: u32 },
-    RdmaRead { remote_addr: u64, rkey: u32 },
+    Send {
+        invalidate: Option<u32>,
+    },
+    RdmaWrite {
+        remote_addr: u64,
+        rkey: u32,
+    },
+    RdmaRead {
+        remote_addr: u64,
+        rkey: u32,
+    },
 }
 
 /// One send-queue work request.
@@ -550,7 +572,9 @@ pub struct SendWr<'a> {
 pub unsafe fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> io::Result<()> {
     let mut lists: Vec<Vec<ibv_sge>> = wrs.iter().map(|w| to_ibv_sges(w.sges)).collect();
     // SAFETY: plain data; zeroed is a valid value.
-    let mut raw: Vec<ibv_send_wr> = (0..wrs.len()).map(|_| unsafe { std::mem::zeroed() }).collect();
+    let mut raw: Vec<ibv_send_wr> = (0..wrs.len())
+        .map(|_| unsafe { std::mem::zeroed() })
+        .collect();
     for (i, w) in wrs.iter().enumerate() {
         let r = &mut raw[i];
         r.wr_id = w.wr_id;
@@ -591,7 +615,10 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> io::Result<()> {
     let mut bad = std::ptr::null_mut();
     // SAFETY: the chain and its lists live through the call; the caller
     // guarantees the queue pair and the memory.
-    check(unsafe { ibv_post_send(qp, raw.as_mut_ptr(), &mut bad) }, "ibv_post_send")
+    check(
+        unsafe { ibv_post_send(qp, raw.as_mut_ptr(), &mut bad) },
+        "ibv_post_send",
+    )
 }
 
 /// Posts one receive to a queue pair's own receive queue.
@@ -607,5 +634,6 @@ pub unsafe fn post_recv(qp: *mut ibv_qp, wr_id: u64, sges: &[Sge]) -> io::Result
     wr.num_sge = list.len() as i32;
     let mut bad = std::ptr::null_mut();
     // SAFETY: `wr` and its list live through the call.
-    check(unsafe { ibv_post_recv(qp, &mut wr, &mut bad) }, "ibv_post_recv")
+    let rc = unsafe { ibv_post_recv(qp, &mut wr, &mut bad) };
+    check(rc, "ibv_post_recv")
 }

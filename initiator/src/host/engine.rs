@@ -2,11 +2,10 @@
 //! queue's socket and whatever its driver (a front-end or the benchmark)
 //! does, with a registered buffer arena for data. No locks, no runtime.
 
-use super::tcp::{Done, IoQueue};
+use super::{Done, HostError, IoQueue};
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::Ring;
-use std::io;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 
@@ -65,8 +64,10 @@ pub struct Reconnect {
 
 /// One engine: ring, arena and I/O queue.
 pub struct Engine {
-    ring: Ring,
+    /// Declared before the ring: a queue's memory registration goes before
+    /// the arena.
     queue: IoQueue,
+    ring: Ring,
     wakeup: Waker,
     tick: types::Timespec,
     reconnect: Option<Reconnect>,
@@ -79,9 +80,16 @@ pub struct Engine {
 
 impl Engine {
     /// Builds an engine with an arena of `arena_bytes` registered with the ring.
-    pub fn new(queue: IoQueue, arena_bytes: usize, tick: Duration) -> io::Result<Engine> {
+    pub fn new(
+        mut queue: IoQueue,
+        arena_bytes: usize,
+        tick: Duration,
+    ) -> Result<Engine, HostError> {
+        let ring = Ring::new(RING_ENTRIES, arena_bytes)?;
+        // SAFETY: the engine owns both and drops the queue first.
+        unsafe { queue.register_arena(&ring.arena) }?;
         Ok(Engine {
-            ring: Ring::new(RING_ENTRIES, arena_bytes)?,
+            ring,
             queue,
             wakeup: Waker::new()?,
             tick: types::Timespec::from(tick),
@@ -115,7 +123,11 @@ impl Engine {
         if self.queue.ops_in_flight() {
             return None;
         }
-        if let Some((generation, q)) = self.next_queue.take() {
+        if let Some((generation, mut q)) = self.next_queue.take() {
+            // SAFETY: the engine owns both and drops the queue first.
+            if let Err(e) = unsafe { q.register_arena(&self.ring.arena) } {
+                return Some(format!("the new I/O queue cannot use the arena: {e}"));
+            }
             tracing::info!(generation, "I/O queue replaced");
             self.queue = q;
             self.generation = generation;
@@ -187,8 +199,8 @@ impl Engine {
                     sq: &mut self.ring.pending,
                 };
                 match ud >> 56 {
-                    KIND_RECV => cx.queue.on_recv(res),
-                    KIND_SEND => cx.queue.on_send(res),
+                    KIND_RECV => cx.queue.on_a(res),
+                    KIND_SEND => cx.queue.on_b(res),
                     KIND_FRONT => driver.on_op(ud as u32, res, &mut cx),
                     KIND_TICK => driver.on_tick(&mut cx),
                     KIND_WAKE => {

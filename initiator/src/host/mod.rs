@@ -1,12 +1,16 @@
 //! The NVMe over Fabrics host: a controller association (admin queue,
 //! keep-alive, shutdown) and I/O queues. Transport independent above the
-//! queue level; NVMe/TCP is the transport today.
+//! queue level; NVMe/TCP and NVMe/RDMA below it.
 
 pub mod engine;
+mod io_queue;
+pub mod rdma;
 mod session;
 mod sync_queue;
 pub mod tcp;
+mod tcp_sync;
 
+pub use io_queue::{Done, IoQueue};
 pub use session::{NamespaceInfo, QueueLimits, Session};
 pub use sync_queue::SyncQueue;
 
@@ -15,9 +19,17 @@ use rdmablk_common::tcp::Digests;
 use std::net::SocketAddr;
 use std::time::Duration;
 
+/// The fabric under NVMe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Transport {
+    Tcp,
+    Rdma,
+}
+
 /// Everything needed to reach a subsystem.
 #[derive(Clone, Debug)]
 pub struct Params {
+    pub transport: Transport,
     pub addr: SocketAddr,
     pub subnqn: String,
     pub hostnqn: String,

@@ -2,13 +2,12 @@
 //! number of queues), keep-alive at KATO/2, I/O queue connects, and a clean
 //! shutdown (CC.SHN) at the end.
 
-use super::{HostError, Params, SyncQueue};
+use super::{HostError, IoQueue, Params, SyncQueue};
 use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN};
 use rdmablk_common::nvme::identify::{cns, parse_ns_list, ControllerId, NamespaceId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::{admin, feature, property, Sqe, Status};
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -132,7 +131,7 @@ fn bring_up(
     subnqn: &str,
     kato_ms: u32,
 ) -> Result<(SyncQueue, ControllerId), HostError> {
-    let mut q = SyncQueue::open(p.addr, p.digests)?;
+    let mut q = SyncQueue::open(p, 0, ADMIN_SQSIZE)?;
     let cntlid = fabrics_connect(&mut q, p, subnqn, 0, ADMIN_SQSIZE, kato_ms, 0xffff)?;
     let cap = property_get(&mut q, property::CAP, true)?;
     let timeout = Duration::from_millis(((cap >> 24) & 0xff).max(1) * 500).max(READY_TIMEOUT);
@@ -164,7 +163,7 @@ fn bring_up(
             "controller ids differ between Connect and Identify"
         );
     }
-    q.in_capsule = (ctrl.ioccsz as usize * 16).saturating_sub(64);
+    q.set_in_capsule((ctrl.ioccsz as usize * 16).saturating_sub(64));
     Ok((q, ctrl))
 }
 
@@ -287,10 +286,9 @@ impl Session {
         })
     }
 
-    /// Connects I/O queue `qid` and returns its initialized socket, with the
-    /// queue's negotiated digests, MAXH2CDATA and in-capsule limit.
-    pub fn open_io_queue(&self, qid: u16) -> Result<(TcpStream, QueueLimits), HostError> {
-        let mut q = SyncQueue::open(self.params.addr, self.params.digests)?;
+    /// Connects I/O queue `qid`, ready for an engine.
+    pub fn open_io_queue(&self, qid: u16) -> Result<IoQueue, HostError> {
+        let mut q = SyncQueue::open(&self.params, qid, self.queue_size)?;
         fabrics_connect(
             &mut q,
             &self.params,
@@ -301,12 +299,12 @@ impl Session {
             self.cntlid,
         )?;
         let limits = QueueLimits {
-            digests: q.digests,
-            max_h2c: q.max_h2c,
+            digests: self.params.digests,
+            max_h2c: 0,
             in_capsule: (self.ctrl.ioccsz as usize * 16).saturating_sub(64),
             depth: self.queue_size,
         };
-        Ok((q.into_stream(), limits))
+        Ok(q.into_io_queue(limits))
     }
 
     /// Shuts the controller down (CC.SHN) and ends keep-alive.
@@ -334,9 +332,12 @@ impl Drop for Session {
 /// What an I/O queue negotiated.
 #[derive(Clone, Copy, Debug)]
 pub struct QueueLimits {
+    /// NVMe/TCP digests and MAXH2CDATA.
     pub digests: rdmablk_common::tcp::Digests,
     pub max_h2c: usize,
+    /// In-capsule data the target accepts.
     pub in_capsule: usize,
+    /// Queue entries.
     pub depth: u16,
 }
 

@@ -1,229 +1,94 @@
-//! A blocking NVMe/TCP queue: used for the admin queue, for discovery, and to
-//! bring up I/O queues before the io_uring data path takes their sockets.
+//! A blocking queue over either transport: used for the admin queue, for
+//! discovery, and to connect I/O queues before the io_uring data path takes
+//! them over.
 
-use super::HostError;
-use rdmablk_common::fabrics::{ConnectCmd, ConnectData, CONNECT_DATA_LEN};
+use super::rdma::RdmaQueue;
+use super::tcp_sync::TcpSync;
+use super::{HostError, Params, Transport};
+use rdmablk_common::fabrics::{ConnectCmd, ConnectData};
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
-use rdmablk_common::tcp::{self, Digests, Header, Transfer};
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::time::Duration;
 
-/// Largest PDU accepted from a target.
-pub const MAX_PDU: usize = 4 << 20;
+/// Largest data a blocking command moves (a discovery log of 1024 entries).
+const MAX_DATA: usize = (1 << 20) + 4096;
 /// How long a blocking command may take before the target is declared dead.
 const COMMAND_TIMEOUT: Duration = Duration::from_secs(15);
 
-/// A connected, initialized NVMe/TCP queue with blocking command execution.
-pub struct SyncQueue {
-    sock: TcpStream,
-    addr: SocketAddr,
-    pub digests: Digests,
-    /// MAXH2CDATA from the target.
-    pub max_h2c: usize,
-    /// In-capsule data the target accepts (from IOCCSZ; 0 until known).
-    pub in_capsule: usize,
-    next_cid: u16,
-    rx: Vec<u8>,
+/// A connected, blocking queue.
+pub enum SyncQueue {
+    Tcp(TcpSync),
+    Rdma(Box<RdmaSync>),
+}
+
+/// An NVMe/RDMA queue with a registered buffer for command data.
+pub struct RdmaSync {
+    /// Declared first: the queue (and its registration) goes before `buf`.
+    q: RdmaQueue,
+    buf: Vec<u8>,
 }
 
 impl SyncQueue {
-    /// Opens the TCP connection and performs ICReq/ICResp.
-    pub fn open(addr: SocketAddr, digests: Digests) -> Result<SyncQueue, HostError> {
-        let sock =
-            TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
-                match e.kind() {
-                    std::io::ErrorKind::ConnectionRefused => HostError::NoListener(addr),
-                    _ => HostError::Unreachable { addr, source: e },
-                }
-            })?;
-        sock.set_nodelay(true)?;
-        sock.set_read_timeout(Some(COMMAND_TIMEOUT))?;
-        let mut q = SyncQueue {
-            sock,
-            addr,
-            digests: Digests::default(),
-            max_h2c: 0,
-            in_capsule: 0,
-            next_cid: 0,
-            rx: Vec::new(),
-        };
-        let icreq = Header::IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests,
-            maxr2t: 0,
-        };
-        q.sock
-            .write_all(&tcp::encode(&icreq, 0, &[], Digests::default(), 1))?;
-        match q.recv_pdu()? {
-            (
-                Header::IcResp {
-                    pfv,
-                    digests: got,
-                    maxh2cdata,
-                    cpda,
-                },
-                _,
-            ) => {
-                if pfv != 0 || cpda != 0 {
-                    return Err(HostError::Protocol(format!(
-                        "ICResp with PFV {pfv}, CPDA {cpda} is not supported"
-                    )));
-                }
-                if got != digests {
-                    return Err(HostError::Protocol(format!(
-                        "asked for digests {digests:?}, target answered {got:?}"
-                    )));
-                }
-                q.digests = got;
-                q.max_h2c = maxh2cdata as usize;
+    /// Connects queue `qid` of `depth` entries at the transport level
+    /// (NVMe/TCP ICReq, or RDMA CM with the NVMe/RDMA private data).
+    pub fn open(p: &Params, qid: u16, depth: u16) -> Result<SyncQueue, HostError> {
+        Ok(match p.transport {
+            Transport::Tcp => SyncQueue::Tcp(TcpSync::open(p.addr, p.digests)?),
+            Transport::Rdma => {
+                let mut q = RdmaQueue::connect(p.addr, qid, depth)?;
+                let mut buf = vec![0u8; MAX_DATA];
+                // SAFETY: `buf` is never reallocated and outlives the queue
+                // (field order of `RdmaSync`).
+                unsafe { q.register(buf.as_mut_ptr(), buf.len()) }?;
+                SyncQueue::Rdma(Box::new(RdmaSync { q, buf }))
             }
-            (h, _) => {
-                return Err(HostError::Protocol(format!(
-                    "expected ICResp, got PDU type {:#x}",
-                    h.pdu_type()
-                )))
-            }
-        }
-        if q.max_h2c < 4096 {
-            return Err(HostError::Protocol(format!(
-                "MAXH2CDATA {} is below 4096",
-                q.max_h2c
-            )));
-        }
-        Ok(q)
-    }
-
-    /// The socket, for handing to the asynchronous data path.
-    pub fn into_stream(self) -> TcpStream {
-        self.sock
+        })
     }
 
     pub fn addr(&self) -> SocketAddr {
-        self.addr
-    }
-
-    fn recv_exact(&mut self, n: usize) -> Result<(), HostError> {
-        let have = self.rx.len();
-        self.rx.resize(have + n, 0);
-        self.sock
-            .read_exact(&mut self.rx[have..])
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => {
-                    HostError::Protocol("the target closed the connection".into())
-                }
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                    HostError::Protocol(format!(
-                        "no answer from {} within {COMMAND_TIMEOUT:?}",
-                        self.addr
-                    ))
-                }
-                _ => HostError::Io(e),
-            })
-    }
-
-    /// Reads one whole PDU.
-    fn recv_pdu(&mut self) -> Result<(Header, Vec<u8>), HostError> {
-        self.rx.clear();
-        self.recv_exact(tcp::CH_LEN)?;
-        let plen = tcp::peek_len(&self.rx, MAX_PDU)
-            .map_err(|e| HostError::Protocol(e.to_string()))?
-            .expect("common header present");
-        self.recv_exact(plen - tcp::CH_LEN)?;
-        let expect = if matches!(self.rx[0], tcp::pdu_type::ICRESP) {
-            Digests::default()
-        } else {
-            self.digests
-        };
-        let (pdu, _) = tcp::decode(&self.rx, expect, MAX_PDU)
-            .map_err(|e| HostError::Protocol(e.to_string()))?
-            .expect("whole PDU buffered");
-        if !pdu.data_digest_ok {
-            return Err(HostError::Protocol("data digest mismatch".into()));
+        match self {
+            SyncQueue::Tcp(q) => q.addr(),
+            SyncQueue::Rdma(q) => q.q.addr(),
         }
-        if let Header::TermReq { fes, fei, .. } = pdu.header {
-            return Err(HostError::Protocol(format!(
-                "target terminated the connection (FES {fes}, FEI {fei})"
-            )));
-        }
-        Ok((pdu.header, pdu.data.to_vec()))
     }
 
-    /// Executes a command: `data_out` goes to the controller (in the capsule
-    /// when small enough, else on R2T), `data_in_len` bytes come back.
+    /// Sets the in-capsule data size the target accepts (from IOCCSZ).
+    pub fn set_in_capsule(&mut self, n: usize) {
+        match self {
+            SyncQueue::Tcp(q) => q.in_capsule = n,
+            // NVMe/RDMA admin queues take no in-capsule data (the kernel
+            // target posts no room for it); I/O queues get it in `into_io_queue`.
+            SyncQueue::Rdma(_) => {}
+        }
+    }
+
+    /// Executes a command: `data_out` goes to the controller, `data_in_len`
+    /// bytes come back.
     pub fn exec(
         &mut self,
-        mut sqe: Sqe,
+        sqe: Sqe,
         data_out: &[u8],
         data_in_len: usize,
     ) -> Result<(Cqe, Vec<u8>), HostError> {
-        let cid = self.next_cid;
-        self.next_cid = self.next_cid.wrapping_add(1);
-        sqe.set_cid(cid);
-        let inline =
-            !data_out.is_empty() && (data_out.len() <= self.in_capsule.max(CONNECT_DATA_LEN));
-        let sgl = if inline {
-            Sgl::InCapsule {
-                offset: 0,
-                len: data_out.len() as u32,
-            }
-        } else if !data_out.is_empty() || data_in_len > 0 {
-            Sgl::Transport {
-                len: data_out.len().max(data_in_len) as u32,
-            }
-        } else {
-            Sgl::Null
-        };
-        sqe.set_sgl(&sgl);
-        let payload = if inline { data_out } else { &[] };
-        self.sock.write_all(&tcp::encode(
-            &Header::CapsuleCmd(sqe),
-            0,
-            payload,
-            self.digests,
-            1,
-        ))?;
-        let mut data_in = vec![0u8; data_in_len];
-        loop {
-            match self.recv_pdu()? {
-                (Header::CapsuleResp(cqe), _) if cqe.cid == cid => return Ok((cqe, data_in)),
-                (Header::C2HData(t), data) if t.cccid == cid => {
-                    let end = t.offset as usize + data.len();
-                    if end > data_in.len() {
-                        return Err(HostError::Protocol(format!(
-                            "C2HData beyond the {data_in_len} bytes asked for"
-                        )));
-                    }
-                    data_in[t.offset as usize..end].copy_from_slice(&data);
-                }
-                (Header::R2T(t), _) if t.cccid == cid => self.send_h2c(t, data_out)?,
-                (h, _) => {
+        match self {
+            SyncQueue::Tcp(q) => q.exec(sqe, data_out, data_in_len),
+            SyncQueue::Rdma(q) => {
+                let len = data_out.len().max(data_in_len);
+                if len > q.buf.len() {
                     return Err(HostError::Protocol(format!(
-                        "unexpected PDU type {:#x}",
-                        h.pdu_type()
-                    )))
+                        "a {len}-byte admin transfer is too large"
+                    )));
                 }
+                q.buf[..data_out.len()].copy_from_slice(data_out);
+                let to_host = data_in_len > 0;
+                // SAFETY: `buf` is registered with the queue and not touched
+                // until the command is over.
+                let cqe = unsafe {
+                    q.q.exec_blocking(sqe, q.buf.as_mut_ptr(), len, to_host, COMMAND_TIMEOUT)
+                }?;
+                Ok((cqe, q.buf[..data_in_len].to_vec()))
             }
         }
-    }
-
-    fn send_h2c(&mut self, r2t: Transfer, data: &[u8]) -> Result<(), HostError> {
-        let end = r2t.offset as usize + r2t.len as usize;
-        if end > data.len() {
-            return Err(HostError::Protocol("R2T beyond the command's data".into()));
-        }
-        for (t, fl) in tcp::split_transfer(r2t, self.max_h2c) {
-            let (at, n) = (t.offset as usize, t.len as usize);
-            self.sock.write_all(&tcp::encode(
-                &Header::H2CData(t),
-                fl,
-                &data[at..at + n],
-                self.digests,
-                1,
-            ))?;
-        }
-        Ok(())
     }
 
     /// Executes a command and fails unless it succeeds.
@@ -248,5 +113,27 @@ impl SyncQueue {
     pub fn connect(&mut self, cmd: ConnectCmd, data: &ConnectData) -> Result<Cqe, HostError> {
         let sqe = cmd.to_sqe(0, &Sgl::Null);
         Ok(self.exec(sqe, &data.encode(), 0)?.0)
+    }
+
+    /// The queue, for the io_uring data path.
+    pub fn into_io_queue(self, limits: super::QueueLimits) -> super::IoQueue {
+        match self {
+            SyncQueue::Tcp(q) => {
+                let limits = super::QueueLimits {
+                    digests: q.digests,
+                    max_h2c: q.max_h2c,
+                    ..limits
+                };
+                super::IoQueue::Tcp(Box::new(super::tcp::TcpQueue::new(q.into_stream(), limits)))
+            }
+            SyncQueue::Rdma(q) => {
+                let RdmaSync { mut q, buf } = *q;
+                // Nothing is in flight: the buffer's registration can go with it.
+                q.forget_regions();
+                drop(buf);
+                q.set_in_capsule(limits.in_capsule);
+                super::IoQueue::Rdma(Box::new(q))
+            }
+        }
     }
 }

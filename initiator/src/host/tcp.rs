@@ -3,7 +3,7 @@
 //! answered with H2CData straight from the caller's buffer, C2HData lands in
 //! the caller's buffer, and CapsuleResps come back as completions.
 
-use super::QueueLimits;
+use super::{Done, QueueLimits};
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
@@ -32,13 +32,6 @@ struct Direct {
     success: bool,
 }
 
-/// A finished command: the caller's tag and the completion entry.
-#[derive(Clone, Copy, Debug)]
-pub struct Done {
-    pub tag: u64,
-    pub cqe: Cqe,
-}
-
 struct Inflight {
     tag: u64,
     buf: *mut u8,
@@ -47,7 +40,7 @@ struct Inflight {
 }
 
 /// One I/O queue.
-pub struct IoQueue {
+pub struct TcpQueue {
     sock: TcpStream,
     limits: QueueLimits,
     rx: RxBuf,
@@ -66,12 +59,12 @@ pub struct IoQueue {
 
 // SAFETY: the raw buffer pointers refer to memory the submitter keeps valid
 // until completion; the queue is used by one thread at a time.
-unsafe impl Send for IoQueue {}
+unsafe impl Send for TcpQueue {}
 
-impl IoQueue {
+impl TcpQueue {
     pub fn new(sock: TcpStream, limits: QueueLimits) -> Self {
         let depth = limits.depth as usize;
-        IoQueue {
+        TcpQueue {
             sock,
             limits,
             rx: RxBuf::new(2 * MAX_PDU),
@@ -116,7 +109,7 @@ impl IoQueue {
     ///
     /// # Safety
     /// `buf` must stay valid for `len` bytes, and unchanged for writes, until
-    /// the command's completion is taken from [`IoQueue::take_done`] or the
+    /// the command's completion is taken from [`TcpQueue::take_done`] or the
     /// queue is dropped.
     pub unsafe fn submit(
         &mut self,

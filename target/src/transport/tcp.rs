@@ -2,9 +2,10 @@
 //! H2CData for host data, C2HData for controller data, CapsuleResp, and
 //! C2HTermReq on protocol errors. Socket I/O goes through the poller's ring.
 
-use crate::command::{self, Command, Connected, Progress, Work};
+use crate::command::{self, Command, Work};
 use crate::controller::{Association, TransportCaps};
 use crate::poller::{Io, Token};
+use crate::queue::{self, BackendStep, Ran};
 use io_uring::{opcode, types};
 use rdmablk_common::fabrics::ConnectCmd;
 use rdmablk_common::nvme::identify::sgls;
@@ -198,15 +199,7 @@ impl TcpConn {
             let mut c = c;
             c.release(io.arena);
         }
-        if let Some(a) = self.assoc.take() {
-            // While the daemon drains, the I/O queues of this controller
-            // finish their commands first; they close on their own.
-            if a.qid == 0 && !io.stopping {
-                a.ctrl.kill("admin queue closed");
-            } else {
-                a.ctrl.release_queue(a.qid);
-            }
-        }
+        queue::end_association(self.assoc.take(), io.stopping);
     }
 
     /// Periodic checks: handshake and keep-alive timeouts, a dead controller.
@@ -219,20 +212,11 @@ impl TcpConn {
                 self.close("terminated")
             }
             Phase::Live => {
-                match &self.assoc {
-                    Some(a) => {
-                        if a.qid == 0 && a.ctrl.keep_alive_expired() {
-                            a.ctrl
-                                .kill("keep-alive timeout (no Keep Alive within KATO)");
-                        }
-                        if !a.ctrl.is_live() {
-                            self.close("controller ended");
-                        }
-                    }
-                    None if self.since.elapsed() > HANDSHAKE_TIMEOUT => {
-                        self.close("no Connect within 10 s of the connection");
-                    }
-                    None => {}
+                if self.assoc.is_none() && self.since.elapsed() > HANDSHAKE_TIMEOUT {
+                    self.close("no Connect within 10 s of the connection");
+                }
+                if let Some(why) = queue::check_association(self.assoc.as_ref()) {
+                    self.close(why);
                 }
                 let stuck = self
                     .cmds
@@ -348,12 +332,14 @@ impl TcpConn {
         let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        if let Some(next) = cmd.on_backend_done(res, io.arena) {
-            io.sq
-                .push(next.user_data(Token::Backend(self.idx, slot).encode()));
-            self.backend_ops += 1;
-        } else if cmd.ops_in_flight == 0 {
-            self.complete(slot, io);
+        match queue::on_backend(cmd, res, io) {
+            BackendStep::Submit(next) => {
+                io.sq
+                    .push(next.user_data(Token::Backend(self.idx, slot).encode()));
+                self.backend_ops += 1;
+            }
+            BackendStep::Complete => self.complete(slot, io),
+            BackendStep::Pending => {}
         }
     }
 
@@ -744,28 +730,26 @@ impl TcpConn {
         let cmd = self.cmds[slot as usize]
             .as_mut()
             .expect("running a live slot");
-        if !cmd.status.is_success() {
-            self.complete(slot, io);
-            return;
-        }
-        if matches!(cmd.work, Work::Connect) {
-            if let Connected::Yes(a) = cmd.connect(io.registry, io.arena, caps(), &self.peer) {
-                if a.depth as usize > self.cmds.len() {
-                    self.cmds.resize_with(a.depth as usize, || None);
+        match queue::run(
+            cmd,
+            &mut self.assoc,
+            io,
+            caps(),
+            &self.peer,
+            self.held_aers.len(),
+        ) {
+            Ran::Complete => {
+                let depth = self.depth() as usize;
+                if depth > self.cmds.len() {
+                    self.cmds.resize_with(depth, || None);
                 }
-                self.assoc = Some(a);
+                self.complete(slot, io);
             }
-            self.complete(slot, io);
-            return;
-        }
-        let assoc = self.assoc.as_ref().expect("plan() requires an association");
-        match cmd.execute(assoc, io.arena, self.held_aers.len()) {
-            Progress::Complete => self.complete(slot, io),
-            Progress::Held => {
+            Ran::Held => {
                 self.held_aers.push(cmd.sqe.cid());
                 self.free_slot(slot, io);
             }
-            Progress::Waiting(entries) => {
+            Ran::Waiting(entries) => {
                 for e in entries {
                     io.sq
                         .push(e.user_data(Token::Backend(self.idx, slot).encode()));

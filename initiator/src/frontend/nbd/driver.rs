@@ -7,7 +7,7 @@
 use super::handshake::Negotiated;
 use super::proto::{self, errno, flags, Command, Request, REQUEST_LEN};
 use crate::host::engine::{Cx, Driver};
-use crate::host::tcp::Done;
+use crate::host::Done;
 use crate::host::NamespaceInfo;
 use io_uring::{opcode, types};
 use rdmablk_common::mem::ArenaBuf;

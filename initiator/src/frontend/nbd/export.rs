@@ -5,7 +5,7 @@ use super::driver::{ExportInfo, NbdDriver, NewClient};
 use super::handshake::{serve_handshake, Export, Outcome};
 use super::proto::flags;
 use crate::host::engine::{Engine, Reconnect, Waker};
-use crate::host::tcp::IoQueue;
+use crate::host::IoQueue;
 use crate::host::{NamespaceInfo, Params, Session};
 use rdmablk_common::nvme::identify::oncs;
 use std::net::{SocketAddr, TcpListener};
@@ -163,20 +163,16 @@ pub fn serve(
     let mut threads = Vec::new();
     let n = session.io_queues.min(queues).max(1);
     for q in 0..n {
-        let (sock, limits) = session.open_io_queue(q + 1).map_err(|e| e.to_string())?;
-        let arena = (limits.depth as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
+        let queue = session.open_io_queue(q + 1).map_err(|e| e.to_string())?;
+        let arena = (session.queue_size as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
         let (rep_tx, rep_rx) = mpsc::channel();
-        let engine = Engine::new(
-            IoQueue::new(sock, limits),
-            arena,
-            Duration::from_millis(100),
-        )
-        .map_err(|e| format!("I/O engine: {e}"))?
-        .with_reconnect(Reconnect {
-            index: q as usize,
-            lost: lost_tx.clone(),
-            replacements: rep_rx,
-        });
+        let engine = Engine::new(queue, arena, Duration::from_millis(100))
+            .map_err(|e| format!("I/O engine: {e}"))?
+            .with_reconnect(Reconnect {
+                index: q as usize,
+                lost: lost_tx.clone(),
+                replacements: rep_rx,
+            });
         let (tx, rx) = mpsc::channel();
         clients.push((tx, engine.waker()));
         engines.push(EngineLink {
@@ -357,10 +353,11 @@ impl Keeper {
         }
         let mut queues = Vec::new();
         for q in 0..engines.len() {
-            let (sock, limits) = session
-                .open_io_queue(q as u16 + 1)
-                .map_err(|e| e.to_string())?;
-            queues.push(IoQueue::new(sock, limits));
+            queues.push(
+                session
+                    .open_io_queue(q as u16 + 1)
+                    .map_err(|e| e.to_string())?,
+            );
         }
         self.generation += 1;
         for (e, q) in engines.iter().zip(queues) {
