@@ -64,6 +64,9 @@ pub enum HostError {
     /// A command failed with an NVMe status.
     #[error("{what} failed: {status}")]
     Status { what: String, status: Status },
+    /// This machine cannot use the transport (no RDMA device, iWARP).
+    #[error("{0}")]
+    Unsupported(String),
     /// The peer broke the protocol (or sent a TermReq).
     #[error("protocol error: {0}")]
     Protocol(String),

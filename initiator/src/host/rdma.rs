@@ -132,7 +132,8 @@ fn wait_cm(
 impl RdmaQueue {
     /// Connects queue `qid` with `depth` entries to the target at `addr`.
     pub fn connect(addr: SocketAddr, qid: u16, depth: u16) -> Result<RdmaQueue, HostError> {
-        rdmablk_common::rdma::require_device().map_err(|e| HostError::Protocol(e.to_string()))?;
+        rdmablk_common::rdma::require_device()
+            .map_err(|e| HostError::Unsupported(e.to_string()))?;
         let cm = CmChannel::new().map_err(|e| rdma_err(addr, e))?;
         let mut id = CmId::new(&cm).map_err(|e| rdma_err(addr, e))?;
         id.resolve_addr(addr, CONNECT_TIMEOUT)
@@ -150,13 +151,10 @@ impl RdmaQueue {
             .device()
             .ok_or_else(|| rdma_err(addr, "no RDMA device for this address"))?;
         if device.is_iwarp() {
-            return Err(rdma_err(
-                addr,
-                format!(
-                    "{} is an iWARP device: iWARP is not supported (use RoCE or InfiniBand)",
-                    device.name()
-                ),
-            ));
+            return Err(HostError::Unsupported(format!(
+                "NVMe/RDMA connection to {addr}: {} is an iWARP device; iWARP is not supported (use RoCE or InfiniBand)",
+                device.name()
+            )));
         }
         let attrs = device.attrs().map_err(|e| rdma_err(addr, e))?;
         let pd = Pd::new(device).map_err(|e| rdma_err(addr, e))?;
@@ -323,7 +321,13 @@ impl RdmaQueue {
         };
         let inline = !to_host && len > 0 && len <= self.limits.in_capsule;
         let sgl = match region {
-            None => Sgl::Null,
+            // NVMe/RDMA says "no data" with a zero-length keyed descriptor.
+            None => Sgl::Keyed {
+                addr: 0,
+                len: 0,
+                key: 0,
+                invalidate: false,
+            },
             Some(_) if inline => Sgl::InCapsule {
                 offset: 0,
                 len: len as u32,

@@ -753,6 +753,7 @@ impl RdmaConn {
     ) {
         let cid = sqe.cid();
         let sgl = sqe.sgl();
+        tracing::trace!(peer = %self.peer, cid, opcode = sqe.opcode(), ?sgl, data_len, "capsule");
         let mut remote = None;
         let in_capsule = match sgl {
             Sgl::InCapsule { offset, len } => {
@@ -786,7 +787,9 @@ impl RdmaConn {
             Ok(c) => c,
             Err(st) => return self.respond_now(cid, st, remote),
         };
-        if in_capsule && (cmd.to_host || sgl.len() as usize != cmd.len) {
+        // In-capsule data must cover what the command moves (the Linux host
+        // sends a whole page of Dataset Management ranges).
+        if in_capsule && (cmd.to_host || (sgl.len() as usize) < cmd.len) {
             return self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID, remote);
         }
         if remote.is_some() && (sgl.len() as usize) < cmd.len {
@@ -1009,6 +1012,7 @@ impl RdmaConn {
 
     /// Answers a command that never got a slot.
     fn respond_now(&mut self, cid: u16, status: Status, remote: Option<Remote>) {
+        tracing::debug!(peer = %self.peer, cid, %status, "command refused before it ran");
         self.sq_head = (self.sq_head + 1) % self.depth;
         let cqe = self.cqe(cid, status, (0, 0), self.sqid());
         let invalidate = remote.filter(|r| r.invalidate).map(|r| r.key);
