@@ -6,6 +6,10 @@
 #   tests/vm/run.sh                  # every scenario in tests/vm/scenarios/
 #   tests/vm/run.sh kernel-host-tcp  # only these (file names without .sh)
 #
+# Tools too big for the initramfs (fio and its ~80 MB of libraries) live on a
+# read-only ext4 disk, build/vm-cache/tools.img, mounted at /opt/tools; the
+# initramfs calls them through small wrappers (/usr/bin/fio).
+#
 # Environment: VM_CACHE (downloads, default build/vm-cache), VM_TIMEOUT (s,
 # default 900), VM_MEM (MiB, default 2048), VM_SMP (default 2).
 # Exit status: 0 when every requested scenario passed; 1 otherwise (a scenario
@@ -37,16 +41,19 @@ done
 
 # ---------------------------------------------------------------- host tools
 SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO=sudo
-if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! command -v cpio >/dev/null; then
+PATH=$PATH:/usr/sbin:/sbin # mke2fs
+if ! command -v qemu-system-x86_64 >/dev/null || [ ! -x /bin/busybox ] || ! command -v cpio >/dev/null ||
+   ! command -v mke2fs >/dev/null; then
   bash "$repo/scripts/setup.sh" --test
 fi
 
 # ---------------------------------------------------------------- downloads (cached)
-# RDMA: libibverbs/librdmacm, the rxe and siw providers, perftest.
-guest_pkgs="kmod nvme-cli nbd-client e2fsprogs iproute2 libibverbs1 librdmacm1 ibverbs-providers perftest"
-# The closure of guest_pkgs is cut down to these (perl, PAM etc. not needed).
-keep_re='^(lib|kmod|nvme-cli|nbd-client|e2fsprogs|iproute2|zlib|ibverbs-providers|perftest)'
-drop_re='^lib.*-perl$|^libperl|^libpam|^libsemanage|^libdb5|^libgdbm'
+# RDMA: libibverbs/librdmacm, the rxe and siw providers, perftest. fio goes
+# to the tools disk, not the initramfs.
+guest_pkgs="kmod nvme-cli nbd-client e2fsprogs iproute2 libibverbs1 librdmacm1 ibverbs-providers perftest fio"
+# The closure of guest_pkgs is cut down to these (perl, python, PAM etc. not needed).
+keep_re='^(lib|kmod|nvme-cli|nbd-client|e2fsprogs|iproute2|zlib|ibverbs-providers|perftest|fio)'
+drop_re='^lib.*-perl$|^libperl|^libpam|^libsemanage|^libdb5|^libgdbm|^libpython'
 mkdir -p "$cache/debs" "$work"
 # A new package list or filter downloads again.
 stamp="$cache/debs/.complete-$(echo "$kpkg $guest_pkgs $keep_re $drop_re" | md5sum | cut -c1-8)"
@@ -80,11 +87,46 @@ mkdir -p "$cache/hosttools"
 for t in modinfo depmod; do ln -sf "$sr/bin/kmod" "$cache/hosttools/$t"; done
 [ -f "$moddir/modules.dep" ] || LD_LIBRARY_PATH="$srlib" "$cache/hosttools/depmod" -b "$kroot" "$kver"
 [ -d "$moddir" ] || die "kernel modules for $kver not found"
+find_sr() { local p; for p in usr/sbin usr/bin sbin bin; do [ -f "$sr/$p/$1" ] && [ ! -L "$sr/$p/$1" ] && { echo "$sr/$p/$1"; return; }; done; die "$1 not in the guest packages"; }
+
+# ---------------------------------------------------------------- tools disk (cached)
+# tools_bins with every library they need, all from the sysroot, plus the
+# sysroot's dynamic loader that the initramfs wrappers run them with:
+# bin/NAME, lib/*. Rebuilt when the packages or this list change.
+tools_bins="fio"
+tools_img=$cache/tools.img
+tools_key="layout 1, $tools_bins, $(basename "$stamp")"
+if [ ! -f "$tools_img" ] || [ "$sr/.complete" -nt "$tools_img" ] ||
+   [ "$(cat "$tools_img.key" 2>/dev/null)" != "$tools_key" ]; then
+  log "building $tools_img ($tools_bins)"
+  td=$(mktemp -d "$cache/tools.d.XXXXXX") # private: runs may share the cache
+  mkdir -p "$td/bin" "$td/lib"
+  ldso=$sr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+  cp -L "$ldso" "$td/lib/"
+  for b in $tools_bins; do
+    src=$(find_sr "$b")
+    cp -L "$src" "$td/bin/$b"
+    # librados finds libceph-common through its RUNPATH, which is not in srlib.
+    out=$("$ldso" --library-path "$srlib:$sr/usr/lib/x86_64-linux-gnu/ceph" --list "$src" 2>&1) || true
+    echo "$out" | grep -q 'not found' && { echo "$out" >&2; die "unresolved libraries for $b"; }
+    for path in $(echo "$out" | awk '/=> \//{print $3}'); do
+      case "$path" in "$sr"/*) ;; *) die "$b: $path is not from the guest packages";; esac
+      cp -L "$path" "$td/lib/"
+    done
+  done
+  mb=$(( $(du -sm "$td" | cut -f1) * 11 / 10 + 8 ))
+  truncate -s "${mb}M" "$td.img"
+  mke2fs -q -t ext4 -O ^has_journal -m 0 -L rdmablk-tools -d "$td" "$td.img" ||
+    die "mke2fs of the tools disk failed"
+  mv "$td.img" "$tools_img"
+  echo "$tools_key" > "$tools_img.key"
+  rm -rf "$td"
+fi
 
 # ---------------------------------------------------------------- initramfs
 ir=$work/initramfs
 rm -rf "$ir"
-mkdir -p "$ir"/{usr/bin,usr/lib/x86_64-linux-gnu,usr/lib64,etc,proc,sys,dev,tmp,run,mnt,scenarios}
+mkdir -p "$ir"/{usr/bin,usr/lib/x86_64-linux-gnu,usr/lib64,etc,proc,sys,dev,tmp,run,mnt,opt/tools,scenarios}
 ln -s usr/bin "$ir/bin"; ln -s usr/bin "$ir/sbin"; ln -s usr/lib "$ir/lib"; ln -s usr/lib64 "$ir/lib64"
 cp /bin/busybox "$ir/usr/bin/busybox"
 for a in $(/bin/busybox --list); do [ -e "$ir/usr/bin/$a" ] || ln -s busybox "$ir/usr/bin/$a"; done
@@ -102,7 +144,6 @@ copy_deps() { # ELF file: copy the libraries it needs from the sysroot
 add_bin() { # source path, name in the guest
   rm -f "$ir/usr/bin/$2"; cp -L "$1" "$ir/usr/bin/$2"; copy_deps "$1"
 }
-find_sr() { local p; for p in usr/sbin usr/bin sbin bin; do [ -f "$sr/$p/$1" ] && [ ! -L "$sr/$p/$1" ] && { echo "$sr/$p/$1"; return; }; done; die "$1 not in the guest packages"; }
 
 add_bin "$(find_sr kmod)" kmod
 for a in modprobe insmod lsmod rmmod depmod modinfo; do ln -sf kmod "$ir/usr/bin/$a"; done
@@ -120,13 +161,25 @@ for b in rdmablk-target rdmablk blkload; do
   add_bin "$repo/build/release/$b" "$b"
   strip --strip-debug "$ir/usr/bin/$b" 2>/dev/null || true
 done
+# Tools disk programs: run with the disk's own loader and libraries (no global
+# LD_LIBRARY_PATH); a clear message when the disk is not mounted.
+for b in $tools_bins; do
+  rm -f "$ir/usr/bin/$b"
+  cat > "$ir/usr/bin/$b" <<EOF_WRAP
+#!/bin/sh
+t=/opt/tools
+[ -x \$t/bin/$b ] || { echo "$b: the tools disk is not mounted at \$t (tests/vm/run.sh attaches build/vm-cache/tools.img)" >&2; exit 127; }
+exec \$t/lib/ld-linux-x86-64.so.2 --library-path \$t/lib --argv0 $b \$t/bin/$b "\$@"
+EOF_WRAP
+  chmod +x "$ir/usr/bin/$b"
+done
 copy_lib_gcc=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/libgcc_s.so.1 2>/dev/null | head -1 || true)
 [ -n "$copy_lib_gcc" ] && cp -L "$copy_lib_gcc" "$ir/usr/lib/x86_64-linux-gnu/"
 
 # Kernel modules with their dependencies; depmod so modprobe works.
 # rdma_rxe needs the crc32 shash (crc32_generic); siw is not built in Debian's
 # 6.12 (CONFIG_RDMA_SIW unset) and is skipped there.
-want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net
+want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net virtio_blk
   rdma_rxe siw rdma_ucm ib_uverbs ib_umad nvme-rdma nvmet-rdma crc32_generic ublk_drv"
 declare -A have=()
 queue=()
@@ -162,6 +215,12 @@ if /usr/bin/ip link show eth0 >/dev/null 2>&1; then
 fi
 mkdir -p /etc/nvme; echo nqn.2014-08.org.nvmexpress:uuid:5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60 > /etc/nvme/hostnqn
 echo 5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60 > /etc/nvme/hostid
+# The tools disk: the virtio disk with serial rdmablk-tools, read-only.
+/usr/bin/modprobe virtio_blk 2>/dev/null; /usr/bin/modprobe ext4 2>/dev/null
+for b in /sys/block/vd*; do
+  [ "\$(cat \$b/serial 2>/dev/null)" = rdmablk-tools ] && mount -t ext4 -o ro /dev/\${b##*/} /opt/tools
+done
+grep -q " /opt/tools " /proc/mounts || echo "WARNING: no tools disk at /opt/tools (fio unavailable)"
 echo "VM-BOOTED kernel \$(uname -r)"
 for s in ${scenarios[*]}; do
   echo "SCENARIO-BEGIN \$s"
@@ -190,7 +249,9 @@ for attempt in 1 2 3; do
     -m "${VM_MEM:-2048}" -smp "${VM_SMP:-2}" \
     -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$work/initramfs.gz" \
     -append "console=ttyS0 panic=-1 loglevel=4" -nographic -no-reboot -serial mon:stdio \
-    -nic user,model=virtio-net-pci </dev/null 2>&1 | tr -d '\r' | tee "$console" | sed -u 's/^/  guest| /'
+    -nic user,model=virtio-net-pci \
+    -drive "file=$tools_img,format=raw,if=none,id=tools,readonly=on" -device virtio-blk-pci,drive=tools,serial=rdmablk-tools \
+    </dev/null 2>&1 | tr -d '\r' | tee "$console" | sed -u 's/^/  guest| /'
   rc=${PIPESTATUS[0]}
   set -e
   log "VM wall time: $(( $(date +%s) - start )) s (qemu exit $rc)"
