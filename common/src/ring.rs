@@ -53,13 +53,29 @@ impl Ring {
     /// Every pending operation's memory (buffers, message headers, timespecs)
     /// must stay valid and in place until its completion is reaped.
     pub unsafe fn submit_and_wait(&mut self) -> io::Result<()> {
+        // SAFETY: the caller's guarantee, as for this function.
+        unsafe { self.submit_and_wait_for(1) }
+    }
+
+    /// Pushes the pending operations without waiting (busy polling).
+    ///
+    /// # Safety
+    /// As [`Ring::submit_and_wait`].
+    pub unsafe fn submit(&mut self) -> io::Result<()> {
+        // SAFETY: the caller's guarantee, as for this function.
+        unsafe { self.submit_and_wait_for(0) }
+    }
+
+    /// # Safety
+    /// As [`Ring::submit_and_wait`].
+    unsafe fn submit_and_wait_for(&mut self, want: usize) -> io::Result<()> {
         for e in self.pending.drain(..) {
             // SAFETY: the caller keeps the operation's memory valid (above).
             while unsafe { self.ring.submission().push(&e) }.is_err() {
                 self.ring.submit()?;
             }
         }
-        match self.ring.submit_and_wait(1) {
+        match self.ring.submit_and_wait(want) {
             Err(e) if !matches!(e.raw_os_error(), Some(libc::EINTR) | Some(libc::EBUSY)) => Err(e),
             _ => Ok(()),
         }

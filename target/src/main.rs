@@ -173,7 +173,14 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
             .collect(),
     });
     let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
-        .map(|i| poller::spawn(i, shared.clone(), cfg.pollers.arena_bytes as usize))
+        .map(|i| {
+            poller::spawn(
+                i,
+                shared.clone(),
+                cfg.pollers.arena_bytes as usize,
+                cfg.pollers.busy_poll,
+            )
+        })
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("starting pollers: {e}"))?
         .into_iter()

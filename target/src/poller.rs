@@ -131,6 +131,7 @@ pub fn spawn(
     id: usize,
     shared: Arc<Shared>,
     arena_bytes: usize,
+    busy_poll: bool,
 ) -> io::Result<(PollerLink, JoinHandle<()>)> {
     let ring = Ring::new(RING_ENTRIES, arena_bytes)?;
     let wakeup = Wakeup::new()?;
@@ -145,6 +146,7 @@ pub fn spawn(
     let make = move || Poller {
         rdma: Endpoint::new(id),
         ring,
+        busy_poll,
         id,
         conns: Vec::new(),
         incoming,
@@ -163,6 +165,8 @@ struct Poller {
     /// Declared before the ring: its memory registrations go before the arena.
     rdma: Endpoint,
     ring: Ring,
+    /// Spin instead of sleeping in io_uring_enter (a dedicated core).
+    busy_poll: bool,
     id: usize,
     conns: Vec<Option<Box<TcpConn>>>,
     incoming: Receiver<Incoming>,
@@ -184,7 +188,14 @@ impl Poller {
             // in boxed connections freed only once no operation of theirs is in
             // flight, arena buffers are released only after their operations
             // complete, and the tick timespec lives in the Poller.
-            if let Err(e) = unsafe { self.ring.submit_and_wait() } {
+            let submitted = if self.busy_poll {
+                // SAFETY: as above.
+                unsafe { self.ring.submit() }
+            } else {
+                // SAFETY: as above.
+                unsafe { self.ring.submit_and_wait() }
+            };
+            if let Err(e) = submitted {
                 tracing::error!(poller = self.id, "io_uring failed: {e}; poller stops");
                 break;
             }
@@ -192,6 +203,10 @@ impl Poller {
             self.ring.reap(&mut completions);
             for &(ud, res) in &completions {
                 self.dispatch(ud, res);
+            }
+            if self.busy_poll {
+                let (mut io, _, _, rdma) = self.split();
+                rdma.poll_all(&mut io);
             }
             self.pump_all();
             if self.stop_at.is_some()

@@ -525,6 +525,18 @@ impl Endpoint {
         if let Err(e) = d.cq.take_events() {
             tracing::error!(poller = self.poller, "re-arming the RDMA CQ: {e}");
         }
+        self.drain_cq(dev, io);
+    }
+
+    /// Busy polling: takes whatever completions every device has.
+    pub fn poll_all(&mut self, io: &mut Io) {
+        for dev in 0..self.devices.len() {
+            self.drain_cq(dev, io);
+        }
+    }
+
+    /// Handles every completion the device's CQ holds, then reposts receives.
+    fn drain_cq(&mut self, dev: usize, io: &mut Io) {
         let mut wcs = std::mem::take(&mut self.completions);
         loop {
             wcs.clear();

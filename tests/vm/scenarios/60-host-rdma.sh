@@ -18,7 +18,7 @@ CPID=$!
 wait_for 30 grep -q "^ready: " /tmp/connect.out || fail "rdmablk connect -t rdma did not become ready"
 /usr/bin/nbd-client -unix /tmp/rdma.sock /dev/nbd0 -b 4096 || fail "nbd-client"
 fio --name=nbd-verify --filename=/dev/nbd0 --ioengine=libaio --direct=1 --rw=randwrite --bs=4k \
-  --iodepth=16 --size=32M --verify=crc32c --do_verify=1 --output=/tmp/fio.log || { cat /tmp/fio.log; fail "fio verify on /dev/nbd0 over rdma"; }
+  --iodepth=16 --size=16M --verify=crc32c --do_verify=1 --verify_fatal=1 --eta=never --output=/tmp/fio.log || { cat /tmp/fio.log; fail "fio verify on /dev/nbd0 over rdma"; }
 grep -qi "verify:.*bad\|crc32c: verify failed" /tmp/fio.log && fail "fio reported verify errors"
 say "fio randwrite + verify through NBD over NVMe/RDMA passed"
 /usr/bin/nbd-client -d /dev/nbd0
@@ -28,7 +28,8 @@ kill -TERM $CPID; wait $CPID || fail "rdmablk connect exited non-zero"
 # queues and give back every buffer, and keep serving new hosts.
 rdmablk bench $T --rw write --bs 128k --qd 32 --runtime 30s > /tmp/killed.log 2>&1 &
 BPID=$!
-wait_for 20 sh -c "grep -q '\"arena_buffers_in_use\":\[[0-9]*[1-9]' /tmp/stats.json" || fail "no buffers in use while the host writes"
+wait_for 20 grep -q '"arena_buffers_in_use":\[[0-9,]*[1-9]' /tmp/stats.json ||
+  fail "no buffers in use while the host writes: $(cat /tmp/stats.json)"
 say "mid-write: $(cat /tmp/stats.json)"
 kill -9 $BPID; wait $BPID 2>/dev/null
 wait_for 30 grep -q '"connections":0' /tmp/stats.json || fail "target still has connections after the host died: $(cat /tmp/stats.json)"
