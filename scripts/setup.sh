@@ -4,8 +4,9 @@
 # (or with sudo available).
 set -euo pipefail
 
-# Build: gcc and pkg-config for -sys crates.
-BUILD_PKGS=(gcc pkg-config)
+# Build: gcc and pkg-config for -sys crates; the RDMA verbs and CM libraries
+# and libclang for rdma-sys (its bindings are generated at build time).
+BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev)
 # Tests with real clients we did not write, and the VM suite's QEMU.
 TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86)
 

@@ -539,6 +539,32 @@ allow_any_host = true
     exercise_namespace(&t, OPEN_NQN, 4096, 64 * MIB as u64, 4);
 }
 
+/// Busy-polling pollers (`pollers.busy_poll`) serve the same I/O as
+/// sleeping ones.
+#[test]
+fn busy_poll_pollers_serve_io() {
+    let t = Target::start_config(&format!(
+        r#"
+[pollers]
+count = 1
+busy_poll = true
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1:{{port}}"
+
+[[subsystem]]
+nqn = "{OPEN_NQN}"
+allow_any_host = true
+
+  [[subsystem.namespace]]
+  backend = "memory"
+  size = "64MiB"
+"#
+    ));
+    exercise_namespace(&t, OPEN_NQN, 512, 64 * MIB as u64, 5);
+}
+
 /// 8 MiB in 1 MiB commands, one at a time and then 8 in flight.
 fn multi_megabyte(q: &mut Queue, rng: &mut Rng) {
     let data = rng.bytes(8 * MIB);
