@@ -10,7 +10,8 @@
 # read-only ext4 disk, build/vm-cache/tools.img, mounted at /opt/tools; the
 # initramfs calls them through small wrappers (/usr/bin/fio).
 #
-# Environment: VM_CACHE (downloads, default build/vm-cache), VM_TIMEOUT (s,
+# Environment: VM_CACHE (downloads, default build/vm-cache), VM_WORK (boot
+# files and console log, default build/vm), VM_TIMEOUT (s,
 # default 900), VM_MEM (MiB, default 2048), VM_SMP (default 2).
 # Exit status: 0 when every requested scenario passed; 1 otherwise (a scenario
 # that did not run is a failure). The guest console streams to stdout and to
@@ -20,7 +21,7 @@ set -euo pipefail
 here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${VM_CACHE:-$repo/build/vm-cache}
-work=$repo/build/vm
+work=${VM_WORK:-$repo/build/vm}
 timeout_s=${VM_TIMEOUT:-900}
 kpkg=linux-image-6.12-amd64
 
