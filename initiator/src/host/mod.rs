@@ -2,6 +2,7 @@
 //! keep-alive, shutdown) and I/O queues. Transport independent above the
 //! queue level; NVMe/TCP and NVMe/RDMA below it.
 
+pub mod block;
 pub mod engine;
 mod io_queue;
 pub mod rdma;

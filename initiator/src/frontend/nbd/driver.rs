@@ -6,12 +6,13 @@
 
 use super::handshake::Negotiated;
 use super::proto::{self, errno, flags, Command, Request, REQUEST_LEN};
+use crate::host::block::{self, DSM_RANGE_LEN};
 use crate::host::engine::{Cx, Driver};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
 use io_uring::{opcode, types};
 use rdmablk_common::mem::ArenaBuf;
-use rdmablk_common::nvme::{nvm, Sqe, Status};
+use rdmablk_common::nvme::{nvm, Status};
 use rdmablk_common::tcp::stream::TxQueue;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -526,7 +527,7 @@ impl NbdDriver {
             let is_trim = req.r.command == Command::Trim;
             if is_trim && req.buf.is_none() {
                 // The DSM ranges, 16 bytes each, live in the arena with the request.
-                let Some(b) = cx.arena.alloc(16 * plan.len()) else {
+                let Some(b) = cx.arena.alloc(DSM_RANGE_LEN * plan.len()) else {
                     return;
                 };
                 let req = self.clients[ci]
@@ -557,10 +558,7 @@ impl NbdDriver {
             let nsid = self.export.ns.nsid;
             let buf = req.buf.as_ref();
             for (i, &(op, off, len, at, flag)) in plan.iter().enumerate().skip(first).take(batch) {
-                let mut sqe = Sqe::new(op, 0);
-                sqe.set_nsid(nsid);
                 let lba = off / block;
-                let nlb = (len / block).max(1) as u32 - 1;
                 let (ptr, bytes, to_host) = match op {
                     nvm::READ | nvm::WRITE => {
                         let b = buf.expect("data request has a buffer");
@@ -568,29 +566,14 @@ impl NbdDriver {
                     }
                     nvm::DSM => {
                         let b = buf.expect("allocated above");
-                        let range =
-                            &mut cx.arena.bytes_mut(b, 16 * plan.len())[i * 16..i * 16 + 16];
-                        range[..4].fill(0);
-                        range[4..8].copy_from_slice(&((len / block) as u32).to_le_bytes());
-                        range[8..16].copy_from_slice(&lba.to_le_bytes());
-                        (cx.arena.addr(b, i * 16), 16, false)
+                        let ranges = cx.arena.bytes_mut(b, DSM_RANGE_LEN * plan.len());
+                        let range = &mut ranges[i * DSM_RANGE_LEN..(i + 1) * DSM_RANGE_LEN];
+                        block::dsm_range(range, lba, (len / block) as u32);
+                        (cx.arena.addr(b, i * DSM_RANGE_LEN), DSM_RANGE_LEN, false)
                     }
                     _ => (std::ptr::null_mut(), 0, false),
                 };
-                match op {
-                    nvm::DSM => sqe.set_cdw(11, 1 << 2), // one range (NR 0), deallocate
-                    nvm::FLUSH => {}
-                    _ => {
-                        sqe.set_cdw(10, lba as u32);
-                        sqe.set_cdw(11, (lba >> 32) as u32);
-                        let extra = match (op, flag) {
-                            (nvm::WRITE, true) => 1 << 30,
-                            (nvm::WRITE_ZEROES, true) => 1 << 25,
-                            _ => 0,
-                        };
-                        sqe.set_cdw(12, nlb | extra);
-                    }
-                }
+                let sqe = block::sqe(op, nsid, lba, len / block, flag);
                 // SAFETY: the buffers live in the arena until the request is
                 // finished, which waits for every command's completion.
                 let ok = unsafe { cx.queue.submit(sqe, ptr, bytes, to_host, tag(ci, ri)) };

@@ -4,9 +4,9 @@
 use super::driver::{ExportInfo, NbdDriver, NewClient};
 use super::handshake::{serve_handshake, Export, Outcome};
 use super::proto::flags;
-use crate::host::engine::{Engine, Reconnect, Waker};
-use crate::host::IoQueue;
-use crate::host::{NamespaceInfo, Params, Session};
+use crate::frontend::keeper::{Engines, Keeper};
+use crate::host::engine::Waker;
+use crate::host::{NamespaceInfo, Session};
 use rdmablk_common::nvme::identify::oncs;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsRawFd, OwnedFd};
@@ -15,7 +15,7 @@ use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Largest NBD request served in one piece.
 const MAX_BLOCK: u32 = 2 << 20;
@@ -157,36 +157,14 @@ pub fn serve(
     };
     let stop = Arc::new(AtomicBool::new(false));
     let give_up = Arc::new(AtomicBool::new(false));
-    let (lost_tx, lost_rx) = mpsc::channel();
-    let mut engines: Vec<EngineLink> = Vec::new();
     let mut clients: Vec<(Sender<NewClient>, Waker)> = Vec::new();
-    let mut threads = Vec::new();
     let n = session.io_queues.min(queues).max(1);
-    for q in 0..n {
-        let queue = session.open_io_queue(q + 1).map_err(|e| e.to_string())?;
-        let arena = (session.queue_size as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
-        let (rep_tx, rep_rx) = mpsc::channel();
-        let engine = Engine::new(queue, arena, Duration::from_millis(100))
-            .map_err(|e| format!("I/O engine: {e}"))?
-            .with_reconnect(Reconnect {
-                index: q as usize,
-                lost: lost_tx.clone(),
-                replacements: rep_rx,
-            });
+    let arena = (session.queue_size as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
+    let engines = Engines::spawn(&session, n, arena, "nbd", |_, waker| {
         let (tx, rx) = mpsc::channel();
-        clients.push((tx, engine.waker()));
-        engines.push(EngineLink {
-            replace: rep_tx,
-            waker: engine.waker(),
-        });
-        let (stop, give_up) = (stop.clone(), give_up.clone());
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("nbd-{}", q + 1))
-                .spawn(move || engine.run(&mut NbdDriver::new(info, rx, stop, give_up)))
-                .map_err(|e| e.to_string())?,
-        );
-    }
+        clients.push((tx, waker));
+        NbdDriver::new(info, rx, stop.clone(), give_up.clone())
+    })?;
     let listener = Arc::new(Listener::bind(listen)?);
     println!("ready: {}", listen.uri());
     use std::io::Write;
@@ -202,39 +180,21 @@ pub fn serve(
             .map_err(|e| e.to_string())?
     };
 
-    let mut keeper = Keeper {
-        params: session.params().clone(),
-        session: Some(session),
-        ns,
-        generation: 0,
-        lost_since: None,
-        next_try: Instant::now(),
-        backoff: Duration::from_secs(1),
-        ctrl_loss_tmo,
-    };
-    let outcome = keeper.watch(&threads, &lost_rx, &engines);
-    if outcome.is_err() {
+    let outcome = Keeper::new(session, ns, ctrl_loss_tmo).watch(&engines, "closing the NBD export");
+    let session = outcome.session;
+    if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);
     }
     stop.store(true, Ordering::Release);
-    for e in &engines {
-        e.waker.wake();
-    }
+    engines.wake_all();
     // SAFETY: shutting down our own listening socket ends the blocking accept.
     unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
-    let mut failure = outcome.err();
-    for t in threads {
-        match t.join() {
-            Ok(Err(e)) => failure = failure.or(Some(e)),
-            Err(_) => failure = failure.or(Some("an engine thread panicked".into())),
-            Ok(Ok(())) => {}
-        }
-    }
+    let failure = outcome.result.err().or(engines.join());
     if let Listen::Unix(p) = listen {
         let _ = std::fs::remove_file(p);
     }
-    if let Some(s) = keeper.session.take() {
+    if let Some(s) = session {
         if let Err(e) = s.shutdown() {
             tracing::warn!("controller shutdown: {e}");
         }
@@ -242,130 +202,6 @@ pub fn serve(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-/// What the coordinator keeps of each engine.
-struct EngineLink {
-    replace: Sender<(u64, IoQueue)>,
-    waker: Waker,
-}
-
-/// Keeps the association alive: notices its loss (a queue failed, or
-/// keep-alive did) and re-establishes it with backoff.
-struct Keeper {
-    params: Params,
-    session: Option<Session>,
-    ns: NamespaceInfo,
-    /// Generation of the queues handed to the engines.
-    generation: u64,
-    lost_since: Option<Instant>,
-    next_try: Instant,
-    backoff: Duration,
-    ctrl_loss_tmo: Duration,
-}
-
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
-
-impl Keeper {
-    /// Runs until SIGINT/SIGTERM (Ok), an engine ends on its own, or the
-    /// association stays lost past ctrl-loss-tmo (Err).
-    fn watch(
-        &mut self,
-        threads: &[std::thread::JoinHandle<Result<(), String>>],
-        lost: &mpsc::Receiver<(usize, u64)>,
-        engines: &[EngineLink],
-    ) -> Result<(), String> {
-        let mut set = nix::sys::signal::SigSet::empty();
-        set.add(nix::sys::signal::Signal::SIGINT);
-        set.add(nix::sys::signal::Signal::SIGTERM);
-        let timeout = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 200_000_000,
-        };
-        loop {
-            // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
-            let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
-            if sig > 0 {
-                tracing::info!("signal {sig}: closing the NBD export");
-                return Ok(());
-            }
-            if threads.iter().any(|t| t.is_finished()) {
-                return Err("an I/O engine ended".into());
-            }
-            let mut lost_now = self.session.as_ref().is_some_and(Session::is_lost);
-            while let Ok((engine, generation)) = lost.try_recv() {
-                if generation == self.generation {
-                    tracing::warn!(queue = engine + 1, "I/O queue lost");
-                    lost_now = true;
-                }
-            }
-            if lost_now && self.lost_since.is_none() {
-                tracing::warn!(
-                    "association lost; reconnecting for up to {:?}",
-                    self.ctrl_loss_tmo
-                );
-                self.lost_since = Some(Instant::now());
-                self.next_try = Instant::now();
-                self.backoff = Duration::from_secs(1);
-                // Closing the admin queue ends the old controller on the target.
-                self.session = None;
-            }
-            let Some(since) = self.lost_since else {
-                continue;
-            };
-            if since.elapsed() > self.ctrl_loss_tmo {
-                return Err(format!(
-                    "the association stayed lost for {:?} (ctrl-loss-tmo)",
-                    self.ctrl_loss_tmo
-                ));
-            }
-            if Instant::now() >= self.next_try {
-                match self.reconnect(engines) {
-                    Ok(()) => {
-                        tracing::info!(
-                            generation = self.generation,
-                            "association re-established after {:?}",
-                            since.elapsed()
-                        );
-                        self.lost_since = None;
-                    }
-                    Err(e) => {
-                        tracing::warn!("reconnect failed: {e}; next try in {:?}", self.backoff);
-                        self.next_try = Instant::now() + self.backoff;
-                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                    }
-                }
-            }
-        }
-    }
-
-    /// One attempt: a new association, and a new queue for every engine.
-    fn reconnect(&mut self, engines: &[EngineLink]) -> Result<(), String> {
-        let params = self.params.clone();
-        let session = Session::connect(&params).map_err(|e| e.to_string())?;
-        let ns = session.namespace(self.ns.nsid).map_err(|e| e.to_string())?;
-        if ns != self.ns {
-            return Err(format!(
-                "namespace {} changed ({ns:?}, was {:?})",
-                ns.nsid, self.ns
-            ));
-        }
-        let mut queues = Vec::new();
-        for q in 0..engines.len() {
-            queues.push(
-                session
-                    .open_io_queue(q as u16 + 1)
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        self.generation += 1;
-        for (e, q) in engines.iter().zip(queues) {
-            let _ = e.replace.send((self.generation, q));
-            e.waker.wake();
-        }
-        self.session = Some(session);
-        Ok(())
     }
 }
 
