@@ -4,6 +4,7 @@
 use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
 use rdmablk::frontend::nbd::{self, Listen};
+use rdmablk::frontend::ublk;
 use rdmablk::host::engine::Engine;
 use rdmablk::host::{HostError, Params, Session, Transport};
 use rdmablk::hostid;
@@ -33,11 +34,15 @@ enum Command {
     /// Print the discovery log of a target, as `nvme discover` does.
     #[command(after_help = "Example:\n  rdmablk discover -t tcp -a 127.0.0.1 -s 4420")]
     Discover(Target),
-    /// Connect a namespace and serve it as an NBD export until SIGINT/SIGTERM.
+    /// Connect a namespace and serve it locally until SIGINT/SIGTERM: as an
+    /// NBD export (--nbd) or as a ublk block device /dev/ublkbN (--ublk).
     #[command(after_help = "Examples:
   rdmablk connect -t tcp -a 127.0.0.1 -s 4420 -n NQN --nbd unix:/run/rdmablk/disk0.sock
   rdmablk connect -t tcp -a 10.0.0.1 -n NQN --nbd tcp:127.0.0.1:10809 -i 2
-Then: nbd-client -unix /run/rdmablk/disk0.sock /dev/nbd0, qemu-img info nbd+unix:///?socket=..., nbdfuse, fio --ioengine=nbd")]
+  rdmablk connect -t rdma -a 10.0.0.1 -n NQN --ublk --ublk-id 0 --queues 2
+Then: nbd-client -unix /run/rdmablk/disk0.sock /dev/nbd0, qemu-img info nbd+unix:///?socket=..., nbdfuse, fio --ioengine=nbd;
+or use /dev/ublkb0 like any disk (mkfs, mount, fio). After a crash, the same command with the same
+--ublk-id takes the device over again: I/O that waited completes (systemd's Restart= does this).")]
     Connect(ConnectArgs),
     /// Benchmark a namespace: IOPS, bandwidth, latency percentiles.
     #[command(after_help = "Examples:
@@ -96,10 +101,32 @@ struct ConnectArgs {
     #[command(flatten)]
     subsys: Subsys,
     /// Serve the namespace as an NBD export: unix:PATH or tcp:HOST:PORT.
-    #[arg(long, value_name = "unix:PATH|tcp:HOST:PORT")]
-    nbd: Listen,
-    /// I/O queues (one thread each); NBD clients are spread over them.
-    #[arg(short = 'i', long = "nr-io-queues", default_value_t = 1)]
+    #[arg(
+        long,
+        value_name = "unix:PATH|tcp:HOST:PORT",
+        required_unless_present = "ublk",
+        conflicts_with = "ublk"
+    )]
+    nbd: Option<Listen>,
+    /// Serve the namespace as a ublk block device, /dev/ublkbN (Linux 6.0+,
+    /// modprobe ublk_drv).
+    #[arg(long)]
+    ublk: bool,
+    /// ublk device id N (/dev/ublkbN); a device left by a crashed rdmablk
+    /// with this id is recovered. Default: the kernel picks a free id.
+    #[arg(long, value_name = "N", requires = "ublk")]
+    ublk_id: Option<u32>,
+    /// Requests in flight per ublk queue.
+    #[arg(long, value_name = "N", default_value_t = 64, requires = "ublk")]
+    queue_depth: u16,
+    /// I/O queues (one thread each; one ublk queue each); NBD clients are
+    /// spread over them.
+    #[arg(
+        short = 'i',
+        long = "nr-io-queues",
+        visible_alias = "queues",
+        default_value_t = 1
+    )]
     nr_io_queues: u16,
     /// Seconds to keep re-establishing a lost association (I/O waits
     /// meanwhile) before failing it and exiting.
@@ -137,7 +164,10 @@ struct BenchArgs {
 fn main() -> ExitCode {
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .or_else(|_| tracing_subscriber::EnvFilter::try_new(&cli.log_level))
+        // libublk logs its own progress at info: keep it to warnings.
+        .or_else(|_| {
+            tracing_subscriber::EnvFilter::try_new(format!("{},libublk=warn", cli.log_level))
+        })
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
     tracing_subscriber::fmt()
         .with_env_filter(filter)
@@ -272,14 +302,28 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
     set.add(nix::sys::signal::Signal::SIGTERM);
     set.thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
+    if c.ublk {
+        // Before connecting: a missing driver is the user's first problem.
+        ublk::check_available()?;
+        if c.queue_depth == 0 {
+            return Err("--queue-depth 0: use at least 1".into());
+        }
+    }
     let (session, ns) = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
-    nbd::serve(
-        session,
-        ns,
-        &c.nbd,
-        c.nr_io_queues,
-        Duration::from_secs(c.ctrl_loss_tmo),
-    )?;
+    let ctrl_loss_tmo = Duration::from_secs(c.ctrl_loss_tmo);
+    match &c.nbd {
+        Some(listen) => nbd::serve(session, ns, listen, c.nr_io_queues, ctrl_loss_tmo)?,
+        None => ublk::serve(
+            session,
+            ns,
+            ublk::UblkOptions {
+                id: c.ublk_id,
+                queues: c.nr_io_queues,
+                depth: c.queue_depth,
+                ctrl_loss_tmo,
+            },
+        )?,
+    }
     Ok(ExitCode::SUCCESS)
 }
 

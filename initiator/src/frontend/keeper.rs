@@ -28,7 +28,7 @@ pub struct Engines {
 impl Engines {
     /// Opens I/O queues 1..=`n` of `session` and runs one engine thread
     /// (named `name-Q`, arena of `arena_bytes`) per queue with the driver
-    /// `make(queue index, engine waker)` returns.
+    /// `make(queue index, engine waker)` builds.
     pub fn spawn<D, F>(
         session: &Session,
         n: u16,
@@ -38,7 +38,7 @@ impl Engines {
     ) -> Result<Engines, String>
     where
         D: Driver + Send + 'static,
-        F: FnMut(usize, Waker) -> D,
+        F: FnMut(usize, Waker) -> Result<D, String>,
     {
         let (lost_tx, lost) = mpsc::channel();
         let mut links = Vec::new();
@@ -55,7 +55,7 @@ impl Engines {
                     lost: lost_tx.clone(),
                     replacements,
                 });
-            let mut driver = make(q, engine.waker());
+            let mut driver = make(q, engine.waker())?;
             links.push(EngineLink {
                 replace,
                 waker: engine.waker(),

@@ -108,3 +108,34 @@ rxe_up() {
   [ -c /dev/infiniband/uverbs0 ] || fail "no /dev/infiniband/uverbs0"
   export RDMA_IP RDMA_GID_INDEX
 }
+
+# ublk_up LOG ARGS...: starts `rdmablk connect ARGS --ublk` and waits for its
+# device; sets UBLK_PID and UBLK_DEV.
+ublk_up() {
+  ulog=$1; shift
+  RUST_LOG=info rdmablk connect "$@" --ublk > "$ulog.out" 2> "$ulog" &
+  UBLK_PID=$!
+  wait_for 30 grep -q "^ready: " "$ulog.out" || fail "rdmablk connect --ublk did not become ready"
+  UBLK_DEV=$(sed -n 's/^ready: //p' "$ulog.out")
+  [ -b "$UBLK_DEV" ] || fail "$UBLK_DEV is not a block device"
+  # Every stderr line is one of our log lines: nothing printed behind its back.
+  if grep -qv '^20[0-9][0-9]-' "$ulog"; then grep -v '^20[0-9][0-9]-' "$ulog"; fail "stray output on stderr"; fi
+}
+
+# ublk_down: SIGTERM; exit status 0 and the device gone.
+ublk_down() {
+  kill -TERM "$UBLK_PID"; wait "$UBLK_PID"; rc=$?
+  [ $rc -eq 0 ] || fail "rdmablk connect --ublk exited with $rc"
+  wait_for 10 sh -c "! ls $UBLK_DEV" || fail "$UBLK_DEV still present after SIGTERM"
+}
+
+# fio_verify DEV SIZE [FIO ARGS...]: O_DIRECT random writes with CRC32C
+# verification of every block read back.
+fio_verify() {
+  dev=$1; size=$2; shift 2
+  /usr/bin/fio --name=verify --filename="$dev" --ioengine=io_uring --direct=1 --rw=randwrite \
+    --bs=64k --iodepth=16 --size="$size" --verify=crc32c --do_verify=1 --verify_fatal=1 \
+    --eta=never --output=/tmp/fio-verify.log "$@" || { tail -30 /tmp/fio-verify.log; fail "fio verify on $dev"; }
+  grep -q "verify:.*bad\|err= *[1-9]" /tmp/fio-verify.log && { tail -30 /tmp/fio-verify.log; fail "fio reported errors on $dev"; }
+  say "$dev: fio random writes of $size verified"
+}

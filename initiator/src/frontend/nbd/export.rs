@@ -163,7 +163,7 @@ pub fn serve(
     let engines = Engines::spawn(&session, n, arena, "nbd", |_, waker| {
         let (tx, rx) = mpsc::channel();
         clients.push((tx, waker));
-        NbdDriver::new(info, rx, stop.clone(), give_up.clone())
+        Ok(NbdDriver::new(info, rx, stop.clone(), give_up.clone()))
     })?;
     let listener = Arc::new(Listener::bind(listen)?);
     println!("ready: {}", listen.uri());
