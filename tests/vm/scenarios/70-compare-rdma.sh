@@ -12,14 +12,6 @@ THEIRS=nqn.2026-11.io.rdmablk:vm-theirs-rdma
 start_target /tmp/target.log --listen "rdma://$RDMA_IP:4450" --file /tmp/ours-rdma.img --nqn $OURS
 nvmet_rdma_export $THEIRS /tmp/theirs-rdma.img 4451
 
-# fio_run DEV RW BS QD SECONDS: one line "RW BS: IOPS, MiB/s, p50" from
-# fio's terse output (read side: field 7 KiB/s, 8 IOPS, 18-37 clat percentiles).
-fio_run() {
-  fio --name=cmp --filename="$1" --ioengine=io_uring --direct=1 --rw="$2" --bs="$3" --iodepth="$4" \
-    --time_based --runtime="$5" --size=64M --minimal 2>/dev/null |
-    awk -F';' -v rw="$2" -v bs="$3" '{p50 = "?"; for (i = 18; i <= 37; i++) if ($i ~ /^50\.0+%=/) { split($i, a, "="); p50 = a[2] }
-      printf "%s %s: %d IOPS, %.1f MiB/s, p50 %s us\n", rw, bs, $8, $7 / 1024, p50}'
-}
 for side in ours:4450:$OURS theirs:4451:$THEIRS; do
   name=${side%%:*}; rest=${side#*:}; port=${rest%%:*}; nqn=${rest#*:}
   /usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s $port -n $nqn -i 1 || fail "connect $name"

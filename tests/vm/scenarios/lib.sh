@@ -139,3 +139,12 @@ fio_verify() {
   grep -q "verify:.*bad\|err= *[1-9]" /tmp/fio-verify.log && { tail -30 /tmp/fio-verify.log; fail "fio reported errors on $dev"; }
   say "$dev: fio random writes of $size verified"
 }
+
+# fio_run DEV RW BS QD SECONDS: one line "RW BS: IOPS, MiB/s, p50" from
+# fio's terse output (read side: field 7 KiB/s, 8 IOPS, 18-37 clat percentiles).
+fio_run() {
+  fio --name=cmp --filename="$1" --ioengine=io_uring --direct=1 --rw="$2" --bs="$3" --iodepth="$4" \
+    --time_based --runtime="$5" --size=64M --minimal 2>/dev/null |
+    awk -F';' -v rw="$2" -v bs="$3" '{p50 = "?"; for (i = 18; i <= 37; i++) if ($i ~ /^50\.0+%=/) { split($i, a, "="); p50 = a[2] }
+      printf "%s %s: %d IOPS, %.1f MiB/s, p50 %s us\n", rw, bs, $8, $7 / 1024, p50}'
+}
