@@ -1,0 +1,69 @@
+//! On a kernel without ublk (this machine's, and CI's), `connect --ublk`
+//! fails at once, before connecting, with a message that names the module
+//! to load and the NBD alternative, and nothing else on stderr. The
+//! front-end itself runs in the VM suite (tests/vm/scenarios/8*-*.sh).
+
+use rdmablk_tests::{bin_path, free_port, run};
+use std::path::Path;
+use std::process::Command;
+use std::time::Duration;
+
+#[test]
+fn ublk_without_the_driver_fails_at_once() {
+    if Path::new("/dev/ublk-control").exists() {
+        eprintln!("this kernel has ublk: nothing to check here");
+        return;
+    }
+    // Nothing listens on the port: the ublk check must come first.
+    let port = free_port().to_string();
+    let mut c = Command::new(bin_path("rdmablk"));
+    c.args(["connect", "-t", "tcp", "-a", "127.0.0.1", "-s", &port])
+        .args(["-n", "nqn.2026-11.io.rdmablk:x", "--ublk", "--ublk-id", "0"]);
+    let r = run("rdmablk", &mut c, Duration::from_secs(20));
+    assert_eq!(r.status.code(), Some(1), "{}", r.report());
+    assert!(r.stderr.contains("modprobe ublk_drv"), "{}", r.report());
+    assert!(r.stderr.contains("--nbd"), "{}", r.report());
+    assert!(!r.stderr.contains("connection refused"), "{}", r.report());
+    assert_eq!(
+        r.stderr.lines().count(),
+        1,
+        "one line, no library noise: {}",
+        r.report()
+    );
+    assert!(
+        r.elapsed < Duration::from_secs(2),
+        "not at once: {}",
+        r.report()
+    );
+}
+
+#[test]
+fn ublk_and_nbd_exclude_each_other() {
+    let mut c = Command::new(bin_path("rdmablk"));
+    c.args([
+        "connect",
+        "-a",
+        "127.0.0.1",
+        "-n",
+        "nqn.2026-11.io.rdmablk:x",
+    ])
+    .args(["--ublk", "--nbd", "unix:/tmp/never.sock"]);
+    let r = run("rdmablk", &mut c, Duration::from_secs(20));
+    assert_eq!(r.status.code(), Some(2), "{}", r.report());
+    assert!(r.stderr.contains("cannot be used with"), "{}", r.report());
+    let mut c = Command::new(bin_path("rdmablk"));
+    c.args([
+        "connect",
+        "-a",
+        "127.0.0.1",
+        "-n",
+        "nqn.2026-11.io.rdmablk:x",
+    ]);
+    let r = run("rdmablk", &mut c, Duration::from_secs(20));
+    assert_eq!(
+        r.status.code(),
+        Some(2),
+        "neither front-end: {}",
+        r.report()
+    );
+}
