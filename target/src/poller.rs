@@ -336,14 +336,7 @@ impl Poller {
                     if self.stop_at.is_some() {
                         continue; // dropping the socket closes it
                     }
-                    let idx = self
-                        .conns
-                        .iter()
-                        .position(Option::is_none)
-                        .unwrap_or_else(|| {
-                            self.conns.push(None);
-                            self.conns.len() - 1
-                        });
+                    let idx = crate::queue::vacant(&mut self.conns);
                     tracing::debug!(poller = self.id, %peer, "connection accepted");
                     self.conns[idx] = Some(Box::new(TcpConn::new(sock, peer, idx)));
                     self.shared.connections.fetch_add(1, Ordering::AcqRel);

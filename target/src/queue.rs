@@ -4,7 +4,7 @@
 
 use crate::command::{Command, Connected, Progress, Work};
 use crate::controller::{Association, TransportCaps};
-use crate::poller::Io;
+use crate::poller::{Io, Token};
 use io_uring::squeue;
 
 /// What running a command led to.
@@ -42,6 +42,22 @@ pub fn run(
         Progress::Held => Ran::Held,
         Progress::Waiting(entries) => Ran::Waiting(entries),
     }
+}
+
+/// Queues a command's backend operations under `token`; returns how many.
+pub fn submit_backend(entries: Vec<squeue::Entry>, token: Token, io: &mut Io) -> usize {
+    let n = entries.len();
+    io.sq
+        .extend(entries.into_iter().map(|e| e.user_data(token.encode())));
+    n
+}
+
+/// Index of a free entry of `slots`, growing it when none is.
+pub fn vacant<T>(slots: &mut Vec<Option<T>>) -> usize {
+    slots.iter().position(Option::is_none).unwrap_or_else(|| {
+        slots.push(None);
+        slots.len() - 1
+    })
 }
 
 /// Feeds a backend completion to a command: a follow-up operation to

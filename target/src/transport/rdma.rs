@@ -405,14 +405,7 @@ impl Endpoint {
             reject(&mut id);
             return Err(e);
         }
-        let idx = self
-            .conns
-            .iter()
-            .position(Option::is_none)
-            .unwrap_or_else(|| {
-                self.conns.push(None);
-                self.conns.len() - 1
-            });
+        let idx = queue::vacant(&mut self.conns);
         id.set_context(idx as u64);
         let read_credits = d.max_rd_atom.min(inc.host_responder_resources).max(1);
         let reply = ConnectReply {
@@ -925,11 +918,8 @@ impl RdmaConn {
                 self.free_slot(slot, io);
             }
             Ran::Waiting(entries) => {
-                for e in entries {
-                    io.sq
-                        .push(e.user_data(Token::RdmaBackend(self.idx, slot).encode()));
-                    self.backend_ops += 1;
-                }
+                self.backend_ops +=
+                    queue::submit_backend(entries, Token::RdmaBackend(self.idx, slot), io);
             }
         }
     }

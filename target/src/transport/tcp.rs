@@ -750,11 +750,8 @@ impl TcpConn {
                 self.free_slot(slot, io);
             }
             Ran::Waiting(entries) => {
-                for e in entries {
-                    io.sq
-                        .push(e.user_data(Token::Backend(self.idx, slot).encode()));
-                    self.backend_ops += 1;
-                }
+                self.backend_ops +=
+                    queue::submit_backend(entries, Token::Backend(self.idx, slot), io);
             }
         }
     }
