@@ -12,12 +12,14 @@ THEIRS=nqn.2026-11.io.rdmablk:vm-ublk-nvmet
 truncate -s 256M /tmp/ublk.img /tmp/ublk-nvmet.img
 start_target /tmp/target.log --listen tcp://127.0.0.1:4460 --listen "rdma://$RDMA_IP:4461" --file /tmp/ublk.img --nqn $NQN
 nvmet_tcp_export $THEIRS /tmp/ublk-nvmet.img 4462
-for t in "tcp 127.0.0.1 4460 $NQN" "rdma $RDMA_IP 4461 $NQN" "tcp 127.0.0.1 4462 $THEIRS"; do
+# The RDMA device has two queues (two engines, two NVMe I/O queues).
+for t in "tcp 127.0.0.1 4460 $NQN 1" "rdma $RDMA_IP 4461 $NQN 2" "tcp 127.0.0.1 4462 $THEIRS 1"; do
   set -- $t
-  ublk_up /tmp/ublk.log -t $1 -a $2 -s $3 -n $4 --ublk-id 0
+  ublk_up /tmp/ublk.log -t $1 -a $2 -s $3 -n $4 --ublk-id 0 --queues $5
+  [ "$(ls -d /sys/block/ublkb0/mq/* | wc -l)" = $5 ] || fail "ublkb0 does not have $5 queues"
   [ "$UBLK_DEV" = /dev/ublkb0 ] || fail "got $UBLK_DEV, asked for id 0"
   [ "$(blockdev --getsize64 $UBLK_DEV)" = 268435456 ] || fail "$UBLK_DEV has the wrong size"
-  say "-t $1 to port $3: $UBLK_DEV"
+  say "-t $1 to port $3: $UBLK_DEV with $5 queue(s)"
   fio_verify $UBLK_DEV 64M
   verify_ext4 $UBLK_DEV
   ublk_down
