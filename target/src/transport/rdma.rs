@@ -32,7 +32,10 @@ pub const IN_CAPSULE_DATA: usize = 8192;
 /// Receives posted on each SRQ (shared by all queues of a poller on a device;
 /// RNR retry covers bursts beyond it).
 const SRQ_DEPTH: u32 = 256;
-const CQ_ENTRIES: u32 = 4096;
+/// Completion queue entries per poller and device: the SRQ's receives plus
+/// the send queues of every queue pair on it (a queue that would not fit is
+/// refused rather than risking an overrun).
+const CQ_ENTRIES: u32 = 16384;
 /// A queue that sends no Connect within this time is closed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -156,6 +159,9 @@ struct DeviceRes {
     arena_mr: Mr,
     capsules: CapsuleArea,
     cq: Cq,
+    /// Entries of the CQ, and how many its SRQ and queue pairs may fill.
+    cq_size: u32,
+    cq_committed: u32,
     srq: Arc<Srq>,
     recvs: Vec<RecvSlot>,
     /// Receive slots waiting for an arena buffer before being posted again.
@@ -188,7 +194,8 @@ impl DeviceRes {
             )
         }?;
         let channel = CompChannel::new(device)?;
-        let cq = Cq::new(device, CQ_ENTRIES.min(attrs.max_cqe), &channel)?;
+        let cq_size = CQ_ENTRIES.min(attrs.max_cqe);
+        let cq = Cq::new(device, cq_size, &channel)?;
         let srq = Arc::new(Srq::new(&pd, depth, 2)?);
         let mut d = DeviceRes {
             device,
@@ -198,6 +205,8 @@ impl DeviceRes {
             arena_mr,
             capsules: CapsuleArea { mr, mem },
             cq,
+            cq_size,
+            cq_committed: depth,
             srq,
             recvs: (0..depth).map(|_| RecvSlot { data: None }).collect(),
             unposted: (0..depth).rev().collect(),
@@ -301,6 +310,8 @@ struct RdmaConn {
     awaiting_read: VecDeque<u16>,
     /// Signaled work requests posted and not completed.
     signaled: usize,
+    /// Send queue size (its share of the device's CQ).
+    send_wr: u32,
     backend_ops: usize,
 }
 
@@ -386,7 +397,15 @@ impl Endpoint {
         let depth = inc.req.hsqsize + 1;
         let d = &self.devices[dev];
         // Per command: a READ, or a WRITE and the response SEND.
-        let send_wr = (2 * depth as u32 + 8).min(d.max_qp_wr.max(16));
+        let send_wr = 2 * depth as u32 + 8;
+        if send_wr > d.max_qp_wr || d.cq_committed + send_wr > d.cq_size {
+            let _ = id.reject(&encode_reject(RejectStatus::NoResources));
+            return Err(io::Error::other(format!(
+                "{peer}: no room for a {depth}-entry queue on this poller's RDMA device \
+                 ({} of {} completion entries committed; max {} work requests per QP)",
+                d.cq_committed, d.cq_size, d.max_qp_wr
+            )));
+        }
         let cfg = QpConfig {
             pd: &d.pd,
             send_cq: &d.cq,
@@ -427,7 +446,9 @@ impl Endpoint {
         let qp_num = id.qp_num();
         tracing::debug!(poller = self.poller, %peer, qid = inc.req.qid, depth, read_credits, qp_num, "NVMe/RDMA queue accepted");
         self.by_qp.insert(qp_num, idx);
+        self.devices[dev].cq_committed += send_wr;
         self.conns[idx] = Some(Box::new(RdmaConn {
+            send_wr,
             id,
             dev,
             qp_num,
@@ -679,6 +700,7 @@ impl Endpoint {
             }
             if conn.phase == Phase::Closing && conn.signaled == 0 && conn.backend_ops == 0 {
                 self.by_qp.remove(&conn.qp_num);
+                self.devices[conn.dev].cq_committed -= conn.send_wr;
                 conn.teardown(io);
                 *slot = None;
             }
