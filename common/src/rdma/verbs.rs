@@ -282,7 +282,6 @@ pub struct Completion {
     pub wr_id: u64,
     /// `IBV_WC_SUCCESS` (0) or the error status.
     pub status: u32,
-    pub opcode: u32,
     pub byte_len: u32,
     pub qp_num: u32,
     /// The rkey the peer invalidated with SEND_WITH_INV, if it did.
@@ -292,10 +291,6 @@ pub struct Completion {
 impl Completion {
     pub fn ok(&self) -> bool {
         self.status == ibv_wc_status::IBV_WC_SUCCESS
-    }
-
-    pub fn is_recv(&self) -> bool {
-        self.opcode & ibv_wc_opcode::IBV_WC_RECV != 0
     }
 
     /// The status as text.
@@ -437,7 +432,6 @@ impl Cq {
             out.push(Completion {
                 wr_id: wc.wr_id,
                 status: wc.status,
-                opcode: wc.opcode,
                 byte_len: wc.byte_len,
                 qp_num: wc.qp_num,
                 invalidated_rkey: inv,

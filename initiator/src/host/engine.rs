@@ -15,6 +15,10 @@ const KIND_SEND: u64 = 2;
 const KIND_FRONT: u64 = 3;
 const KIND_TICK: u64 = 4;
 const KIND_WAKE: u64 = 5;
+const KIND_CANCEL: u64 = 6;
+/// Queue operations carry the low bits of their queue's generation: a late
+/// completion of a replaced queue's operation is recognized and dropped.
+const GENERATION_MASK: u64 = 0xffff_ffff;
 
 /// What a driver may use while handling an event.
 pub struct Cx<'a> {
@@ -120,16 +124,26 @@ impl Engine {
             self.queue.fail("replaced by a new association".into());
         }
         let why = self.queue.failed()?.to_string();
-        if self.queue.ops_in_flight() {
+        // The failed commands' completions go to the driver first.
+        if self.queue.ops_in_flight() || self.queue.has_done() {
             return None;
         }
-        if let Some((generation, mut q)) = self.next_queue.take() {
+        if let Some((generation, q)) = self.next_queue.take() {
+            // The old queue (and its memory registration) goes first; its
+            // polls that may still be in the ring are cancelled.
+            drop(std::mem::replace(&mut self.queue, q));
+            let old = self.generation & GENERATION_MASK;
+            for kind in [KIND_RECV, KIND_SEND] {
+                let cancel = opcode::AsyncCancel::new(kind << 56 | old)
+                    .build()
+                    .user_data(KIND_CANCEL << 56);
+                self.ring.pending.push(cancel);
+            }
             // SAFETY: the engine owns both and drops the queue first.
-            if let Err(e) = unsafe { q.register_arena(&self.ring.arena) } {
+            if let Err(e) = unsafe { self.queue.register_arena(&self.ring.arena) } {
                 return Some(format!("the new I/O queue cannot use the arena: {e}"));
             }
             tracing::info!(generation, "I/O queue replaced");
-            self.queue = q;
             self.generation = generation;
             self.reported = false;
             return None;
@@ -170,7 +184,12 @@ impl Engine {
                 if !finished {
                     finished = !driver.pump(&mut cx);
                 }
-                cx.queue.pump(cx.sq, KIND_RECV << 56, KIND_SEND << 56);
+                let generation = self.generation & GENERATION_MASK;
+                cx.queue.pump(
+                    cx.sq,
+                    KIND_RECV << 56 | generation,
+                    KIND_SEND << 56 | generation,
+                );
                 cx.queue.take_done(&mut done);
                 if done.is_empty() {
                     break;
@@ -199,6 +218,11 @@ impl Engine {
                     sq: &mut self.ring.pending,
                 };
                 match ud >> 56 {
+                    KIND_RECV | KIND_SEND
+                        if ud & GENERATION_MASK != self.generation & GENERATION_MASK =>
+                    {
+                        // An operation of a replaced queue.
+                    }
                     KIND_RECV => cx.queue.on_a(res),
                     KIND_SEND => cx.queue.on_b(res),
                     KIND_FRONT => driver.on_op(ud as u32, res, &mut cx),

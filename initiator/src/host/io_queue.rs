@@ -50,6 +50,14 @@ impl IoQueue {
         }
     }
 
+    /// Whether completions wait to be taken.
+    pub fn has_done(&self) -> bool {
+        match self {
+            IoQueue::Tcp(q) => q.has_done(),
+            IoQueue::Rdma(q) => q.has_done(),
+        }
+    }
+
     /// Whether nothing is in flight.
     pub fn idle(&self) -> bool {
         match self {

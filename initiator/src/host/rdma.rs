@@ -221,8 +221,10 @@ impl RdmaQueue {
         if let Some(r) = ConnectReply::decode(&reply) {
             if r.crqsize < depth {
                 // Never more commands in flight than the target can receive.
-                q.free.retain(|&c| c < r.crqsize.max(1));
-                q.limits.depth = r.crqsize.max(1);
+                let n = r.crqsize.max(1);
+                q.free.retain(|&c| c < n);
+                q.cmds.truncate(n as usize);
+                q.limits.depth = n;
             }
         }
         tracing::debug!(%addr, qid, depth = q.limits.depth, device = %device.name(), "NVMe/RDMA queue connected");
@@ -370,6 +372,11 @@ impl RdmaQueue {
             cqe: None,
         });
         true
+    }
+
+    /// Whether completions wait to be taken.
+    pub fn has_done(&self) -> bool {
+        !self.done.is_empty()
     }
 
     pub fn take_done(&mut self, out: &mut Vec<Done>) {

@@ -163,6 +163,11 @@ impl TcpQueue {
         true
     }
 
+    /// Whether completions wait to be taken.
+    pub fn has_done(&self) -> bool {
+        !self.done.is_empty()
+    }
+
     /// Completions gathered since the last call.
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
         out.append(&mut self.done);

@@ -35,7 +35,7 @@ const SRQ_DEPTH: u32 = 256;
 /// Completion queue entries per poller and device: the SRQ's receives plus
 /// the send queues of every queue pair on it (a queue that would not fit is
 /// refused rather than risking an overrun).
-const CQ_ENTRIES: u32 = 16384;
+const CQ_ENTRIES: u32 = 65536;
 /// A queue that sends no Connect within this time is closed.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -242,7 +242,7 @@ impl DeviceRes {
             ];
             // SAFETY: both buffers are registered and belong to this slot
             // until its receive completes.
-            unsafe { self.srq.post_recv(i as u64, &sges) }?;
+            unsafe { self.srq.post_recv(RECV_BIT | i as u64, &sges) }?;
             self.unposted.pop();
         }
         Ok(())
@@ -276,6 +276,10 @@ struct Slot {
     cmd: Command,
     remote: Option<Remote>,
 }
+
+/// Marks SRQ receives in the wr_id: a completion's opcode is not valid
+/// when its status is an error, its wr_id always is.
+const RECV_BIT: u64 = 1 << 63;
 
 /// Send work request kinds, in the wr_id.
 const WR_RESPONSE: u64 = 1;
@@ -322,7 +326,8 @@ pub struct Endpoint {
     cm_armed: bool,
     devices: Vec<DeviceRes>,
     conns: Vec<Option<Box<RdmaConn>>>,
-    by_qp: HashMap<u32, usize>,
+    /// Queue of each (device, QP number): QP numbers are per device.
+    by_qp: HashMap<(usize, u32), usize>,
     completions: Vec<Completion>,
 }
 
@@ -396,8 +401,10 @@ impl Endpoint {
         let peer = id.peer();
         let depth = inc.req.hsqsize + 1;
         let d = &self.devices[dev];
-        // Per command: a READ, or a WRITE and the response SEND.
-        let send_wr = 2 * depth as u32 + 8;
+        // Twice the queue's depth in command slots: a response's SEND may
+        // not have completed here when the host already reuses its command
+        // id. Per slot: a READ, or a WRITE and the response SEND.
+        let send_wr = 4 * depth as u32 + 8;
         if send_wr > d.max_qp_wr || d.cq_committed + send_wr > d.cq_size {
             let _ = id.reject(&encode_reject(RejectStatus::NoResources));
             return Err(io::Error::other(format!(
@@ -445,7 +452,7 @@ impl Endpoint {
         }
         let qp_num = id.qp_num();
         tracing::debug!(poller = self.poller, %peer, qid = inc.req.qid, depth, read_credits, qp_num, "NVMe/RDMA queue accepted");
-        self.by_qp.insert(qp_num, idx);
+        self.by_qp.insert((dev, qp_num), idx);
         self.devices[dev].cq_committed += send_wr;
         self.conns[idx] = Some(Box::new(RdmaConn {
             send_wr,
@@ -461,7 +468,7 @@ impl Endpoint {
             read_credits,
             reads: 0,
             assoc: None,
-            cmds: (0..depth).map(|_| None).collect(),
+            cmds: (0..2 * depth).map(|_| None).collect(),
             held_aers: Vec::new(),
             sq_head: 0,
             awaiting_buffer: VecDeque::new(),
@@ -563,7 +570,7 @@ impl Endpoint {
                 }
             }
             for wc in &wcs {
-                if wc.is_recv() {
+                if wc.wr_id & RECV_BIT != 0 {
                     self.on_recv(dev, wc, io);
                 } else {
                     self.on_send_done(wc, io);
@@ -593,7 +600,7 @@ impl Endpoint {
         }
         let conn = self
             .by_qp
-            .get(&wc.qp_num)
+            .get(&(dev, wc.qp_num))
             .and_then(|&i| self.conns[i].as_mut());
         let Some(conn) = conn else { return };
         if conn.phase == Phase::Closing {
@@ -689,7 +696,8 @@ impl Endpoint {
 
     /// Lets queues move on (arena space freed, a drain) and frees closed ones.
     pub fn pump(&mut self, io: &mut Io) {
-        for slot in self.conns.iter_mut() {
+        let mut done = Vec::new();
+        for (i, slot) in self.conns.iter_mut().enumerate() {
             let Some(conn) = slot else { continue };
             if conn.phase != Phase::Closing {
                 let mr = &self.devices[conn.dev].arena_mr;
@@ -699,11 +707,24 @@ impl Endpoint {
                 }
             }
             if conn.phase == Phase::Closing && conn.signaled == 0 && conn.backend_ops == 0 {
-                self.by_qp.remove(&conn.qp_num);
-                self.devices[conn.dev].cq_committed -= conn.send_wr;
-                conn.teardown(io);
-                *slot = None;
+                done.push(i);
             }
+        }
+        for i in done {
+            let dev = self.conns[i].as_ref().expect("listed above").dev;
+            // Receives this queue pair consumed must come back to the SRQ's
+            // books before it goes (its completions would vanish with it).
+            self.drain_cq(dev, io);
+            let Some(mut conn) = self.conns[i].take() else {
+                continue;
+            };
+            if conn.signaled > 0 || conn.backend_ops > 0 {
+                self.conns[i] = Some(conn); // the drain started more work
+                continue;
+            }
+            self.by_qp.remove(&(dev, conn.qp_num));
+            self.devices[dev].cq_committed -= conn.send_wr;
+            conn.teardown(io);
         }
         for d in &mut self.devices {
             if !d.unposted.is_empty() {

@@ -33,6 +33,9 @@ pub struct QueueSetup {
     pub ready: Sender<(u16, i32)>,
     /// The association is given up: fail waiting I/O.
     pub give_up: Arc<AtomicBool>,
+    /// The device is being stopped: I/O that waits for a lost queue fails
+    /// (the stop waits for every request).
+    pub stop: Arc<AtomicBool>,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -75,7 +78,9 @@ pub struct UblkDriver {
 unsafe impl Send for UblkDriver {}
 
 fn page_round(n: usize) -> usize {
-    n.next_multiple_of(4096)
+    // SAFETY: sysconf has no memory arguments.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    n.next_multiple_of(page)
 }
 
 impl UblkDriver {
@@ -211,14 +216,26 @@ impl UblkDriver {
                     (nvm::DSM, cx.arena.addr(buf, 0), DSM_RANGE_LEN, false)
                 }
             };
-            let sqe = block::sqe(op, ns.nsid, lba, blocks, t.fua);
-            t.state = State::Nvme;
-            t.attempts += 1;
+            // FUA for writes; Write Zeroes never deallocates.
+            let flag = t.fua && op == nvm::WRITE;
+            let sqe = block::sqe(op, ns.nsid, lba, blocks, flag);
             // SAFETY: the tag's arena buffer is left alone until the command
             // completes (the tag is in the Nvme state until then).
-            let ok = unsafe { cx.queue.submit(sqe, ptr, len, to_host, tag as u64) };
-            debug_assert!(ok, "a free slot was checked");
+            if unsafe { cx.queue.submit(sqe, ptr, len, to_host, tag as u64) } {
+                t.state = State::Nvme;
+                t.attempts += 1;
+            } else {
+                // The queue failed meanwhile: wait for its replacement.
+                self.queued.push_front(tag);
+                return;
+            }
         }
+    }
+
+    /// Whether waiting I/O is failed rather than kept for a new queue.
+    fn abandon(&self, cx: &Cx) -> bool {
+        self.s.give_up.load(Ordering::Acquire)
+            || self.s.stop.load(Ordering::Acquire) && cx.queue.failed().is_some()
     }
 
     fn fail_queued(&mut self, cx: &mut Cx) {
@@ -253,7 +270,7 @@ impl Driver for UblkDriver {
             let tid = unsafe { libc::gettid() };
             let _ = self.s.ready.send((self.s.q_id, tid));
         }
-        if self.s.give_up.load(Ordering::Acquire) {
+        if self.abandon(cx) {
             self.fail_queued(cx);
         }
         self.submit_queued(cx);
@@ -267,7 +284,7 @@ impl Driver for UblkDriver {
         if !st.is_success() {
             let transient =
                 st == Status::TRANSIENT_TRANSPORT_ERROR || (st.sct == 0 && st.sc == 0x22);
-            if transient && !self.s.give_up.load(Ordering::Acquire) && t.attempts < MAX_ATTEMPTS {
+            if transient && !self.abandon(cx) && t.attempts < MAX_ATTEMPTS {
                 // Again once the queue is back (or at once on a live one).
                 self.tags[tag as usize].state = State::Queued;
                 self.queued.push_back(tag);

@@ -174,6 +174,13 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
         info.queue_depth,
         info.max_io_buf_bytes as usize,
     );
+    if max_io > session.max_transfer() {
+        return Err(format!(
+            "ublk device {} takes {max_io}-byte requests; this target's largest transfer is {} bytes",
+            info.dev_id,
+            session.max_transfer()
+        ));
+    }
     if queues > session.io_queues {
         return Err(format!(
             "ublk device {} has {queues} queues; the target grants only {} I/O queues",
@@ -192,6 +199,7 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
     .map_err(|e| ublk_err("device setup", e))?;
     let cdev = dev.tgt.fds[0];
     let give_up = Arc::new(AtomicBool::new(false));
+    let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let arena = (depth as usize * max_io).next_multiple_of(4 << 20) + (4 << 20);
     let engines = Engines::spawn(&session, queues, arena, "ublk", |q, _| {
@@ -203,6 +211,7 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
             ns,
             ready: ready_tx.clone(),
             give_up: give_up.clone(),
+            stop: stop.clone(),
         })
     })?;
     for _ in 0..queues {
@@ -230,8 +239,9 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
         Keeper::new(session, ns, o.ctrl_loss_tmo).watch(&engines, "removing the ublk device");
     if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);
-        engines.wake_all();
     }
+    stop.store(true, Ordering::Release);
+    engines.wake_all();
     // STOP_DEV waits for the requests in flight, then aborts the fetches:
     // the engines finish.
     if let Err(e) = ctrl.stop_dev() {
