@@ -20,6 +20,9 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping poller waits for in-flight commands.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long closed RDMA queues may wait for their flushes at shutdown
+/// (a removed device may never deliver them).
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const RING_ENTRIES: u32 = 1024;
 
 /// What a completion belongs to, packed into the 64-bit user data.
@@ -309,6 +312,13 @@ impl Poller {
                     c.close("drain timeout at shutdown");
                 }
                 rdma.close_all("drain timeout at shutdown");
+            }
+            if t.elapsed() > DRAIN_TIMEOUT + FLUSH_TIMEOUT {
+                let before = rdma.connections();
+                rdma.force_free(&mut io);
+                shared
+                    .connections
+                    .fetch_sub(before - rdma.connections(), Ordering::AcqRel);
             }
         }
     }

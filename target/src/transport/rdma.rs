@@ -735,6 +735,25 @@ impl Endpoint {
         }
     }
 
+    /// Frees closed queues whose flushes never came (shutdown with a device
+    /// gone): destroying the QP ends the device's access to their buffers.
+    /// Queues with disk I/O in flight still wait for it.
+    pub fn force_free(&mut self, io: &mut Io) {
+        for slot in self.conns.iter_mut() {
+            let Some(conn) = slot else { continue };
+            if conn.phase == Phase::Closing && conn.backend_ops == 0 {
+                tracing::warn!(peer = %conn.peer, pending = conn.signaled, "freeing an RDMA queue whose work requests never flushed");
+                let dev = conn.dev;
+                self.by_qp.remove(&(dev, conn.qp_num));
+                self.devices[dev].cq_committed -= conn.send_wr;
+                let mut conn = slot.take().expect("checked above");
+                conn.teardown(io);
+                // The QP goes with the connection, before its buffers are reused.
+                drop(conn);
+            }
+        }
+    }
+
     /// Closes every queue (drain timeout at shutdown).
     pub fn close_all(&mut self, why: &str) {
         for c in self.conns.iter_mut().flatten() {
