@@ -42,6 +42,14 @@ pub fn put_str(b: &mut [u8], off: usize, width: usize, s: &str, pad: u8) {
     field[..n].copy_from_slice(&s.as_bytes()[..n]);
 }
 
+/// An NQN field: the bytes up to the first NUL, exactly (no trimming; bytes
+/// that are not UTF-8 become U+FFFD, which no configured NQN contains).
+pub fn get_nqn(b: &[u8], off: usize, width: usize) -> String {
+    let field = &b[off..off + width];
+    let end = field.iter().position(|&c| c == 0).unwrap_or(width);
+    String::from_utf8_lossy(&field[..end]).into_owned()
+}
+
 /// Reads a NUL- or space-terminated string field, lossily decoded.
 pub fn get_str(b: &[u8], off: usize, width: usize) -> String {
     let field = &b[off..off + width];

@@ -4,17 +4,21 @@
 //! and send the response.
 
 use crate::backend::{Access, FixedBuf};
-use crate::controller::{self, Association, Reply, TransportCaps, MAX_AERS, MAX_TRANSFER};
+use crate::budget::{DiscoveryPool, Ledger};
+use crate::controller::{
+    self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen,
+    TransportCaps, MAX_AERS, MAX_TRANSFER,
+};
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
 use io_uring::squeue;
-use rdmablk_common::fabrics::{fctype, CONNECT_DATA_LEN};
+use rdmablk_common::fabrics::fctype;
 
 /// Largest data of an admin or Fabrics command (Identify and log pages are
 /// 4 KiB; the discovery log grows by 1 KiB per entry).
 const MAX_ADMIN_DATA: usize = 256 << 10;
 use rdmablk_common::mem::{Arena, ArenaBuf};
-use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE};
+use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};
 use std::sync::Arc;
 
 /// What kind of work a command is.
@@ -63,6 +67,12 @@ pub struct Command {
 /// Classifies a capsule. `sgl_len` is the length its data pointer describes.
 /// An `Err` is the status to complete the command with at once.
 pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Command, Status> {
+    // As nvmet_req_init: no fused operations (Compare and Write is not
+    // supported), and every Fabrics command uses SGLs (NVMe over Fabrics
+    // 1.1, 2.1: PSDT 01b).
+    if sqe.fuse() != 0 || sqe.psdt() != PSDT_SGL {
+        return Err(Status::INVALID_FIELD);
+    }
     let is_fabrics = sqe.opcode() == FABRICS_OPCODE;
     let work = match assoc {
         None if is_fabrics && sqe.fctype() == fctype::CONNECT => Work::Connect,
@@ -76,19 +86,36 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
     } else {
         sqe.opcode()
     });
-    let len = match (&work, dir) {
-        (Work::Io(req), _) => req.data_to_controller().max(req.data_to_host()),
-        (_, DataDirection::None) => 0,
-        _ => sgl_len as usize,
+    let len = match &work {
+        // io_cmd::decode checked the SGL against the command.
+        Work::Io(req) => req.data_to_controller().max(req.data_to_host()),
+        _ => {
+            let want = if is_fabrics {
+                fabrics_transfer_len(sqe)
+            } else {
+                admin_transfer_len(sqe)
+            }
+            .ok_or(Status::INVALID_OPCODE)?;
+            let sgl_len = sgl_len as usize;
+            // NVMe Base 2.1, 4.3.2 and Figure 102: an SGL shorter than the
+            // transfer, or longer where the command does not allow it (as
+            // nvmet; oversized SGLs are not advertised), is a Data SGL
+            // Length Invalid.
+            let fits = match want {
+                TransferLen::Exact(n) => sgl_len == n,
+                TransferLen::AtLeast(n) => sgl_len >= n,
+            };
+            if sgl_len > MAX_ADMIN_DATA {
+                return Err(Status::INVALID_FIELD);
+            }
+            if !fits {
+                return Err(Status::SGL_DATA_LENGTH_INVALID);
+            }
+            sgl_len
+        }
     };
     if len > MAX_TRANSFER as usize || dir == DataDirection::Bidirectional {
         return Err(Status::INVALID_FIELD);
-    }
-    match work {
-        // Before a host is admitted it may only send the Connect data.
-        Work::Connect if len != CONNECT_DATA_LEN => return Err(Status::SGL_DATA_LENGTH_INVALID),
-        Work::Fabrics | Work::Admin if len > MAX_ADMIN_DATA => return Err(Status::INVALID_FIELD),
-        _ => {}
     }
     let to_host = match &work {
         Work::Io(req) => req.data_to_host() > 0,
@@ -170,6 +197,15 @@ impl Command {
                 );
                 Connected::Yes(a)
             }
+            Err(r) if r.status == Status::CONTROLLER_BUSY => {
+                // A limit: hosts retry, so say it at most once a second.
+                if let Some(more) = registry.admission.refusals.allow() {
+                    tracing::warn!(peer, suppressed = more, "Connect refused with Controller Busy (the host may retry): {}", r.reason);
+                }
+                self.status = r.status;
+                self.dw0 = r.dw0;
+                Connected::No
+            }
             Err(r) => {
                 tracing::warn!(peer, status = %r.status, "Connect refused: {}", r.reason);
                 self.status = r.status;
@@ -190,7 +226,10 @@ impl Command {
         let reply = match &self.work {
             Work::Connect => unreachable!("Connect runs through Command::connect"),
             Work::Fabrics => assoc.ctrl.fabrics(&self.sqe, assoc.qid),
-            Work::Admin => assoc.ctrl.admin(&self.sqe),
+            Work::Admin => {
+                let data = if self.to_host { &[][..] } else { self.data(arena) };
+                assoc.ctrl.admin(&self.sqe, data)
+            }
             Work::Io(_) => return self.start_io(arena),
         };
         match reply {
@@ -322,11 +361,16 @@ impl Command {
         None
     }
 
-    /// Gives the data buffer back to the arena.
-    pub fn release(&mut self, arena: &mut Arena) {
+    /// Gives the data buffer back to the arena, through the queue's ledger.
+    pub fn release(&mut self, ledger: &mut Ledger, arena: &mut Arena, pool: &mut DiscoveryPool) {
         if let Some(b) = self.buf.take() {
-            arena.free(b);
+            ledger.free(b, arena, pool);
         }
+    }
+
+    /// Whether this is a Fabrics Disconnect.
+    pub fn is_disconnect(&self) -> bool {
+        matches!(self.work, Work::Fabrics) && self.sqe.fctype() == fctype::DISCONNECT
     }
 }
 

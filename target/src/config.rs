@@ -16,6 +16,7 @@ use std::collections::HashMap;
 use std::fmt;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
+use std::time::Duration;
 
 /// NQN of the subsystem created by [`embedded_default`] and the quick form
 /// when no NQN is given.
@@ -50,6 +51,58 @@ pub struct Config {
     pub listeners: Vec<Listener>,
     /// Exported NVM subsystems (at least one, unique NQNs).
     pub subsystems: Vec<Subsystem>,
+    /// What hosts may hold, and how long the target waits for them.
+    pub limits: Limits,
+}
+
+/// Resource limits and deadlines (`[limits]`): what any one host can make
+/// the target hold, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Connected queues (admin and I/O, all hosts) at once; a Connect
+    /// beyond answers Controller Busy.
+    pub connections: usize,
+    /// Connections that have not sent their Connect yet; more are closed
+    /// (TCP) or rejected (RDMA) at once.
+    pub pending_connections: usize,
+    /// Associations (controllers) one host NQN may have at once; a Connect
+    /// beyond answers Controller Busy.
+    pub associations_per_host: usize,
+    /// Arena bytes one queue may hold for its commands' data.
+    pub queue_buffer: u64,
+    /// Arena bytes all queues of one association may hold together.
+    pub association_buffer: u64,
+    /// Arena bytes all discovery queues of one poller may hold together.
+    pub discovery_buffer: u64,
+    /// From connection to ICReq, and to Connect.
+    pub handshake_timeout: Duration,
+    /// From an admin Connect (or a controller reset) to CC.EN = 1.
+    pub enable_timeout: Duration,
+    /// For data asked of the host: an R2T's H2CData, an RDMA READ.
+    pub data_timeout: Duration,
+    /// Without any progress of a queue's sends (the host does not read its
+    /// socket, or its RDMA receives are not posted) before it is torn down.
+    pub send_timeout: Duration,
+    /// Keep-alive timeout of a discovery controller whose host asked for none.
+    pub discovery_keep_alive: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 4096,
+            pending_connections: 512,
+            associations_per_host: 16,
+            queue_buffer: 4 << 20,
+            association_buffer: 8 << 20,
+            discovery_buffer: 2 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            enable_timeout: Duration::from_secs(10),
+            data_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(30),
+            discovery_keep_alive: Duration::from_secs(120),
+        }
+    }
 }
 
 /// I/O poller threads settings (`[pollers]`).
@@ -200,6 +253,7 @@ impl Config {
     /// that pass.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_pollers(&self.pollers)?;
+        validate_limits(&self.limits, self.pollers.arena_bytes)?;
         validate_listeners(&self.listeners)?;
         if self.subsystems.is_empty() {
             return Err(invalid(
@@ -271,6 +325,7 @@ pub fn embedded_default() -> Config {
                 read_only: false,
             }],
         }],
+        limits: Limits::default(),
     }
 }
 
@@ -368,6 +423,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
                 read_only: false,
             }],
         }],
+        limits: Limits::default(),
     };
     config.validate()?;
     Ok(config)
@@ -470,6 +526,7 @@ pub fn validate_nqn(nqn: &str) -> Result<(), String> {
 #[serde(deny_unknown_fields)]
 struct RawConfig {
     pollers: Option<RawPollers>,
+    limits: Option<RawLimits>,
     #[serde(default)]
     listener: Vec<RawListener>,
     #[serde(default)]
@@ -482,6 +539,22 @@ struct RawPollers {
     count: Option<i64>,
     arena: Option<RawSize>,
     busy_poll: Option<bool>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    connections: Option<i64>,
+    pending_connections: Option<i64>,
+    associations_per_host: Option<i64>,
+    queue_buffer: Option<RawSize>,
+    association_buffer: Option<RawSize>,
+    discovery_buffer: Option<RawSize>,
+    handshake_timeout: Option<RawDuration>,
+    enable_timeout: Option<RawDuration>,
+    data_timeout: Option<RawDuration>,
+    send_timeout: Option<RawDuration>,
+    discovery_keep_alive: Option<RawDuration>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -552,11 +625,20 @@ impl<'de> Deserialize<'de> for RawSize {
     }
 }
 
+/// A duration as written: a string with a unit, or an integer of seconds.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+enum RawDuration {
+    Seconds(i64),
+    Text(String),
+}
+
 // ---------------------------------------------------------------------------
 // Raw → model conversion (types, presence, parsing)
 
 fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
     let pollers = convert_pollers(raw.pollers.unwrap_or_default())?;
+    let limits = convert_limits(raw.limits.unwrap_or_default())?;
     let listeners = raw
         .listener
         .into_iter()
@@ -573,6 +655,67 @@ fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
         pollers,
         listeners,
         subsystems,
+        limits,
+    })
+}
+
+fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
+    let d = Limits::default();
+    let count = |key: &str, v: Option<i64>, default: usize| match v {
+        None => Ok(default),
+        Some(n) => usize::try_from(n)
+            .ok()
+            .filter(|&n| n > 0)
+            .ok_or_else(|| invalid(format!("limits.{key}"), format!("{n}: give a count of at least 1"))),
+    };
+    let size = |key: &str, v: &Option<RawSize>, default: u64| match v {
+        None => Ok(default),
+        Some(s) => size_value(&format!("limits.{key}"), s),
+    };
+    let time = |key: &str, v: &Option<RawDuration>, default: Duration| {
+        let key = format!("limits.{key}");
+        let t = match v {
+            None => return Ok(default),
+            Some(RawDuration::Seconds(n)) => u64::try_from(*n)
+                .map(Duration::from_secs)
+                .map_err(|_| invalid(&key, format!("{n} is negative; give e.g. \"30s\"")))?,
+            Some(RawDuration::Text(t)) => {
+                units::parse_duration(t).map_err(|e| invalid(&key, e.to_string()))?
+            }
+        };
+        if t < Duration::from_millis(100) {
+            return Err(invalid(&key, "use at least 100ms (deadlines are checked every 100 ms)"));
+        }
+        Ok(t)
+    };
+    Ok(Limits {
+        connections: count("connections", raw.connections, d.connections)?,
+        pending_connections: count(
+            "pending_connections",
+            raw.pending_connections,
+            d.pending_connections,
+        )?,
+        associations_per_host: count(
+            "associations_per_host",
+            raw.associations_per_host,
+            d.associations_per_host,
+        )?,
+        queue_buffer: size("queue_buffer", &raw.queue_buffer, d.queue_buffer)?,
+        association_buffer: size(
+            "association_buffer",
+            &raw.association_buffer,
+            d.association_buffer,
+        )?,
+        discovery_buffer: size("discovery_buffer", &raw.discovery_buffer, d.discovery_buffer)?,
+        handshake_timeout: time("handshake_timeout", &raw.handshake_timeout, d.handshake_timeout)?,
+        enable_timeout: time("enable_timeout", &raw.enable_timeout, d.enable_timeout)?,
+        data_timeout: time("data_timeout", &raw.data_timeout, d.data_timeout)?,
+        send_timeout: time("send_timeout", &raw.send_timeout, d.send_timeout)?,
+        discovery_keep_alive: time(
+            "discovery_keep_alive",
+            &raw.discovery_keep_alive,
+            d.discovery_keep_alive,
+        )?,
     })
 }
 
@@ -765,6 +908,52 @@ fn validate_pollers(pollers: &Pollers) -> Result<(), ConfigError> {
                 "{arena} bytes is not a multiple of {}; use e.g. \"{}\" (default \"{default}\")",
                 units::format_size(ARENA_ALIGN_BYTES),
                 units::format_size(arena / ARENA_ALIGN_BYTES * ARENA_ALIGN_BYTES),
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// The largest data buffer one command needs (MDTS, 1 MiB): every queue
+/// budget must hold at least one.
+pub const MIN_QUEUE_BUFFER: u64 = 1 << 20;
+/// The largest admin data buffer (a discovery log page read).
+pub const MIN_DISCOVERY_BUFFER: u64 = 256 << 10;
+
+fn validate_limits(l: &Limits, arena: u64) -> Result<(), ConfigError> {
+    let fits = |key: &str, v: u64, min: u64, what: &str| {
+        if v < min {
+            return Err(invalid(
+                format!("limits.{key}"),
+                format!(
+                    "{} is below {} ({what}); use at least \"{}\"",
+                    units::format_size(v),
+                    units::format_size(min),
+                    units::format_size(min)
+                ),
+            ));
+        }
+        if v > arena {
+            return Err(invalid(
+                format!("limits.{key}"),
+                format!(
+                    "{} is more than a poller's arena ({}); lower it or raise pollers.arena",
+                    units::format_size(v),
+                    units::format_size(arena)
+                ),
+            ));
+        }
+        Ok(())
+    };
+    fits("queue_buffer", l.queue_buffer, MIN_QUEUE_BUFFER, "one command of the largest transfer")?;
+    fits("discovery_buffer", l.discovery_buffer, MIN_DISCOVERY_BUFFER, "one discovery log read")?;
+    if l.association_buffer < l.queue_buffer {
+        return Err(invalid(
+            "limits.association_buffer",
+            format!(
+                "{} is below limits.queue_buffer ({}); an association has at least one queue",
+                units::format_size(l.association_buffer),
+                units::format_size(l.queue_buffer)
             ),
         ));
     }

@@ -3,6 +3,8 @@
 //! set. Transport independent: a transport hands in a command and its data
 //! and gets back a status, dword 0 and the data to return.
 
+use crate::admission::{Gauge, Permit};
+use crate::config::Limits;
 use crate::subsystem::{Registry, Subsystem};
 use rdmablk_common::fabrics::{
     fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN,
@@ -16,7 +18,7 @@ use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status, FABRICS_O
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Admin queue entries (ASQSZ): the most an admin queue may have.
 pub const ADMIN_QUEUE_SIZE: u16 = 32;
@@ -34,6 +36,60 @@ pub const MAX_AERS: usize = 4;
 const KAS: u16 = 10;
 /// NVMe version 1.3.0.
 const VERSION: u32 = 0x0001_0300;
+/// Command Retry Delay Times 1 to 3 (Identify Controller CRDT1..3), in
+/// 100 ms units: 100 ms, 1 s, 10 s.
+pub const CRDT: [u16; 3] = [1, 10, 100];
+/// Connect CATTR bit 2: the host disables SQ flow control (NVMe over
+/// Fabrics 1.1, Figure 20): responses carry SQHD FFFFh.
+pub const CATTR_DISABLE_SQ_FLOW: u8 = 1 << 2;
+/// The SQHD of every response on a queue without SQ flow control.
+pub const SQHD_FLOW_DISABLED: u16 = 0xffff;
+/// Size of the Host Behavior Support feature's data (NVMe Base 2.0, 5.27.1.18).
+pub const HOST_BEHAVIOR_LEN: usize = 512;
+/// Size of the Host Identifier feature's data (the extended, 128-bit one).
+const HOST_ID_LEN: usize = 16;
+
+/// The data a command's fields call for: what its SGL must describe.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TransferLen {
+    /// Exactly this many bytes (nvmet_check_transfer_len).
+    Exact(usize),
+    /// This many bytes; the SGL may describe more (nvmet_check_data_len_lte).
+    AtLeast(usize),
+}
+
+/// The data length an admin command's fields call for; `None` for opcodes
+/// that are answered Invalid Opcode anyway.
+pub fn admin_transfer_len(sqe: &Sqe) -> Option<TransferLen> {
+    let fid = sqe.cdw(10) as u8;
+    Some(match sqe.opcode() {
+        admin::IDENTIFY => TransferLen::Exact(IDENTIFY_LEN),
+        admin::GET_LOG_PAGE => TransferLen::Exact(LogRequest::from_sqe(sqe).len),
+        admin::SET_FEATURES if fid == feature::HOST_BEHAVIOR => {
+            TransferLen::AtLeast(HOST_BEHAVIOR_LEN)
+        }
+        admin::SET_FEATURES => TransferLen::AtLeast(0),
+        admin::GET_FEATURES if fid == feature::HOST_BEHAVIOR => {
+            TransferLen::Exact(HOST_BEHAVIOR_LEN)
+        }
+        admin::GET_FEATURES if fid == feature::HOST_ID => TransferLen::Exact(HOST_ID_LEN),
+        admin::GET_FEATURES => TransferLen::Exact(0),
+        admin::KEEP_ALIVE | admin::ASYNC_EVENT | admin::ABORT => TransferLen::Exact(0),
+        _ => return None,
+    })
+}
+
+/// The data length a Fabrics command calls for; `None` for command types
+/// that are answered Invalid Opcode anyway.
+pub fn fabrics_transfer_len(sqe: &Sqe) -> Option<TransferLen> {
+    match sqe.fctype() {
+        fctype::CONNECT => Some(TransferLen::Exact(CONNECT_DATA_LEN)),
+        fctype::PROPERTY_GET | fctype::PROPERTY_SET | fctype::DISCONNECT => {
+            Some(TransferLen::Exact(0))
+        }
+        _ => None,
+    }
+}
 
 /// What the transport contributes to Identify Controller.
 #[derive(Clone, Copy, Debug)]
@@ -54,6 +110,10 @@ pub struct Controller {
     caps: TransportCaps,
     /// Keep-alive timeout in ms; 0 disables it.
     kato_ms: AtomicU32,
+    /// Arena bytes all queues of the association hold (its budget's gauge).
+    pub buffers: Arc<Gauge>,
+    /// This association's place among its host's (limits.associations_per_host).
+    _host: Permit,
     /// Milliseconds since `epoch` at the last Keep Alive.
     last_keep_alive: AtomicU64,
     epoch: Instant,
@@ -64,10 +124,18 @@ pub struct Controller {
 struct State {
     cc: u32,
     csts: u32,
+    /// Since when the controller waits for CC.EN = 1 (after its Connect or a
+    /// reset); `None` while enabled.
+    disabled_since: Option<Instant>,
+    /// Bumped by each controller reset or shutdown: I/O queues connected
+    /// under an older generation are deleted.
+    generation: u32,
     /// I/O queues granted (Set Features Number of Queues).
     io_queues: u16,
     /// Which I/O queue ids are connected.
     connected: Vec<bool>,
+    /// Advanced Command Retry Enable (Host Behavior Support).
+    acre: bool,
     features: HashMap<u8, u32>,
 }
 
@@ -77,6 +145,19 @@ pub struct Association {
     pub qid: u16,
     /// Queue entries (SQSIZE + 1).
     pub depth: u16,
+    /// The host disabled SQ flow control (Connect CATTR bit 2).
+    pub sq_flow_disabled: bool,
+    /// The controller's generation when the queue connected.
+    generation: u32,
+    /// This queue's place among the daemon's connected queues (limits.connections).
+    _queue: Permit,
+}
+
+impl Association {
+    /// Whether a controller reset deleted this (I/O) queue.
+    pub fn is_deleted(&self) -> bool {
+        self.qid != 0 && self.ctrl.generation() != self.generation
+    }
 }
 
 /// A refused Connect: status, CQE dword 0 and why, for the log.
@@ -85,6 +166,10 @@ pub struct Refusal {
     pub status: Status,
     pub dw0: u32,
     pub reason: String,
+}
+
+fn busy(reason: String) -> Refusal {
+    refuse(Status::CONTROLLER_BUSY, 0, reason)
 }
 
 fn refuse(status: Status, dw0: u32, reason: String) -> Refusal {
@@ -193,6 +278,21 @@ pub fn connect(
                 format!("admin Connect asks for cntlid {:#x}; this target uses the dynamic model (0xFFFF)", d.cntlid),
             ));
         }
+        let adm = &registry.admission;
+        let Some(host) = adm.association(&d.hostnqn) else {
+            return Err(busy(format!(
+                "host {:?} has {} associations already (limits.associations_per_host)",
+                d.hostnqn, adm.limits.associations_per_host
+            )));
+        };
+        let queue = admit_queue(&adm.limits, adm.queue())?;
+        // A discovery controller is never left without a keep-alive
+        // deadline (NVMe over Fabrics 1.1, 5.3: nvmet uses 120 s as well).
+        let kato = match cmd.kato {
+            0 if subsys.is_discovery() => adm.limits.discovery_keep_alive.as_millis() as u32,
+            k => k,
+        };
+        let now = Instant::now();
         let make = |cntlid| Controller {
             cntlid,
             subsys: subsys.clone(),
@@ -200,36 +300,40 @@ pub fn connect(
             hostid: d.hostid,
             registry: registry.clone(),
             caps,
-            kato_ms: AtomicU32::new(cmd.kato),
+            kato_ms: AtomicU32::new(kato),
+            buffers: Arc::default(),
+            _host: host,
             last_keep_alive: AtomicU64::new(0),
-            epoch: Instant::now(),
+            epoch: now,
             dead: AtomicBool::new(false),
             state: Mutex::new(State {
                 cc: 0,
                 csts: 0,
+                disabled_since: Some(now),
+                generation: 0,
                 io_queues: 0,
                 connected: Vec::new(),
+                acre: false,
                 features: HashMap::new(),
             }),
         };
         let Some(ctrl) = subsys.add_controller(make) else {
-            return Err(refuse(
-                Status::CONTROLLER_BUSY,
-                0,
-                "no free controller id".into(),
-            ));
+            return Err(busy("no free controller id".into()));
         };
         tracing::info!(
             cntlid = ctrl.cntlid,
             subsystem = %subsys.nqn,
             host = %ctrl.hostnqn,
-            kato_ms = cmd.kato,
+            kato_ms = kato,
             "controller created"
         );
         return Ok(Association {
             ctrl,
             qid: 0,
             depth: depth as u16,
+            sq_flow_disabled: cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0,
+            generation: 0,
+            _queue: queue,
         });
     }
 
@@ -261,7 +365,7 @@ pub fn connect(
             format!("I/O queue size {depth} is outside 2..={MAX_IO_QUEUE_SIZE}"),
         ));
     }
-    {
+    let generation = {
         let mut st = ctrl.state.lock().expect("controller state");
         if st.csts & property::CSTS_RDY == 0 {
             return Err(refuse(
@@ -295,11 +399,32 @@ pub fn connect(
             ));
         }
         st.connected[qid] = true;
-    }
+        st.generation
+    };
+    let queue = match admit_queue(&registry.admission.limits, registry.admission.queue()) {
+        Ok(q) => q,
+        Err(r) => {
+            ctrl.release_queue(cmd.qid, generation);
+            return Err(r);
+        }
+    };
     Ok(Association {
         ctrl,
         qid: cmd.qid,
         depth: depth as u16,
+        sq_flow_disabled: cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0,
+        generation,
+        _queue: queue,
+    })
+}
+
+/// A connected queue's permit, or Controller Busy: the host retries later.
+fn admit_queue(limits: &Limits, permit: Option<Permit>) -> Result<Permit, Refusal> {
+    permit.ok_or_else(|| {
+        busy(format!(
+            "{} queues are connected (limits.connections)",
+            limits.connections
+        ))
     })
 }
 
@@ -317,11 +442,45 @@ impl Controller {
         }
     }
 
-    /// Marks an I/O queue disconnected so the host may connect it again.
-    pub fn release_queue(&self, qid: u16) {
+    /// Marks an I/O queue of `generation` disconnected so the host may
+    /// connect it again (a reset already did for older generations).
+    pub fn release_queue(&self, qid: u16, generation: u32) {
         let mut st = self.state.lock().expect("controller state");
+        if st.generation != generation {
+            return;
+        }
         if let Some(c) = st.connected.get_mut(qid as usize) {
             *c = false;
+        }
+    }
+
+    /// Ends an association's hold on its queue: an I/O queue is free to
+    /// connect again.
+    pub fn release(&self, a: &Association) {
+        self.release_queue(a.qid, a.generation);
+    }
+
+    fn generation(&self) -> u32 {
+        self.state.lock().expect("controller state").generation
+    }
+
+    /// Whether the controller has waited for CC.EN = 1 longer than `limit`.
+    pub fn enable_overdue(&self, limit: Duration) -> bool {
+        let st = self.state.lock().expect("controller state");
+        st.disabled_since.is_some_and(|t| t.elapsed() > limit)
+    }
+
+    /// The Command Retry Delay for `status`: once the host enabled Advanced
+    /// Command Retry (Host Behavior Support), a retryable status names a
+    /// CRDT (NVMe Base 2.0, 4.6.1.1 and 5.27.1.18); otherwise 0.
+    pub fn crd(&self, status: Status) -> u8 {
+        if !status.is_retryable() || !self.state.lock().expect("controller state").acre {
+            return 0;
+        }
+        if status == Status::NAMESPACE_NOT_READY {
+            2
+        } else {
+            1
         }
     }
 
@@ -349,7 +508,13 @@ impl Controller {
         match sqe.fctype() {
             fctype::PROPERTY_GET if qid == 0 => self.property_get(&PropertyCmd::from_sqe(sqe)),
             fctype::PROPERTY_SET if qid == 0 => self.property_set(&PropertyCmd::from_sqe(sqe)),
+            // NVMe Base 2.1, Figure 541 note 3: a Fabrics command an I/O
+            // queue does not support is an Invalid Field there.
+            fctype::PROPERTY_GET | fctype::PROPERTY_SET => Reply::status(Status::INVALID_FIELD),
             fctype::CONNECT => Reply::status(Status::COMMAND_SEQUENCE_ERROR),
+            // NVMe Base 2.1, 6.4: Disconnect deletes an I/O queue; on the
+            // admin queue it is an Invalid Queue Type.
+            fctype::DISCONNECT if qid == 0 => Reply::status(Status::INVALID_QUEUE_TYPE),
             fctype::DISCONNECT => Reply::ok(0),
             _ => Reply::status(Status::INVALID_OPCODE),
         }
@@ -390,7 +555,10 @@ impl Controller {
         let mut st = self.state.lock().expect("controller state");
         let was = st.cc;
         st.cc = cc;
-        if cc & property::CC_EN != 0 && was & property::CC_EN == 0 {
+        let enable = cc & property::CC_EN != 0 && was & property::CC_EN == 0;
+        let disable = cc & property::CC_EN == 0 && was & property::CC_EN != 0;
+        let shutdown = cc & property::CC_SHN_MASK != 0 && was & property::CC_SHN_MASK == 0;
+        if enable {
             // Enable: I/O controllers need 64-byte SQEs and 16-byte CQEs.
             let (iosqes, iocqes) = ((cc >> 16) & 0xf, (cc >> 20) & 0xf);
             if !self.subsys.is_discovery() && (iosqes != 6 || iocqes != 4) {
@@ -402,23 +570,37 @@ impl Controller {
                 st.csts = property::CSTS_CFS;
             } else {
                 st.csts = property::CSTS_RDY;
+                st.disabled_since = None;
                 drop(st);
                 self.keep_alive();
                 tracing::debug!(cntlid = self.cntlid, "controller enabled");
                 return Reply::ok(0);
             }
-        } else if cc & property::CC_EN == 0 && was & property::CC_EN != 0 {
-            st.csts &= !property::CSTS_RDY;
         }
-        if cc & property::CC_SHN_MASK != 0 {
+        if disable || shutdown {
+            // A controller reset (CC.EN 1 -> 0) or a shutdown: the I/O queues
+            // are deleted and their commands aborted (NVMe Base 2.0, 3.7.2;
+            // NVMe over Fabrics 1.1, 3.5); the admin queue stays, and the
+            // host has `enable_timeout` to enable the controller again.
+            st.generation = st.generation.wrapping_add(1);
+            st.connected.iter_mut().for_each(|c| *c = false);
+            st.csts &= !property::CSTS_RDY;
+            st.disabled_since = Some(Instant::now());
+            st.acre = false;
+            if disable {
+                st.csts &= !(property::CSTS_CFS | 3 << property::CSTS_SHST_SHIFT);
+                tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "controller reset by the host (CC.EN 1 -> 0): I/O queues deleted");
+            }
+        }
+        if shutdown {
             st.csts = (st.csts & !(3 << property::CSTS_SHST_SHIFT)) | property::CSTS_SHST_COMPLETE;
             tracing::info!(cntlid = self.cntlid, host = %self.hostnqn, "host shut the controller down");
         }
         Reply::ok(0)
     }
 
-    /// An admin command.
-    pub fn admin(&self, sqe: &Sqe) -> Reply {
+    /// An admin command with the data the host sent for it.
+    pub fn admin(&self, sqe: &Sqe, data: &[u8]) -> Reply {
         let enabled = self.state.lock().expect("controller state").csts & property::CSTS_RDY != 0;
         if !enabled {
             return Reply::status(Status::COMMAND_SEQUENCE_ERROR);
@@ -426,7 +608,7 @@ impl Controller {
         match sqe.opcode() {
             admin::IDENTIFY => self.identify(sqe),
             admin::GET_LOG_PAGE => self.get_log_page(sqe),
-            admin::SET_FEATURES => self.set_features(sqe),
+            admin::SET_FEATURES => self.set_features(sqe, data),
             admin::GET_FEATURES => self.get_features(sqe),
             admin::KEEP_ALIVE => {
                 self.keep_alive();
@@ -499,6 +681,8 @@ impl Controller {
             } else {
                 cntrltype::IO
             },
+            // Reserved for discovery controllers (NVMe Base 2.1, Figure 312).
+            crdt: if disc { [0; 3] } else { CRDT },
             acl: 3,
             aerl: (MAX_AERS - 1) as u8,
             // Extended data for Get Log Page (64-bit offsets).
@@ -552,10 +736,15 @@ impl Controller {
             lid::CMD_EFFECTS => effects_log(),
             _ => return Reply::status(Status::INVALID_LOG_PAGE),
         };
+        // NVMe Base 2.0, 5.16: an offset past the end of the log is an
+        // Invalid Field; a length past it reads zeroes (transport padding).
+        if req.offset > page.len() as u64 {
+            return Reply::status(Status::INVALID_FIELD);
+        }
         Reply::data(req.window(&page))
     }
 
-    fn set_features(&self, sqe: &Sqe) -> Reply {
+    fn set_features(&self, sqe: &Sqe, data: &[u8]) -> Reply {
         let cdw10 = sqe.cdw(10);
         let fid = cdw10 as u8;
         let value = sqe.cdw(11);
@@ -569,6 +758,10 @@ impl Controller {
                 if nsqr == 0xffff || ncqr == 0xffff {
                     return Reply::status(Status::INVALID_FIELD);
                 }
+                // NVMe Base 2.0, 5.27.1.5: only before I/O queues exist.
+                if st.connected.iter().any(|&c| c) {
+                    return Reply::status(Status::COMMAND_SEQUENCE_ERROR);
+                }
                 let granted = (nsqr.min(ncqr) + 1).min(MAX_IO_QUEUES as u32) as u16;
                 st.io_queues = granted;
                 let g = (granted - 1) as u32;
@@ -580,6 +773,14 @@ impl Controller {
                 self.keep_alive();
                 Reply::ok(0)
             }
+            feature::HOST_BEHAVIOR => match data.first() {
+                // ACRE: 0 or 1; the other fields stay 0 (not supported).
+                Some(&acre @ (0 | 1)) if data.len() >= HOST_BEHAVIOR_LEN => {
+                    st.acre = acre == 1;
+                    Reply::ok(0)
+                }
+                _ => Reply::status(Status::INVALID_FIELD),
+            },
             feature::ASYNC_EVENT
             | feature::ARBITRATION
             | feature::POWER_MGMT
@@ -611,6 +812,11 @@ impl Controller {
                     .unwrap_or(self.subsys.volatile_cache() as u32),
             ),
             feature::HOST_ID => Reply::data(self.hostid.to_vec()),
+            feature::HOST_BEHAVIOR => {
+                let mut b = vec![0u8; HOST_BEHAVIOR_LEN];
+                b[0] = st.acre as u8;
+                Reply::data(b)
+            }
             feature::ASYNC_EVENT
             | feature::ARBITRATION
             | feature::POWER_MGMT

@@ -61,6 +61,21 @@ impl IoRequest {
 
 /// Decodes an I/O command; `sgl_len` is the length the data pointer describes.
 pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, Status> {
+    // The opcode first: an admin command on an I/O queue (Keep Alive) is an
+    // Invalid Opcode, whatever its namespace field.
+    if !matches!(
+        sqe.opcode(),
+        nvm::READ | nvm::WRITE | nvm::FLUSH | nvm::WRITE_ZEROES | nvm::DSM
+    ) {
+        return Err(Status::INVALID_OPCODE);
+    }
+    let no_data = || {
+        if sgl_len == 0 {
+            Ok(())
+        } else {
+            Err(Status::SGL_DATA_LENGTH_INVALID)
+        }
+    };
     let ns = subsys
         .namespace(sqe.nsid())
         .ok_or(Status::INVALID_NAMESPACE)?
@@ -98,8 +113,12 @@ pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, 
                 (IoKind::Write { fua }, offset, len)
             }
         }
-        nvm::FLUSH => (IoKind::Flush, 0, 0),
+        nvm::FLUSH => {
+            no_data()?;
+            (IoKind::Flush, 0, 0)
+        }
         nvm::WRITE_ZEROES => {
+            no_data()?;
             writable(&ns)?;
             let (offset, len) = rw_range(&ns)?;
             let deallocate = sqe.cdw(12) & (1 << 25) != 0;

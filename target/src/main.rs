@@ -1,7 +1,9 @@
 //! rdmablk-target: an NVMe over Fabrics target that exports files, block
 //! devices and memory as NVMe namespaces.
 
+mod admission;
 mod backend;
+mod budget;
 mod command;
 mod config;
 mod controller;
@@ -163,6 +165,7 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
         .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
 
+    raise_open_files_limit();
     let registry = Arc::new(Registry::open(&cfg)?);
     let shared = Arc::new(Shared {
         registry: registry.clone(),
@@ -193,12 +196,15 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
                 let listener = TcpListener::bind(l.address)
                     .map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
                 let pollers = pollers.clone();
+                let registry = registry.clone();
                 std::thread::Builder::new()
                     .name(format!("accept-{}", l.address))
-                    .spawn(move || accept_loop(listener, &pollers))
+                    .spawn(move || accept_loop(listener, &pollers, &registry))
                     .map_err(|e| format!("starting acceptor: {e}"))?;
             }
-            Transport::Rdma => transport::rdma::listen(l.address, pollers.clone())?,
+            Transport::Rdma => {
+                transport::rdma::listen(l.address, pollers.clone(), registry.clone())?
+            }
         }
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
@@ -263,12 +269,34 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
     result
 }
 
-fn accept_loop(listener: TcpListener, pollers: &[PollerLink]) {
+/// Raises the soft limit of open files to the hard one: every connection is
+/// a descriptor, and `limits.connections` should be what binds, not the
+/// default soft limit of 1024.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
+            } else {
+                tracing::debug!("open files limit raised from {soft} to {hard}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
+    }
+}
+
+fn accept_loop(listener: TcpListener, pollers: &[PollerLink], registry: &Registry) {
     let mut next = 0;
     loop {
         match listener.accept() {
             Ok((sock, peer)) => {
-                pollers[next % pollers.len()].adopt(sock, peer);
+                // Past limits.pending_connections the socket is closed at once.
+                let Some(pending) = registry.admission.pending_connection(&peer) else {
+                    continue;
+                };
+                pollers[next % pollers.len()].adopt(sock, peer, pending);
                 next += 1;
             }
             Err(e) => {

@@ -2,6 +2,8 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
+use crate::admission::Permit;
+use crate::budget::DiscoveryPool;
 use crate::subsystem::Registry;
 use crate::transport::rdma::{self, Endpoint};
 use crate::transport::tcp::TcpConn;
@@ -20,10 +22,9 @@ use std::time::{Duration, Instant};
 const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping poller waits for in-flight commands.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
-/// How long closed RDMA queues may wait for their flushes at shutdown
-/// (a removed device may never deliver them).
-const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 const RING_ENTRIES: u32 = 1024;
+/// How often at most the heap is trimmed after connections went.
+const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
 /// What a completion belongs to, packed into the 64-bit user data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -40,6 +41,8 @@ pub enum Token {
     RdmaCm,
     /// A backend operation of command slot `.1` on RDMA queue `.0`.
     RdmaBackend(usize, u16),
+    /// A cancellation of a closed connection's socket operation.
+    Cancel,
 }
 
 impl Token {
@@ -53,6 +56,7 @@ impl Token {
             Token::RdmaCq(d) => (6, d, 0),
             Token::RdmaCm => (7, 0, 0),
             Token::RdmaBackend(c, s) => (8, c, s),
+            Token::Cancel => (9, 0, 0),
         };
         kind << 56 | (conn as u64) << 16 | slot as u64
     }
@@ -69,6 +73,7 @@ impl Token {
             6 => Token::RdmaCq(conn),
             7 => Token::RdmaCm,
             8 => Token::RdmaBackend(conn, slot),
+            9 => Token::Cancel,
             _ => return None,
         })
     }
@@ -77,6 +82,8 @@ impl Token {
 /// What connection handlers get from their poller.
 pub struct Io<'a> {
     pub arena: &'a mut Arena,
+    /// What this poller's discovery queues hold of the arena.
+    pub discovery: &'a mut DiscoveryPool,
     /// Operations to submit after the handler returns.
     pub sq: &'a mut Vec<squeue::Entry>,
     pub registry: &'a Arc<Registry>,
@@ -96,7 +103,7 @@ pub struct Shared {
 
 /// A new connection for a poller.
 enum Incoming {
-    Tcp(TcpStream, std::net::SocketAddr),
+    Tcp(TcpStream, std::net::SocketAddr, Permit),
     Rdma(rdma::Incoming),
 }
 
@@ -107,9 +114,9 @@ pub struct PollerLink {
 }
 
 impl PollerLink {
-    /// Hands a new NVMe/TCP connection to the poller.
-    pub fn adopt(&self, sock: TcpStream, peer: std::net::SocketAddr) {
-        self.send(Incoming::Tcp(sock, peer));
+    /// Hands a new NVMe/TCP connection (holding a pending place) to the poller.
+    pub fn adopt(&self, sock: TcpStream, peer: std::net::SocketAddr, pending: Permit) {
+        self.send(Incoming::Tcp(sock, peer, pending));
     }
 
     /// Hands an NVMe/RDMA connect request to the poller.
@@ -146,7 +153,11 @@ pub fn spawn(
         "poller ready"
     );
     let poller_wakeup = wakeup.clone();
+    let discovery_limit = shared.registry.admission.limits.discovery_buffer as usize;
     let make = move || Poller {
+        discovery: DiscoveryPool::new(discovery_limit),
+        freed: 0,
+        trimmed: Instant::now(),
         rdma: Endpoint::new(id),
         ring,
         busy_poll,
@@ -168,6 +179,10 @@ struct Poller {
     /// Declared before the ring: its memory registrations go before the arena.
     rdma: Endpoint,
     ring: Ring,
+    discovery: DiscoveryPool,
+    /// Connections freed since the heap was last trimmed, and when that was.
+    freed: usize,
+    trimmed: Instant,
     /// Spin instead of sleeping in io_uring_enter (a dedicated core).
     busy_poll: bool,
     id: usize,
@@ -234,6 +249,7 @@ impl Poller {
         (
             Io {
                 arena: &mut self.ring.arena,
+                discovery: &mut self.discovery,
                 sq: &mut self.ring.pending,
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
@@ -280,6 +296,7 @@ impl Poller {
                 let (mut io, _, _, rdma) = self.split();
                 rdma.on_backend(c, slot, res, &mut io);
             }
+            Some(Token::Cancel) => {}
             None => tracing::error!(poller = self.id, ud, "completion with unknown user data"),
         }
     }
@@ -294,6 +311,7 @@ impl Poller {
         rdma.arm(io.sq);
         let rdma_closed = rdma_before - rdma.connections();
         shared.connections.fetch_sub(rdma_closed, Ordering::AcqRel);
+        let mut freed = rdma_closed;
         for slot in conns.iter_mut() {
             let Some(conn) = slot else { continue };
             conn.pump(&mut io);
@@ -301,6 +319,7 @@ impl Poller {
                 conn.teardown(&mut io);
                 *slot = None;
                 shared.connections.fetch_sub(1, Ordering::AcqRel);
+                freed += 1;
             }
         }
         // Buffers held by commands: the SRQs' standing receive buffers aside.
@@ -313,21 +332,30 @@ impl Poller {
                 }
                 rdma.close_all("drain timeout at shutdown");
             }
-            if t.elapsed() > DRAIN_TIMEOUT + FLUSH_TIMEOUT {
-                let before = rdma.connections();
-                rdma.force_free(&mut io);
-                shared
-                    .connections
-                    .fetch_sub(before - rdma.connections(), Ordering::AcqRel);
-            }
         }
+        self.freed += freed;
     }
 
     fn on_tick(&mut self) {
-        for c in self.conns.iter_mut().flatten() {
-            c.on_tick();
+        let (mut io, conns, _, rdma) = self.split();
+        for c in conns.iter_mut().flatten() {
+            c.on_tick(&mut io);
         }
-        self.rdma.on_tick();
+        rdma.on_tick(&mut io);
+        self.trim_heap();
+    }
+
+    /// After connections went (a flood, a storm of reconnects), gives the
+    /// heap pages they used back to the system, at most once a second.
+    fn trim_heap(&mut self) {
+        if self.freed == 0 || self.trimmed.elapsed() < TRIM_INTERVAL {
+            return;
+        }
+        self.freed = 0;
+        self.trimmed = Instant::now();
+        // SAFETY: malloc_trim only releases free heap pages; it touches no
+        // memory in use.
+        unsafe { libc::malloc_trim(0) };
     }
 
     fn on_wake(&mut self) {
@@ -342,14 +370,20 @@ impl Poller {
         }
         while let Ok(inc) = self.incoming.try_recv() {
             match inc {
-                Incoming::Tcp(sock, peer) => {
+                Incoming::Tcp(sock, peer, pending) => {
                     if self.stop_at.is_some() {
                         continue; // dropping the socket closes it
                     }
                     let idx = crate::queue::vacant(&mut self.conns);
-                    tracing::debug!(poller = self.id, %peer, "connection accepted");
-                    self.conns[idx] = Some(Box::new(TcpConn::new(sock, peer, idx)));
-                    self.shared.connections.fetch_add(1, Ordering::AcqRel);
+                    let limits = &self.shared.registry.admission.limits;
+                    match TcpConn::new(sock, peer, idx, pending, limits) {
+                        Ok(c) => {
+                            tracing::debug!(poller = self.id, %peer, "connection accepted");
+                            self.conns[idx] = Some(Box::new(c));
+                            self.shared.connections.fetch_add(1, Ordering::AcqRel);
+                        }
+                        Err(e) => tracing::warn!(%peer, "connection refused: {e}"),
+                    }
                 }
                 Incoming::Rdma(inc) => {
                     let (mut io, _, shared, rdma) = self.split();

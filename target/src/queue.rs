@@ -1,27 +1,87 @@
 //! What every transport's queue does the same way around a command: run it
-//! (Connect or execute), feed backend completions back to it, watch the
-//! association on ticks, and end the association when the queue goes.
+//! (Connect or execute), feed backend completions back to it, build its
+//! response, watch the association and the queue's deadlines on ticks, and
+//! end the association when the queue goes.
 
+use crate::admission::Permit;
+use crate::budget::Ledger;
 use crate::command::{Command, Connected, Progress, Work};
-use crate::controller::{Association, TransportCaps};
+use crate::config::Limits;
+use crate::controller::{Association, TransportCaps, SQHD_FLOW_DISABLED};
 use crate::poller::{Io, Token};
 use io_uring::squeue;
+use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::nvme::{Cqe, Status};
+use std::time::{Duration, Instant};
 
 /// What running a command led to.
 pub enum Ran {
     /// The response can be sent now.
     Complete,
+    /// A Fabrics Disconnect deleted this I/O queue: its response is the
+    /// last; the queue id is free again and nothing more executes here
+    /// until a new Connect.
+    Disconnected,
     /// An AER to hold: its slot can be freed, its CID answered later.
     Held,
     /// Backend operations to submit; their completions finish the command.
     Waiting(Vec<squeue::Entry>),
 }
 
+/// What every transport's queue holds of the target: its association, the
+/// arena space it uses, and, until its Connect, its place among pending
+/// connections.
+pub struct Binding {
+    pub assoc: Option<Association>,
+    ledger: Ledger,
+    pending: Option<Permit>,
+}
+
+impl Binding {
+    /// A new connection holding one of the pending places.
+    pub fn new(pending: Permit, limits: &Limits) -> Binding {
+        Binding {
+            assoc: None,
+            ledger: Ledger::new(limits.queue_buffer as usize),
+            pending: Some(pending),
+        }
+    }
+
+    /// An arena buffer of `len` bytes within the queue's budgets, or `None`
+    /// to wait for one.
+    pub fn alloc(&mut self, len: usize, io: &mut Io) -> Option<ArenaBuf> {
+        self.ledger.alloc(len, io.arena, io.discovery)
+    }
+
+    /// Charges a buffer received for the queue (in-capsule data) to it.
+    pub fn adopt(&mut self, buf: &ArenaBuf, io: &mut Io) {
+        self.ledger.adopt(buf, io.discovery);
+    }
+
+    /// Gives a command's buffer back.
+    pub fn release(&mut self, cmd: &mut Command, io: &mut Io) {
+        cmd.release(&mut self.ledger, io.arena, io.discovery);
+    }
+
+    fn connected(&mut self, a: Association, io: &mut Io) {
+        let limits = &io.registry.admission.limits;
+        self.ledger.associate(
+            a.ctrl.buffers.clone(),
+            limits.association_buffer as usize,
+            a.ctrl.subsys.is_discovery(),
+            io.discovery,
+        );
+        self.pending = None;
+        self.assoc = Some(a);
+    }
+}
+
 /// Runs a command whose data (if any) has arrived. A Connect that succeeds
-/// sets `assoc`; `held_aers` is how many AERs the queue holds.
+/// binds the queue to its association; `held_aers` is how many AERs the
+/// queue holds.
 pub fn run(
     cmd: &mut Command,
-    assoc: &mut Option<Association>,
+    bind: &mut Binding,
     io: &mut Io,
     caps: TransportCaps,
     peer: &str,
@@ -32,15 +92,51 @@ pub fn run(
     }
     if matches!(cmd.work, Work::Connect) {
         if let Connected::Yes(a) = cmd.connect(io.registry, io.arena, caps, peer) {
-            *assoc = Some(a);
+            bind.connected(a, io);
         }
         return Ran::Complete;
     }
+    let assoc = &mut bind.assoc;
     let a = assoc.as_ref().expect("plan() requires an association");
+    if a.is_deleted() {
+        // A controller reset deleted this I/O queue: nothing executes on it
+        // any more (the next tick closes it).
+        cmd.status = Status::ABORTED_SQ_DELETION;
+        return Ran::Complete;
+    }
     match cmd.execute(a, io.arena, held_aers) {
+        Progress::Complete if cmd.is_disconnect() && cmd.status.is_success() => {
+            end_association(assoc.take(), false);
+            Ran::Disconnected
+        }
         Progress::Complete => Ran::Complete,
         Progress::Held => Ran::Held,
         Progress::Waiting(entries) => Ran::Waiting(entries),
+    }
+}
+
+/// The response to a command: SQHD FFFFh where the host disabled SQ flow
+/// control, and DNR and the Command Retry Delay as the status and the
+/// controller's Host Behavior Support call for.
+pub fn response(
+    assoc: Option<&Association>,
+    (cid, status): (u16, Status),
+    (dw0, dw1): (u32, u32),
+    sq_head: u16,
+    sqid: u16,
+) -> Cqe {
+    let sqhd = match assoc {
+        Some(a) if a.sq_flow_disabled => SQHD_FLOW_DISABLED,
+        _ => sq_head,
+    };
+    let crd = assoc.map_or(0, |a| a.ctrl.crd(status));
+    Cqe {
+        dw0,
+        dw1,
+        sqhd,
+        sqid,
+        cid,
+        status: status.to_field(crd),
     }
 }
 
@@ -77,11 +173,18 @@ pub fn on_backend(cmd: &mut Command, res: i32, io: &Io) -> BackendStep {
 }
 
 /// Periodic check of a live queue's association: why it must close, if so.
-pub fn check_association(assoc: Option<&Association>) -> Option<&'static str> {
+pub fn check_association(assoc: Option<&Association>, limits: &Limits) -> Option<&'static str> {
     let a = assoc?;
     if a.qid == 0 && a.ctrl.keep_alive_expired() {
         a.ctrl
             .kill("keep-alive timeout (no Keep Alive within KATO)");
+    }
+    if a.qid == 0 && a.ctrl.enable_overdue(limits.enable_timeout) {
+        a.ctrl
+            .kill("the host did not enable the controller (CC.EN) within limits.enable_timeout");
+    }
+    if a.is_deleted() {
+        return Some("controller reset: I/O queue deleted");
     }
     (!a.ctrl.is_live()).then_some("controller ended")
 }
@@ -94,7 +197,39 @@ pub fn end_association(assoc: Option<Association>, stopping: bool) {
         if a.qid == 0 && !stopping {
             a.ctrl.kill("admin queue closed");
         } else {
-            a.ctrl.release_queue(a.qid);
+            a.ctrl.release(&a);
         }
+    }
+}
+
+/// Whether a queue waiting for its handshake or Connect since `since` has
+/// waited too long.
+pub fn handshake_overdue(since: Instant, limits: &Limits) -> bool {
+    since.elapsed() > limits.handshake_timeout
+}
+
+/// Progress of a queue's sends: since when it has had sends outstanding
+/// with none of them completing. A host that stops reading its socket, or
+/// stops posting RDMA receives, holds our buffers; past `limits.send_timeout`
+/// the queue is torn down.
+#[derive(Debug, Default)]
+pub struct SendWatch {
+    since: Option<Instant>,
+}
+
+impl SendWatch {
+    /// A send was started.
+    pub fn posted(&mut self) {
+        self.since.get_or_insert_with(Instant::now);
+    }
+
+    /// A send completed; `pending` says whether others are still out.
+    pub fn progressed(&mut self, pending: bool) {
+        self.since = pending.then(Instant::now);
+    }
+
+    /// Whether sends have been stuck for longer than `limit`.
+    pub fn stalled(&self, limit: Duration) -> bool {
+        self.since.is_some_and(|t| t.elapsed() > limit)
     }
 }

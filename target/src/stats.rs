@@ -21,9 +21,10 @@ fn render(shared: &Shared, started: Instant) -> String {
         .map(|b| b.load(Ordering::Relaxed).to_string())
         .collect();
     format!(
-        "{{\"uptime_s\":{},\"connections\":{},\"controllers\":{},\"arena_buffers_in_use\":[{}]}}\n",
+        "{{\"uptime_s\":{},\"connections\":{},\"queues_connected\":{},\"controllers\":{},\"arena_buffers_in_use\":[{}]}}\n",
         started.elapsed().as_secs(),
         shared.connections.load(Ordering::Acquire),
+        r.admission.queues_connected(),
         controllers,
         buffers.join(",")
     )

@@ -1,10 +1,11 @@
 //! Subsystems, their namespaces and allowed hosts, the live controllers of
 //! each, and the discovery subsystem's log.
 
+use crate::admission::Admission;
 use crate::backend::{Backend, FileBackend, MemoryBackend};
 use crate::config::{self, Config, Listener, Transport};
 use crate::controller::Controller;
-use rdmablk_common::fabrics::discovery::{self, adrfam, subtype, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{self, adrfam, subtype, treq, trtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -134,6 +135,8 @@ pub struct Registry {
     pub subsystems: Vec<Arc<Subsystem>>,
     pub discovery: Arc<Subsystem>,
     pub listeners: Vec<Listener>,
+    /// What hosts may hold, daemon-wide.
+    pub admission: Admission,
 }
 
 impl Registry {
@@ -168,6 +171,7 @@ impl Registry {
             subsystems,
             discovery: Arc::new(Subsystem::new(DISCOVERY_NQN, true, Vec::new(), Vec::new())),
             listeners: cfg.listeners.clone(),
+            admission: Admission::new(cfg.limits.clone()),
         })
     }
 
@@ -196,7 +200,10 @@ impl Registry {
                         adrfam::IPV6
                     },
                     subtype: subtype::NVME,
-                    treq: 2, // secure channel not required
+                    // As nvmet: no secure channel requirement stated, and
+                    // hosts may disable SQ flow control (NVMe over Fabrics
+                    // 1.1, Figure 40).
+                    treq: treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE,
                     portid: port as u16 + 1,
                     cntlid: 0xffff,
                     asqsz: crate::controller::ADMIN_QUEUE_SIZE,

@@ -26,6 +26,18 @@ pub mod subtype {
     pub const CURRENT_DISCOVERY: u8 = 3;
 }
 
+/// Transport requirements (TREQ), NVMe over Fabrics 1.1 Figure 40.
+pub mod treq {
+    /// Secure channel (bits 1:0): not specified.
+    pub const SECURE_CHANNEL_NOT_SPECIFIED: u8 = 0b00;
+    /// Secure channel: required.
+    pub const SECURE_CHANNEL_REQUIRED: u8 = 0b01;
+    /// Secure channel: not required.
+    pub const SECURE_CHANNEL_NOT_REQUIRED: u8 = 0b10;
+    /// The controller supports hosts disabling SQ flow control (bit 2).
+    pub const SQ_FLOW_CONTROL_DISABLE: u8 = 1 << 2;
+}
+
 /// One entry of the discovery log: where and how to reach a subsystem.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiscoveryEntry {

@@ -5,7 +5,7 @@ pub mod discovery;
 
 pub use discovery::{DiscoveryEntry, DISCOVERY_ENTRY_LEN, DISCOVERY_LOG_HEADER_LEN};
 
-use crate::bytes::{get_str, get_u16, get_u32, get_u64, put_str, put_u16, put_u32, put_u64};
+use crate::bytes::{get_nqn, get_u16, get_u32, get_u64, put_str, put_u16, put_u32, put_u64};
 use crate::nvme::{Sgl, Sqe, FABRICS_OPCODE};
 
 /// The well-known NQN of discovery subsystems.
@@ -86,8 +86,8 @@ impl ConnectData {
         ConnectData {
             hostid,
             cntlid: get_u16(b, 16),
-            subnqn: get_str(b, 256, 256),
-            hostnqn: get_str(b, 512, 256),
+            subnqn: get_nqn(b, 256, 256),
+            hostnqn: get_nqn(b, 512, 256),
         }
     }
 
@@ -180,6 +180,10 @@ mod tests {
         assert_eq!(b.len(), 1024);
         assert_eq!(&b[256..260], b"nqn.");
         assert_eq!(ConnectData::parse(&b), d);
+        // NQNs are exact bytes up to the NUL: trailing blanks stay.
+        let mut padded = b.clone();
+        padded[512 + d.hostnqn.len()] = b' ';
+        assert_eq!(ConnectData::parse(&padded).hostnqn, format!("{} ", d.hostnqn));
     }
 
     #[test]

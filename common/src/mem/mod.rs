@@ -154,6 +154,11 @@ impl Arena {
     }
 }
 
+/// The capacity of the buffer [`Arena::alloc`] gives for `len` bytes.
+pub fn capacity_for(len: usize) -> usize {
+    MIN_BUF << order_for(len)
+}
+
 fn order_for(len: usize) -> usize {
     let blocks = len.max(1).div_ceil(MIN_BUF).next_power_of_two();
     blocks.trailing_zeros() as usize

@@ -56,6 +56,9 @@ pub struct ControllerId {
     /// Optional asynchronous events supported.
     pub oaes: u32,
     pub cntrltype: u8,
+    /// Command Retry Delay Times 1 to 3, in 100 ms units: how long a host
+    /// that enabled Advanced Command Retry waits for a status's CRD.
+    pub crdt: [u16; 3],
     /// Abort command limit (0's based).
     pub acl: u8,
     /// Asynchronous event request limit (0's based).
@@ -105,6 +108,9 @@ impl ControllerId {
         put_u32(&mut b, 80, self.ver);
         put_u32(&mut b, 92, self.oaes);
         b[111] = self.cntrltype;
+        for (i, t) in self.crdt.iter().enumerate() {
+            put_u16(&mut b, 128 + 2 * i, *t);
+        }
         b[258] = self.acl;
         b[259] = self.aerl;
         b[260] = 1 << 1 | 1; // firmware: slot 1 read-only, one slot
@@ -142,6 +148,7 @@ impl ControllerId {
             ver: get_u32(b, 80),
             oaes: get_u32(b, 92),
             cntrltype: b[111],
+            crdt: [get_u16(b, 128), get_u16(b, 130), get_u16(b, 132)],
             acl: b[258],
             aerl: b[259],
             lpa: b[261],
@@ -297,9 +304,13 @@ mod tests {
             subnqn: "nqn.2026-11.io.rdmablk:x".into(),
             ioccsz: 516,
             iorcsz: 1,
+            crdt: [1, 10, 100],
             ..Default::default()
         };
         let b = id.encode();
+        // NVMe Base 2.0, 5.17.2.1 Figure 275: CRDT1..3 at bytes 129:128, 131:130, 133:132.
+        assert_eq!(get_u16(&b, 128), 1);
+        assert_eq!(get_u16(&b, 132), 100);
         assert_eq!(&b[4..8], b"SN1 ");
         assert_eq!(b[77], 8);
         assert_eq!(get_u16(&b, 78), 0x1234);

@@ -8,8 +8,8 @@ mod sqe;
 mod status;
 
 pub use sgl::{Sgl, SglError};
-pub use sqe::{Cqe, Sqe, CQE_LEN, SQE_LEN};
-pub use status::Status;
+pub use sqe::{Cqe, Sqe, CQE_LEN, PSDT_SGL, SQE_LEN};
+pub use status::{crd_of, dnr_of, Status};
 
 /// Admin command opcodes.
 pub mod admin {
@@ -74,6 +74,7 @@ pub mod feature {
     pub const WRITE_ATOMIC: u8 = 0x0a;
     pub const ASYNC_EVENT: u8 = 0x0b;
     pub const KEEP_ALIVE: u8 = 0x0f;
+    pub const HOST_BEHAVIOR: u8 = 0x16;
     pub const HOST_ID: u8 = 0x81;
 }
 

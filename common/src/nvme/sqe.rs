@@ -8,6 +8,11 @@ pub const SQE_LEN: usize = 64;
 /// Size of a completion queue entry (response).
 pub const CQE_LEN: usize = 16;
 
+/// PSDT of every NVMe over Fabrics command: SGLs for data, the metadata
+/// pointer is the address of one contiguous buffer (NVMe over Fabrics 1.1,
+/// 2.1 "Capsules and Data Transfer").
+pub const PSDT_SGL: u8 = 0b01;
+
 /// A submission queue entry: a 64-byte NVMe command, kept in wire form.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub struct Sqe(pub [u8; SQE_LEN]);
@@ -58,6 +63,16 @@ impl Sqe {
         self.0[1]
     }
 
+    /// Fused operation (CDW0 bits 9:8): 0 for a command that is not fused.
+    pub fn fuse(&self) -> u8 {
+        self.0[1] & 3
+    }
+
+    /// PRP or SGL for Data Transfer (CDW0 bits 15:14).
+    pub fn psdt(&self) -> u8 {
+        self.0[1] >> 6
+    }
+
     pub fn set_flags(&mut self, f: u8) {
         self.0[1] = f;
     }
@@ -104,8 +119,7 @@ impl Sqe {
 
     pub fn set_sgl(&mut self, sgl: &Sgl) {
         self.0[24..40].copy_from_slice(&sgl.to_bytes());
-        // PSDT = 01b: SGL for data, metadata pointer is a buffer address.
-        self.0[1] = (self.0[1] & 0x3f) | 0x40;
+        self.0[1] = (self.0[1] & 0x3f) | PSDT_SGL << 6;
     }
 }
 
@@ -131,7 +145,7 @@ impl Cqe {
     pub fn new(cid: u16, status: Status) -> Self {
         Cqe {
             cid,
-            status: status.to_field(),
+            status: status.to_field(0),
             ..Default::default()
         }
     }
@@ -191,7 +205,7 @@ mod tests {
             sqhd: 3,
             sqid: 4,
             cid: 5,
-            status: Status::INVALID_FIELD.to_field(),
+            status: Status::INVALID_FIELD.to_field(0),
         };
         let b = c.to_bytes();
         assert_eq!(b[12], 5);

@@ -90,6 +90,15 @@ impl NewId {
         // SAFETY: an incoming id is bound to its device's open context.
         unsafe { Device::from_raw((*self.0).verbs) }
     }
+
+    /// The peer's address, for logs.
+    pub fn peer(&self) -> String {
+        // SAFETY: the id is alive; the route holds a sockaddr of its family.
+        unsafe {
+            let a = &(*self.0).route.addr.dst_addr_union;
+            sockaddr_string(&a.dst_storage)
+        }
+    }
 }
 
 impl Drop for NewId {

@@ -6,44 +6,71 @@
 use std::collections::VecDeque;
 
 /// A receive buffer: bytes arrive at the tail, PDUs are consumed at the head.
+///
+/// Its memory is an anonymous mapping of its own, not the heap: pages are
+/// taken as bytes first land in them (a connection that only ever sees small
+/// PDUs uses one page, as the buffer restarts at its head once drained) and
+/// go back to the system when the buffer is dropped.
 pub struct RxBuf {
-    buf: Box<[u8]>,
+    buf: Option<memmap2::MmapMut>,
     head: usize,
     tail: usize,
 }
 
 impl RxBuf {
     /// A buffer of `capacity` bytes; it must hold the largest PDU accepted.
-    pub fn new(capacity: usize) -> Self {
+    pub fn new(capacity: usize) -> std::io::Result<Self> {
+        Ok(RxBuf {
+            buf: Some(memmap2::MmapMut::map_anon(capacity)?),
+            head: 0,
+            tail: 0,
+        })
+    }
+
+    /// A buffer of no capacity (a placeholder while the real one is lent out).
+    pub fn empty() -> Self {
         RxBuf {
-            buf: vec![0u8; capacity].into_boxed_slice(),
+            buf: None,
             head: 0,
             tail: 0,
         }
     }
 
+    /// Bytes the buffer holds at most.
+    pub fn capacity(&self) -> usize {
+        self.buf.as_ref().map_or(0, |b| b.len())
+    }
+
+    fn bytes(&mut self) -> &mut [u8] {
+        self.buf.as_deref_mut().unwrap_or_default()
+    }
+
     /// Where the next receive may write, compacting first when needed; an
     /// empty slice means the buffer is full of unconsumed bytes.
     pub fn spare(&mut self) -> &mut [u8] {
-        if self.head == self.tail {
+        let (head, tail, cap) = (self.head, self.tail, self.capacity());
+        if head == tail {
             self.head = 0;
             self.tail = 0;
-        } else if self.tail == self.buf.len() {
-            self.buf.copy_within(self.head..self.tail, 0);
-            self.tail -= self.head;
+        } else if tail == cap {
+            self.bytes().copy_within(head..tail, 0);
+            self.tail -= head;
             self.head = 0;
         }
-        &mut self.buf[self.tail..]
+        let tail = self.tail;
+        &mut self.bytes()[tail..]
     }
 
     /// Records that a receive wrote `n` bytes into [`RxBuf::spare`].
     pub fn filled(&mut self, n: usize) {
-        self.tail = (self.tail + n).min(self.buf.len());
+        self.tail = (self.tail + n).min(self.capacity());
     }
 
     /// The bytes received and not yet consumed.
     pub fn pending(&self) -> &[u8] {
-        &self.buf[self.head..self.tail]
+        self.buf
+            .as_deref()
+            .map_or(&[][..], |b| &b[self.head..self.tail])
     }
 
     /// Drops `n` bytes from the front.
@@ -186,7 +213,7 @@ mod tests {
 
     #[test]
     fn rx_compacts_only_when_full() {
-        let mut rx = RxBuf::new(8);
+        let mut rx = RxBuf::new(8).unwrap();
         rx.spare()[..8].copy_from_slice(b"abcdefgh");
         rx.filled(8);
         rx.consume(6);

@@ -520,7 +520,7 @@ impl RdmaQueue {
             if let Some(c) = c.take() {
                 let cqe = Cqe {
                     cid: cid as u16,
-                    status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(),
+                    status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
                     ..Default::default()
                 };
                 self.done.push(Done { tag: c.tag, cqe });

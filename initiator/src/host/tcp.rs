@@ -67,7 +67,9 @@ impl TcpQueue {
         TcpQueue {
             sock,
             limits,
-            rx: RxBuf::new(2 * MAX_PDU),
+            // Failing to map 256 KiB is running out of memory, as a failed
+            // heap allocation would be.
+            rx: RxBuf::new(2 * MAX_PDU).expect("mapping a receive buffer"),
             recv_busy: false,
             tx: TxQueue::default(),
             send_busy: false,
@@ -268,7 +270,7 @@ impl TcpQueue {
                 if let Some(c) = c.take() {
                     let cqe = Cqe {
                         cid: cid as u16,
-                        status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(),
+                        status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
                         ..Default::default()
                     };
                     self.done.push(Done { tag: c.tag, cqe });

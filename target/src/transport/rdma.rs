@@ -7,13 +7,16 @@
 //! The arena is registered once with io_uring and once per device: no copy
 //! between disk and NIC.
 
+use crate::admission::Permit;
 use crate::command::{self, Command};
-use crate::controller::{Association, TransportCaps, ADMIN_QUEUE_SIZE, MAX_IO_QUEUE_SIZE};
+use crate::config::Limits;
+use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE, MAX_IO_QUEUE_SIZE};
 use crate::poller::{Io, PollerLink, Token};
-use crate::queue::{self, BackendStep, Ran};
+use crate::queue::{self, BackendStep, Binding, Ran, SendWatch};
+use crate::subsystem::Registry;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status, SQE_LEN};
+use rdmablk_common::nvme::{Sgl, Sqe, Status, SQE_LEN};
 use rdmablk_common::rdma::private_data::{
     encode_reject, ConnectReply, ConnectRequest, RejectStatus,
 };
@@ -36,8 +39,10 @@ const SRQ_DEPTH: u32 = 256;
 /// the send queues of every queue pair on it (a queue that would not fit is
 /// refused rather than risking an overrun).
 const CQ_ENTRIES: u32 = 65536;
-/// A queue that sends no Connect within this time is closed.
-const CONNECT_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a closed queue waits for its work requests to flush before it
+/// is freed anyway (a removed device may never deliver them): destroying
+/// the QP ends the device's access to its buffers.
+const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// What NVMe/RDMA contributes to Identify Controller.
 pub fn caps() -> TransportCaps {
@@ -53,6 +58,8 @@ pub struct Incoming {
     req: ConnectRequest,
     /// RDMA READs the host lets us have outstanding (its responder resources).
     host_responder_resources: u8,
+    /// Its place among connections waiting for their Connect.
+    pending: Permit,
 }
 
 /// Checks a connect request's queue sizes against what we serve.
@@ -75,7 +82,11 @@ fn check_request(private_data: &[u8]) -> Result<ConnectRequest, RejectStatus> {
 
 /// Binds an RDMA CM listener on `addr` and starts the thread that hands its
 /// connect requests to the pollers, round robin.
-pub fn listen(addr: SocketAddr, pollers: Arc<Vec<PollerLink>>) -> Result<(), String> {
+pub fn listen(
+    addr: SocketAddr,
+    pollers: Arc<Vec<PollerLink>>,
+    registry: Arc<Registry>,
+) -> Result<(), String> {
     rdmablk_common::rdma::require_device()
         .map_err(|e| format!("cannot listen on rdma://{addr}: {e}"))?;
     let chan = CmChannel::new().map_err(|e| format!("cannot listen on rdma://{addr}: {e}"))?;
@@ -119,10 +130,16 @@ pub fn listen(addr: SocketAddr, pollers: Arc<Vec<PollerLink>>) -> Result<(), Str
                 }
                 match check_request(&ev.private_data) {
                     Ok(req) => {
+                        let peer = new_id.peer();
+                        let Some(pending) = registry.admission.pending_connection(&peer) else {
+                            let _ = new_id.reject(&encode_reject(RejectStatus::NoResources));
+                            continue;
+                        };
                         pollers[next % pollers.len()].adopt_rdma(Incoming {
                             id: new_id,
                             req,
                             host_responder_resources: ev.responder_resources,
+                            pending,
                         });
                         next += 1;
                     }
@@ -306,7 +323,9 @@ struct RdmaConn {
     /// RDMA READs we may have outstanding, and how many are.
     read_credits: u8,
     reads: u8,
-    assoc: Option<Association>,
+    bind: Binding,
+    /// Whether the host takes what is sent (limits.send_timeout).
+    sends: SendWatch,
     cmds: Vec<Option<Slot>>,
     held_aers: Vec<u16>,
     sq_head: u16,
@@ -467,7 +486,8 @@ impl Endpoint {
             depth,
             read_credits,
             reads: 0,
-            assoc: None,
+            bind: Binding::new(inc.pending, &io.registry.admission.limits),
+            sends: SendWatch::default(),
             cmds: (0..2 * depth).map(|_| None).collect(),
             held_aers: Vec::new(),
             sq_head: 0,
@@ -634,6 +654,7 @@ impl Endpoint {
             return;
         }
         conn.signaled -= 1;
+        conn.sends.progressed(conn.signaled > 0);
         if !wc.ok() {
             if !wc.is_flush() {
                 let what = if kind == WR_READ {
@@ -688,9 +709,9 @@ impl Endpoint {
         }
     }
 
-    pub fn on_tick(&mut self) {
+    pub fn on_tick(&mut self, io: &mut Io) {
         for c in self.conns.iter_mut().flatten() {
-            c.on_tick();
+            c.on_tick(&io.registry.admission.limits);
         }
     }
 
@@ -706,11 +727,15 @@ impl Endpoint {
                     conn.close("target shutting down");
                 }
             }
-            if conn.phase == Phase::Closing && conn.signaled == 0 && conn.backend_ops == 0 {
-                done.push(i);
+            if conn.phase == Phase::Closing && conn.backend_ops == 0 {
+                if conn.signaled == 0 {
+                    done.push((i, false));
+                } else if conn.since.elapsed() > FLUSH_TIMEOUT {
+                    done.push((i, true));
+                }
             }
         }
-        for i in done {
+        for (i, forced) in done {
             let dev = self.conns[i].as_ref().expect("listed above").dev;
             // Receives this queue pair consumed must come back to the SRQ's
             // books before it goes (its completions would vanish with it).
@@ -718,38 +743,25 @@ impl Endpoint {
             let Some(mut conn) = self.conns[i].take() else {
                 continue;
             };
-            if conn.signaled > 0 || conn.backend_ops > 0 {
+            if conn.backend_ops > 0 || conn.signaled > 0 && !forced {
                 self.conns[i] = Some(conn); // the drain started more work
                 continue;
+            }
+            if conn.signaled > 0 {
+                // A device that never flushes (removed, or broken): destroying
+                // the QP ends its access to the buffers before they are reused.
+                tracing::warn!(peer = %conn.peer, pending = conn.signaled, "freeing an RDMA queue whose work requests never flushed");
             }
             self.by_qp.remove(&(dev, conn.qp_num));
             self.devices[dev].cq_committed -= conn.send_wr;
             conn.teardown(io);
+            drop(conn);
         }
         for d in &mut self.devices {
             if !d.unposted.is_empty() {
                 if let Err(e) = d.post_recvs(io) {
                     tracing::error!(poller = self.poller, "posting SRQ receives: {e}");
                 }
-            }
-        }
-    }
-
-    /// Frees closed queues whose flushes never came (shutdown with a device
-    /// gone): destroying the QP ends the device's access to their buffers.
-    /// Queues with disk I/O in flight still wait for it.
-    pub fn force_free(&mut self, io: &mut Io) {
-        for slot in self.conns.iter_mut() {
-            let Some(conn) = slot else { continue };
-            if conn.phase == Phase::Closing && conn.backend_ops == 0 {
-                tracing::warn!(peer = %conn.peer, pending = conn.signaled, "freeing an RDMA queue whose work requests never flushed");
-                let dev = conn.dev;
-                self.by_qp.remove(&(dev, conn.qp_num));
-                self.devices[dev].cq_committed -= conn.send_wr;
-                let mut conn = slot.take().expect("checked above");
-                conn.teardown(io);
-                // The QP goes with the connection, before its buffers are reused.
-                drop(conn);
             }
         }
     }
@@ -767,7 +779,7 @@ impl RdmaConn {
         if self.phase == Phase::Closing {
             return;
         }
-        match &self.assoc {
+        match &self.bind.assoc {
             Some(a) => {
                 tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "NVMe/RDMA queue closed: {why}")
             }
@@ -776,6 +788,7 @@ impl RdmaConn {
             }
         }
         self.phase = Phase::Closing;
+        self.since = Instant::now();
         // The queue pair goes to the error state: what is posted completes
         // as flushed, and the pump frees the queue once all has.
         self.id.disconnect();
@@ -787,24 +800,33 @@ impl RdmaConn {
 
     fn teardown(&mut self, io: &mut Io) {
         for mut s in self.cmds.iter_mut().filter_map(Option::take) {
-            s.cmd.release(io.arena);
+            self.bind.release(&mut s.cmd, io);
         }
-        queue::end_association(self.assoc.take(), io.stopping);
+        queue::end_association(self.bind.assoc.take(), io.stopping);
     }
 
-    fn on_tick(&mut self) {
-        match self.phase {
-            Phase::Closing => {}
-            _ if self.assoc.is_none() => {
-                if self.since.elapsed() > CONNECT_TIMEOUT {
-                    self.close("no Connect within 10 s of the connection");
-                }
-            }
-            _ => {
-                if let Some(why) = queue::check_association(self.assoc.as_ref()) {
-                    self.close(why);
-                }
-            }
+    /// Periodic checks of every deadline: establishment and Connect,
+    /// keep-alive and enable (through the association), RDMA READs, and
+    /// the progress of the work requests posted.
+    fn on_tick(&mut self, limits: &Limits) {
+        if self.phase == Phase::Closing {
+            return;
+        }
+        if self.bind.assoc.is_none() && queue::handshake_overdue(self.since, limits) {
+            self.close("no Connect within limits.handshake_timeout of the connection");
+            return;
+        }
+        if let Some(why) = queue::check_association(self.bind.assoc.as_ref(), limits) {
+            self.close(why);
+            return;
+        }
+        let stuck = self.cmds.iter().flatten().any(|s| {
+            s.cmd.received < s.cmd.requested && s.cmd.since.elapsed() > limits.data_timeout
+        });
+        if stuck {
+            self.close("an RDMA READ of the host's data did not complete within limits.data_timeout");
+        } else if self.sends.stalled(limits.send_timeout) {
+            self.close("the host did not take what was sent to it (no send completed) within limits.send_timeout");
         }
     }
 
@@ -850,7 +872,7 @@ impl RdmaConn {
                 return self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID, None);
             }
         };
-        let mut cmd = match command::plan(self.assoc.as_ref(), sqe, sgl.len()) {
+        let mut cmd = match command::plan(self.bind.assoc.as_ref(), sqe, sgl.len()) {
             Ok(c) => c,
             Err(st) => return self.respond_now(cid, st, remote),
         };
@@ -870,6 +892,9 @@ impl RdmaConn {
         if in_capsule && cmd.len > 0 {
             // The data is used in place: the receive gets a new buffer.
             cmd.buf = recv_data.take();
+            if let Some(b) = &cmd.buf {
+                self.bind.adopt(b, io);
+            }
             cmd.received = cmd.len;
         }
         self.cmds[slot] = Some(Slot { cmd, remote });
@@ -883,7 +908,7 @@ impl RdmaConn {
             .as_mut()
             .expect("advancing a live slot");
         if s.cmd.len > 0 && s.cmd.buf.is_none() {
-            match io.arena.alloc(s.cmd.len) {
+            match self.bind.alloc(s.cmd.len, io) {
                 Some(b) => s.cmd.buf = Some(b),
                 None => {
                     if !self.awaiting_buffer.contains(&slot) {
@@ -936,6 +961,7 @@ impl RdmaConn {
                 Ok(()) => {
                     self.reads += 1;
                     self.signaled += 1;
+                    self.sends.posted();
                 }
                 Err(e) => {
                     self.close(&format!("posting an RDMA READ: {e}"));
@@ -951,7 +977,7 @@ impl RdmaConn {
                 self.awaiting_buffer.pop_front();
                 continue;
             };
-            match io.arena.alloc(s.cmd.len) {
+            match self.bind.alloc(s.cmd.len, io) {
                 Some(b) => {
                     s.cmd.buf = Some(b);
                     self.awaiting_buffer.pop_front();
@@ -968,13 +994,19 @@ impl RdmaConn {
             .expect("running a live slot");
         match queue::run(
             &mut s.cmd,
-            &mut self.assoc,
+            &mut self.bind,
             io,
             caps(),
             &self.peer,
             self.held_aers.len(),
         ) {
             Ran::Complete => self.complete(slot, mr, io),
+            Ran::Disconnected => {
+                // The queue pair stays (NVMe Base 2.1, 6.4) but has no
+                // queue: it gets the Connect deadline again.
+                self.complete(slot, mr, io);
+                self.since = Instant::now();
+            }
             Ran::Held => {
                 self.held_aers.push(s.cmd.sqe.cid());
                 self.free_slot(slot, io);
@@ -1005,11 +1037,9 @@ impl RdmaConn {
                 ));
             }
         }
-        let sqid = match (&self.assoc, &c.work) {
-            (None, command::Work::Connect) => {
-                rdmablk_common::fabrics::ConnectCmd::from_sqe(&c.sqe).qid
-            }
-            _ => self.sqid(),
+        let sqid = match &c.work {
+            command::Work::Connect => rdmablk_common::fabrics::ConnectCmd::from_sqe(&c.sqe).qid,
+            _ => self.qid,
         };
         let cqe = self.cqe(c.sqe.cid(), c.status, (c.dw0, c.dw1), sqid);
         let invalidate = s.remote.filter(|r| r.invalidate).map(|r| r.key);
@@ -1026,18 +1056,17 @@ impl RdmaConn {
         self.post_response(write, &cqe, wr_id(self.idx, WR_RESPONSE, slot), invalidate);
     }
 
-    fn cqe(&self, cid: u16, status: Status, (dw0, dw1): (u32, u32), sqid: u16) -> [u8; 16] {
+    fn cqe(&self, cid: u16, status: Status, dws: (u32, u32), sqid: u16) -> [u8; 16] {
         if !status.is_success() {
             tracing::debug!(peer = %self.peer, cid, %status, "command failed");
         }
-        Cqe {
-            dw0,
-            dw1,
-            sqhd: self.sq_head,
+        queue::response(
+            self.bind.assoc.as_ref(),
+            (cid, status),
+            dws,
+            self.sq_head,
             sqid,
-            cid,
-            status: status.to_field(),
-        }
+        )
         .to_bytes()
     }
 
@@ -1066,7 +1095,10 @@ impl RdmaConn {
         // registered arena buffer, held until the SEND completes; the
         // response is inline (copied during the call).
         match unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &wrs) } {
-            Ok(()) => self.signaled += 1,
+            Ok(()) => {
+                self.signaled += 1;
+                self.sends.posted();
+            }
             Err(e) => {
                 self.close(&format!("posting a response: {e}"));
                 // Nothing was posted: the slot is freed at teardown.
@@ -1078,7 +1110,7 @@ impl RdmaConn {
     fn respond_now(&mut self, cid: u16, status: Status, remote: Option<Remote>) {
         tracing::debug!(peer = %self.peer, cid, %status, "command refused before it ran");
         self.sq_head = (self.sq_head + 1) % self.depth;
-        let cqe = self.cqe(cid, status, (0, 0), self.sqid());
+        let cqe = self.cqe(cid, status, (0, 0), self.qid);
         let invalidate = remote.filter(|r| r.invalidate).map(|r| r.key);
         self.post_response(
             None,
@@ -1088,13 +1120,9 @@ impl RdmaConn {
         );
     }
 
-    fn sqid(&self) -> u16 {
-        self.assoc.as_ref().map_or(self.qid, |a| a.qid)
-    }
-
     fn free_slot(&mut self, slot: u16, io: &mut Io) {
         if let Some(mut s) = self.cmds.get_mut(slot as usize).and_then(Option::take) {
-            s.cmd.release(io.arena);
+            self.bind.release(&mut s.cmd, io);
         }
     }
 }

@@ -2,14 +2,16 @@
 //! H2CData for host data, C2HData for controller data, CapsuleResp, and
 //! C2HTermReq on protocol errors. Socket I/O goes through the poller's ring.
 
+use crate::admission::Permit;
 use crate::command::{self, Command, Work};
-use crate::controller::{Association, TransportCaps};
+use crate::config::Limits;
+use crate::controller::TransportCaps;
 use crate::poller::{Io, Token};
-use crate::queue::{self, BackendStep, Ran};
+use crate::queue::{self, BackendStep, Binding, Ran, SendWatch};
 use io_uring::{opcode, types};
 use rdmablk_common::fabrics::ConnectCmd;
 use rdmablk_common::nvme::identify::sgls;
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::nvme::{Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
 use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
 use std::collections::VecDeque;
@@ -23,21 +25,25 @@ pub const IN_CAPSULE_DATA: usize = 8192;
 pub const MAX_H2C_DATA: usize = 128 << 10;
 /// Largest C2HData payload the target sends; larger reads are split.
 pub const MAX_C2H_DATA: usize = 128 << 10;
-/// Largest PDU accepted: an H2CData PDU with digests and the most padding.
+/// Largest PDU accepted: an H2CData PDU with digests and the most padding
+/// (whose data goes straight to its command's buffer, see `DIRECT_MIN`).
 const MAX_PDU: usize = MAX_H2C_DATA + 256;
-/// Receive buffer: room for a whole largest PDU plus the start of the next.
-const RX_BUF: usize = 2 * MAX_PDU;
+/// Largest PDU other than H2CData: a command capsule with the most
+/// in-capsule data, digests and padding.
+const MAX_CAPSULE_PDU: usize = 72 + IN_CAPSULE_DATA + 256;
 /// H2CData at least this large is received straight into the command's
 /// arena buffer rather than through the receive buffer.
 const DIRECT_MIN: usize = 16 << 10;
+/// Receive buffer: room for any PDU that passes through it (a capsule, an
+/// H2CData below `DIRECT_MIN`) plus the start of the next.
+const RX_BUF: usize = 32 << 10;
 /// Commands per queue before Connect says how deep it is.
 const INITIAL_SLOTS: usize = 32;
-/// A connection that sends no ICReq within this time is closed.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
-/// A connection whose host does not answer an R2T within this time is closed.
-const DATA_TIMEOUT: Duration = Duration::from_secs(30);
 /// A connection that was sent a TermReq is closed after this time at most.
 const TERMINATE_GRACE: Duration = Duration::from_secs(1);
+/// A closed connection whose socket operations have not ended after this
+/// time has them cancelled.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 /// What NVMe/TCP contributes to Identify Controller.
 pub fn caps() -> TransportCaps {
@@ -75,7 +81,13 @@ pub struct TcpConn {
     send_busy: bool,
     /// Slots whose last PDU went out (scratch for `TxQueue::advance`).
     sent_slots: Vec<u64>,
-    assoc: Option<Association>,
+    /// Whether the host reads what is sent (limits.send_timeout).
+    sends: SendWatch,
+    bind: Binding,
+    /// The queue id, once connected.
+    qid: u16,
+    /// Socket operations of the closed connection were cancelled.
+    cancelled: bool,
     cmds: Vec<Option<Command>>,
     /// Backend operations in flight.
     backend_ops: usize,
@@ -139,9 +151,17 @@ enum Flow {
 }
 
 impl TcpConn {
-    pub fn new(sock: TcpStream, peer: SocketAddr, idx: usize) -> Self {
+    /// A new connection, holding one of the places of connections waiting
+    /// for their Connect.
+    pub fn new(
+        sock: TcpStream,
+        peer: SocketAddr,
+        idx: usize,
+        pending: Permit,
+        limits: &Limits,
+    ) -> std::io::Result<Self> {
         let _ = sock.set_nodelay(true);
-        TcpConn {
+        Ok(TcpConn {
             sock,
             peer: peer.to_string(),
             idx,
@@ -149,12 +169,15 @@ impl TcpConn {
             since: Instant::now(),
             digests: Digests::default(),
             c2h_align: 1,
-            rx: RxBuf::new(RX_BUF),
+            rx: RxBuf::new(RX_BUF)?,
             recv_busy: false,
             tx: TxQueue::default(),
             send_busy: false,
             sent_slots: Vec::new(),
-            assoc: None,
+            sends: SendWatch::default(),
+            bind: Binding::new(pending, limits),
+            qid: 0,
+            cancelled: false,
             cmds: (0..INITIAL_SLOTS).map(|_| None).collect(),
             backend_ops: 0,
             held_aers: Vec::new(),
@@ -164,7 +187,7 @@ impl TcpConn {
             direct: None,
             recv_direct: false,
             c2h_pdus: 0,
-        }
+        })
     }
 
     /// Whether the connection is shut down and nothing refers to it any more.
@@ -183,49 +206,83 @@ impl TcpConn {
         if self.phase == Phase::Closing {
             return;
         }
-        match &self.assoc {
+        match &self.bind.assoc {
             Some(a) => {
                 tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}")
             }
             None => tracing::info!(peer = %self.peer, "connection closed: {why}"),
         }
         self.phase = Phase::Closing;
+        self.since = Instant::now();
         let _ = self.sock.shutdown(Shutdown::Both);
+    }
+
+    /// Closes a connection whose host stopped reading: what it did not read
+    /// is dropped (the socket resets) rather than kept for it.
+    fn abort(&mut self, why: &str) {
+        let _ = nix::sys::socket::setsockopt(
+            &self.sock,
+            nix::sys::socket::sockopt::Linger,
+            &libc::linger {
+                l_onoff: 1,
+                l_linger: 0,
+            },
+        );
+        self.close(why);
     }
 
     /// Frees what the connection holds; call once `can_free`.
     pub fn teardown(&mut self, io: &mut Io) {
         for c in self.cmds.iter_mut().filter_map(Option::take) {
             let mut c = c;
-            c.release(io.arena);
+            self.bind.release(&mut c, io);
         }
-        queue::end_association(self.assoc.take(), io.stopping);
+        queue::end_association(self.bind.assoc.take(), io.stopping);
     }
 
-    /// Periodic checks: handshake and keep-alive timeouts, a dead controller.
-    pub fn on_tick(&mut self) {
+    /// Periodic checks of every deadline: handshake, Connect, keep-alive and
+    /// enable (through the association), R2T data, send progress.
+    pub fn on_tick(&mut self, io: &mut Io) {
+        let limits = &io.registry.admission.limits;
         match self.phase {
-            Phase::Handshake if self.since.elapsed() > HANDSHAKE_TIMEOUT => {
-                self.close("no ICReq within 10 s")
+            Phase::Handshake if queue::handshake_overdue(self.since, limits) => {
+                self.close("no ICReq within limits.handshake_timeout")
             }
             Phase::Terminating if self.since.elapsed() > TERMINATE_GRACE => {
                 self.close("terminated")
             }
             Phase::Live => {
-                if self.assoc.is_none() && self.since.elapsed() > HANDSHAKE_TIMEOUT {
-                    self.close("no Connect within 10 s of the connection");
+                if self.bind.assoc.is_none() && queue::handshake_overdue(self.since, limits) {
+                    self.close("no Connect within limits.handshake_timeout of the connection");
                 }
-                if let Some(why) = queue::check_association(self.assoc.as_ref()) {
+                if let Some(why) = queue::check_association(self.bind.assoc.as_ref(), limits) {
                     self.close(why);
                 }
-                let stuck = self
-                    .cmds
-                    .iter()
-                    .flatten()
-                    .any(|c| c.received < c.requested && c.since.elapsed() > DATA_TIMEOUT);
+                let stuck = self.cmds.iter().flatten().any(|c| {
+                    c.received < c.requested && c.since.elapsed() > limits.data_timeout
+                });
                 if stuck {
-                    self.close("the host did not send the data it was asked for (R2T) within 30 s");
+                    self.close("the host did not send the data asked for by an R2T within limits.data_timeout");
                 }
+                if self.sends.stalled(limits.send_timeout) {
+                    self.abort("the host did not read what was sent to it within limits.send_timeout");
+                }
+            }
+            Phase::Closing if !self.cancelled && self.since.elapsed() > CANCEL_GRACE => {
+                // The shutdown should have ended them; make sure.
+                for (busy, token) in [
+                    (self.recv_busy, Token::Recv(self.idx)),
+                    (self.send_busy, Token::Send(self.idx)),
+                ] {
+                    if busy {
+                        io.sq.push(
+                            opcode::AsyncCancel::new(token.encode())
+                                .build()
+                                .user_data(Token::Cancel.encode()),
+                        );
+                    }
+                }
+                self.cancelled = true;
             }
             _ => {}
         }
@@ -302,6 +359,7 @@ impl TcpConn {
             .user_data(Token::Send(self.idx).encode());
         io.sq.push(e);
         self.send_busy = true;
+        self.sends.posted();
     }
 
     pub fn on_send(&mut self, res: i32, io: &mut Io) {
@@ -315,6 +373,9 @@ impl TcpConn {
         }
         let mut sent = std::mem::take(&mut self.sent_slots);
         self.tx.advance(res as usize, &mut sent);
+        if res > 0 {
+            self.sends.progressed(!self.tx.is_empty());
+        }
         for slot in sent.drain(..) {
             self.free_slot(slot as u16, io);
         }
@@ -323,7 +384,7 @@ impl TcpConn {
 
     fn free_slot(&mut self, slot: u16, io: &mut Io) {
         if let Some(mut c) = self.cmds.get_mut(slot as usize).and_then(Option::take) {
-            c.release(io.arena);
+            self.bind.release(&mut c, io);
         }
     }
 
@@ -345,7 +406,7 @@ impl TcpConn {
 
     fn process_rx(&mut self, io: &mut Io) {
         // Take the buffer out so that PDUs can borrow it while `self` changes.
-        let mut rx = std::mem::replace(&mut self.rx, RxBuf::new(0));
+        let mut rx = std::mem::replace(&mut self.rx, RxBuf::empty());
         self.stalled = false;
         while matches!(self.phase, Phase::Handshake | Phase::Live) {
             if self.direct.is_some() {
@@ -494,7 +555,7 @@ impl TcpConn {
                 return Ok(self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID));
             }
         };
-        let mut cmd = match command::plan(self.assoc.as_ref(), sqe, sgl.len()) {
+        let mut cmd = match command::plan(self.bind.assoc.as_ref(), sqe, sgl.len()) {
             Ok(c) => c,
             Err(st) => return Ok(self.respond_now(cid, st)),
         };
@@ -508,7 +569,7 @@ impl TcpConn {
         };
         self.sq_head = (self.sq_head + 1) % self.depth();
         if cmd.len > 0 {
-            cmd.buf = io.arena.alloc(cmd.len);
+            cmd.buf = self.bind.alloc(cmd.len, io);
         }
         if in_capsule && !data.is_empty() {
             match &cmd.buf {
@@ -571,7 +632,7 @@ impl TcpConn {
                 self.awaiting_buffer.pop_front();
                 continue;
             };
-            match io.arena.alloc(cmd.len) {
+            match self.bind.alloc(cmd.len, io) {
                 Some(b) => {
                     cmd.buf = Some(b);
                     self.awaiting_buffer.pop_front();
@@ -584,7 +645,8 @@ impl TcpConn {
 
     /// Queue entries: what Connect negotiated, or the admin maximum before.
     fn depth(&self) -> u16 {
-        self.assoc
+        self.bind
+            .assoc
             .as_ref()
             .map_or(INITIAL_SLOTS as u16, |a| a.depth)
     }
@@ -668,6 +730,17 @@ impl TcpConn {
             return Ok(());
         };
         let Header::H2CData(t) = f.header else {
+            if f.plen > MAX_CAPSULE_PDU {
+                // It could never be received whole: refuse it now.
+                return Err(fatal(
+                    fes::INVALID_HEADER_FIELD,
+                    4,
+                    format!(
+                        "PLEN {} is larger than any capsule this target accepts",
+                        f.plen
+                    ),
+                ));
+            }
             return Ok(());
         };
         if f.data_len < DIRECT_MIN || pending.len() >= f.plen {
@@ -732,18 +805,27 @@ impl TcpConn {
             .expect("running a live slot");
         match queue::run(
             cmd,
-            &mut self.assoc,
+            &mut self.bind,
             io,
             caps(),
             &self.peer,
             self.held_aers.len(),
         ) {
             Ran::Complete => {
+                if let Some(a) = &self.bind.assoc {
+                    self.qid = a.qid;
+                }
                 let depth = self.depth() as usize;
                 if depth > self.cmds.len() {
                     self.cmds.resize_with(depth, || None);
                 }
                 self.complete(slot, io);
+            }
+            Ran::Disconnected => {
+                // The connection stays (NVMe Base 2.1, 6.4) but has no
+                // queue: it gets the Connect deadline again.
+                self.complete(slot, io);
+                self.since = Instant::now();
             }
             Ran::Held => {
                 self.held_aers.push(cmd.sqe.cid());
@@ -762,12 +844,23 @@ impl TcpConn {
             .as_ref()
             .expect("completing a live slot");
         let (cid, status, dw0, dw1) = (cmd.sqe.cid(), cmd.status, cmd.dw0, cmd.dw1);
-        // A refused Connect answers for the queue it asked for.
-        let sqid = match (&self.assoc, &cmd.work) {
-            (None, Work::Connect) => ConnectCmd::from_sqe(&cmd.sqe).qid,
-            _ => self.sqid(),
+        // A Connect answers for the queue it asked for.
+        let sqid = match &cmd.work {
+            Work::Connect => ConnectCmd::from_sqe(&cmd.sqe).qid,
+            _ => self.qid,
         };
+        let mut success_in_data = false;
         if cmd.to_host && status.is_success() && cmd.len > 0 {
+            // NVMe/TCP 1.0, 3.6.2.10 / 7.4.6.2: without SQ flow control, a
+            // read whose completion has nothing to say ends with its last
+            // C2HData PDU (SUCCESS) and no response capsule.
+            success_in_data = self
+                .bind
+                .assoc
+                .as_ref()
+                .is_some_and(|a| a.sq_flow_disabled)
+                && dw0 == 0
+                && dw1 == 0;
             let buf = cmd.buf.as_ref().expect("data command has a buffer");
             let all = Transfer {
                 cccid: cid,
@@ -777,6 +870,12 @@ impl TcpConn {
             };
             for (t, fl) in tcp::split_transfer(all, MAX_C2H_DATA) {
                 let (at, n) = (t.offset as usize, t.len as usize);
+                let last = fl & tcp::flags::LAST_PDU != 0;
+                let fl = if last && success_in_data {
+                    fl | tcp::flags::SUCCESS
+                } else {
+                    fl
+                };
                 let mut head = Vec::with_capacity(64);
                 tcp::encode_header(
                     &mut head,
@@ -790,38 +889,35 @@ impl TcpConn {
                     .digests
                     .data
                     .then(|| tcp::data_digest(&io.arena.bytes(buf, at + n)[at..]));
+                let release = (last && success_in_data).then_some(slot as u64);
                 self.tx
-                    .push_with_body(head, io.arena.addr(buf, at), n, digest, None);
+                    .push_with_body(head, io.arena.addr(buf, at), n, digest, release);
                 self.c2h_pdus += 1;
             }
         }
-        self.respond(cid, status, (dw0, dw1), sqid, Some(slot));
-    }
-
-    /// The queue id this connection answers for.
-    fn sqid(&self) -> u16 {
-        self.assoc.as_ref().map_or(0, |a| a.qid)
+        if !success_in_data {
+            self.respond(cid, status, (dw0, dw1), sqid, Some(slot));
+        }
     }
 
     fn respond(
         &mut self,
         cid: u16,
         status: Status,
-        (dw0, dw1): (u32, u32),
+        dws: (u32, u32),
         sqid: u16,
         release: Option<u16>,
     ) {
         if !status.is_success() {
             tracing::debug!(peer = %self.peer, cid, %status, "command failed");
         }
-        let cqe = Cqe {
-            dw0,
-            dw1,
-            sqhd: self.sq_head,
+        let cqe = queue::response(
+            self.bind.assoc.as_ref(),
+            (cid, status),
+            dws,
+            self.sq_head,
             sqid,
-            cid,
-            status: status.to_field(),
-        };
+        );
         let pdu = tcp::encode(&Header::CapsuleResp(cqe), 0, &[], self.digests, 1);
         self.queue(pdu, release);
     }
@@ -829,7 +925,7 @@ impl TcpConn {
     /// Completes a command that never got a slot (refused while parsing).
     fn respond_now(&mut self, cid: u16, status: Status) -> Flow {
         self.sq_head = (self.sq_head + 1) % self.depth();
-        self.respond(cid, status, (0, 0), self.sqid(), None);
+        self.respond(cid, status, (0, 0), self.qid, None);
         Flow::Consumed
     }
 
