@@ -146,8 +146,8 @@ mod tests {
         let b = greedy.alloc(1 << 20, &mut arena, &mut pool).unwrap();
         assert!(greedy.alloc(4096, &mut arena, &mut pool).is_none());
         let c = other.alloc(1 << 20, &mut arena, &mut pool).unwrap();
-        for (l, buf) in [(&mut greedy, a), (&mut greedy, b)] {
-            l.free(buf, &mut arena, &mut pool);
+        for buf in [a, b] {
+            greedy.free(buf, &mut arena, &mut pool);
         }
         other.free(c, &mut arena, &mut pool);
         assert_eq!(arena.buffers_in_use(), 0);

@@ -285,6 +285,60 @@ impl Config {
     }
 }
 
+impl Config {
+    /// Checks the configuration against this machine, as `--check` and the
+    /// daemon's start do: a file namespace whose file is missing must have a
+    /// size to create it with, and memory namespaces must fit in the
+    /// machine's memory.
+    pub fn check_machine(&self) -> Result<(), ConfigError> {
+        let total = machine_memory();
+        let mut memory = 0u64;
+        for (i, s) in self.subsystems.iter().enumerate() {
+            for (j, ns) in s.namespaces.iter().enumerate() {
+                let key = format!("subsystem[{i}].namespace[{j}]");
+                match &ns.backend {
+                    Backend::File {
+                        path,
+                        create_size: None,
+                    } if !path.exists() => {
+                        return Err(invalid(
+                            format!("{key}.path"),
+                            format!(
+                                "{} does not exist; create it, or give size = \"...\" to have it created",
+                                path.display()
+                            ),
+                        ));
+                    }
+                    Backend::Memory { size } => {
+                        memory += size;
+                        if let Some(total) = total.filter(|&t| memory > t) {
+                            return Err(invalid(
+                                format!("{key}.size"),
+                                format!(
+                                    "memory namespaces need {} in all, more than this machine's {}; \
+                                     use a file namespace or a smaller size",
+                                    units::format_size(memory),
+                                    units::format_size(total)
+                                ),
+                            ));
+                        }
+                    }
+                    _ => {}
+                }
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The machine's memory in bytes (MemTotal), if it can be read.
+fn machine_memory() -> Option<u64> {
+    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
 /// Reads and parses the configuration file at `path`.
 ///
 /// Read errors name the path; the other errors are those of [`parse`].

@@ -152,6 +152,7 @@ fn load_config(a: &Args) -> Result<Config, String> {
         }
         cfg.pollers.count = n;
     }
+    cfg.check_machine().map_err(|e| e.to_string())?;
     Ok(cfg)
 }
 
