@@ -1327,6 +1327,7 @@ mod tests {
         );
         assert_eq!(config.pollers.arena_bytes, 64 << 20);
         assert!(!config.pollers.busy_poll);
+        assert_eq!(config.limits, Limits::default(), "the example shows the defaults");
         assert_eq!(config.subsystems.len(), 2);
 
         let disk = &config.subsystems[0];
@@ -1746,6 +1747,36 @@ mod tests {
         }
         let ok = parse(&minimal("", "[pollers]\ncount = 256\narena = \"4MiB\"")).unwrap();
         assert_eq!((ok.pollers.count, ok.pollers.arena_bytes), (256, 4 << 20));
+    }
+
+    #[test]
+    fn limit_rules() {
+        for (limits, key, part) in [
+            ("connections = 0", "limits.connections", "at least 1"),
+            ("queue_buffer = \"512KiB\"", "limits.queue_buffer", "largest transfer"),
+            ("queue_buffer = \"128MiB\"", "limits.queue_buffer", "pollers.arena"),
+            ("discovery_buffer = \"4KiB\"", "limits.discovery_buffer", "256KiB"),
+            (
+                "queue_buffer = \"8MiB\"\nassociation_buffer = \"4MiB\"",
+                "limits.association_buffer",
+                "queue_buffer",
+            ),
+            ("send_timeout = \"10ms\"", "limits.send_timeout", "100ms"),
+            ("data_timeout = -1", "limits.data_timeout", "negative"),
+            ("enable_timeout = \"3 fortnights\"", "limits.enable_timeout", "unit"),
+        ] {
+            assert_invalid(&minimal("", &format!("[limits]\n{limits}")), key, part);
+        }
+        let ok = parse(&minimal(
+            "",
+            "[limits]\nsend_timeout = \"1500ms\"\ndata_timeout = 7\nconnections = 3",
+        ))
+        .unwrap();
+        assert_eq!(ok.limits.send_timeout, Duration::from_millis(1500));
+        assert_eq!(ok.limits.data_timeout, Duration::from_secs(7));
+        assert_eq!(ok.limits.connections, 3);
+        assert_eq!(ok.limits.queue_buffer, Limits::default().queue_buffer);
+        assert_syntax(&minimal("", "[limits]\nconections = 3"), "conections");
     }
 
     // --- TOML-level errors ---

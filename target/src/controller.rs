@@ -118,6 +118,10 @@ pub struct Controller {
     last_keep_alive: AtomicU64,
     epoch: Instant,
     dead: AtomicBool,
+    /// Bumped (under the state lock) by each controller reset or shutdown:
+    /// I/O queues connected under an older generation are deleted. Read
+    /// without the lock on every I/O command.
+    generation: AtomicU32,
     state: Mutex<State>,
 }
 
@@ -127,9 +131,6 @@ struct State {
     /// Since when the controller waits for CC.EN = 1 (after its Connect or a
     /// reset); `None` while enabled.
     disabled_since: Option<Instant>,
-    /// Bumped by each controller reset or shutdown: I/O queues connected
-    /// under an older generation are deleted.
-    generation: u32,
     /// I/O queues granted (Set Features Number of Queues).
     io_queues: u16,
     /// Which I/O queue ids are connected.
@@ -306,11 +307,11 @@ pub fn connect(
             last_keep_alive: AtomicU64::new(0),
             epoch: now,
             dead: AtomicBool::new(false),
+            generation: AtomicU32::new(0),
             state: Mutex::new(State {
                 cc: 0,
                 csts: 0,
                 disabled_since: Some(now),
-                generation: 0,
                 io_queues: 0,
                 connected: Vec::new(),
                 acre: false,
@@ -399,7 +400,7 @@ pub fn connect(
             ));
         }
         st.connected[qid] = true;
-        st.generation
+        ctrl.generation()
     };
     let queue = match admit_queue(&registry.admission.limits, registry.admission.queue()) {
         Ok(q) => q,
@@ -446,7 +447,7 @@ impl Controller {
     /// connect it again (a reset already did for older generations).
     pub fn release_queue(&self, qid: u16, generation: u32) {
         let mut st = self.state.lock().expect("controller state");
-        if st.generation != generation {
+        if self.generation() != generation {
             return;
         }
         if let Some(c) = st.connected.get_mut(qid as usize) {
@@ -461,7 +462,7 @@ impl Controller {
     }
 
     fn generation(&self) -> u32 {
-        self.state.lock().expect("controller state").generation
+        self.generation.load(Ordering::Acquire)
     }
 
     /// Whether the controller has waited for CC.EN = 1 longer than `limit`.
@@ -582,7 +583,7 @@ impl Controller {
             // are deleted and their commands aborted (NVMe Base 2.0, 3.7.2;
             // NVMe over Fabrics 1.1, 3.5); the admin queue stays, and the
             // host has `enable_timeout` to enable the controller again.
-            st.generation = st.generation.wrapping_add(1);
+            self.generation.fetch_add(1, Ordering::AcqRel);
             st.connected.iter_mut().for_each(|c| *c = false);
             st.csts &= !property::CSTS_RDY;
             st.disabled_since = Some(Instant::now());
