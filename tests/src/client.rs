@@ -41,6 +41,10 @@ pub struct Completion {
     pub cqe: Cqe,
     /// Data the controller sent (C2HData), `data_in_len` bytes.
     pub data: Vec<u8>,
+    /// The command completed with a C2HData PDU flagged SUCCESS (NVMe/TCP
+    /// 1.0, 3.6.2.9) rather than a CapsuleResp; `cqe` is then synthesized
+    /// (success, SQHD 0).
+    pub success_in_data: bool,
 }
 
 impl Completion {
@@ -257,7 +261,9 @@ impl Queue {
         Ok((header, data))
     }
 
-    fn recv_pdu_flags(&mut self) -> io::Result<(Header, u8, Vec<u8>)> {
+    /// [`Queue::recv_pdu`] with the PDU's FLAGS byte (e.g. C2HData's
+    /// LAST_PDU and SUCCESS).
+    pub fn recv_pdu_flags(&mut self) -> io::Result<(Header, u8, Vec<u8>)> {
         let mut buf = vec![0u8; CH_LEN];
         self.read_exact(&mut buf, "a PDU header")?;
         let plen = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
@@ -394,6 +400,56 @@ impl Queue {
         Ok(cid)
     }
 
+    /// Sends `sqe` exactly as given (its data pointer, PSDT and FUSE bits
+    /// untouched; only the CID is assigned), with `in_capsule` as the
+    /// capsule's data, and tracks it like [`Queue::submit`]: `data_in_len`
+    /// bytes of C2HData are accepted for it. For tests of malformed
+    /// commands; the caller makes the SGL describe what it wants.
+    pub fn submit_as_is(
+        &mut self,
+        mut sqe: Sqe,
+        in_capsule: &[u8],
+        data_in_len: u32,
+    ) -> io::Result<u16> {
+        let cid = self.alloc_cid();
+        sqe.set_cid(cid);
+        let pdu = encode(
+            &Header::CapsuleCmd(sqe),
+            0,
+            in_capsule,
+            self.digests,
+            self.data_align,
+        );
+        self.pending.insert(
+            cid,
+            Pending {
+                data_out: None,
+                r2t_end: 0,
+                data_in: vec![0; data_in_len as usize],
+                received: 0,
+            },
+        );
+        if let Err(e) = self.send_raw(&pdu) {
+            self.pending.remove(&cid);
+            return Err(io::Error::new(
+                e.kind(),
+                format!("sending the capsule of cid {cid}: {e}"),
+            ));
+        }
+        Ok(cid)
+    }
+
+    /// [`Queue::submit_as_is`] and wait; the caller checks the status.
+    pub fn exec_as_is(
+        &mut self,
+        sqe: Sqe,
+        in_capsule: &[u8],
+        data_in_len: u32,
+    ) -> io::Result<Completion> {
+        let cid = self.submit_as_is(sqe, in_capsule, data_in_len)?;
+        self.wait(cid)
+    }
+
     /// Waits for command `cid`, serving R2Ts and data for every command meanwhile.
     pub fn wait(&mut self, cid: u16) -> io::Result<Completion> {
         loop {
@@ -462,6 +518,7 @@ impl Queue {
                     cid: cqe.cid,
                     cqe,
                     data: p.data_in,
+                    success_in_data: false,
                 });
             }
             Header::C2HData(t) => self.on_c2h(t, fl, &data)?,
@@ -525,6 +582,7 @@ impl Queue {
                 cid: t.cccid,
                 cqe: Cqe::new(t.cccid, Status::SUCCESS),
                 data: p.data_in,
+                success_in_data: true,
             });
         }
         Ok(())
@@ -607,11 +665,30 @@ impl Queue {
         hostid: [u8; 16],
         cntlid: u16,
     ) -> io::Result<Cqe> {
+        Ok(self
+            .fabrics_connect_full(qid, sqsize, kato_ms, 0, subnqn, hostnqn, hostid, cntlid)?
+            .cqe)
+    }
+
+    /// Fabrics Connect with Connect Attributes `cattr` (bit 2: disable SQ
+    /// flow control); the whole completion, for the caller to inspect.
+    #[allow(clippy::too_many_arguments)]
+    pub fn fabrics_connect_full(
+        &mut self,
+        qid: u16,
+        sqsize: u16,
+        kato_ms: u32,
+        cattr: u8,
+        subnqn: &str,
+        hostnqn: &str,
+        hostid: [u8; 16],
+        cntlid: u16,
+    ) -> io::Result<Completion> {
         let cmd = ConnectCmd {
             recfmt: 0,
             qid,
             sqsize,
-            cattr: 0,
+            cattr,
             kato: kato_ms,
         };
         let data = ConnectData {
@@ -622,7 +699,7 @@ impl Queue {
         }
         .encode();
         let sqe = cmd.to_sqe(0, &Sgl::Null);
-        Ok(self.exec(sqe, Some(&data), 0)?.cqe)
+        self.exec(sqe, Some(&data), 0)
     }
 
     /// Property Get: 8 bytes when `wide`, else 4.
@@ -670,6 +747,14 @@ impl Queue {
 
     /// Get Log Page: `len` bytes (a multiple of 4) of log `lid` from `offset`.
     pub fn get_log(&mut self, lid: u8, len: u32, offset: u64) -> io::Result<Vec<u8>> {
+        let sqe = Queue::get_log_sqe(lid, len, offset);
+        let what = format!("Get Log Page {lid:#04x} ({len} bytes at {offset})");
+        Ok(self.exec_ok(&what, sqe, None, len)?.data)
+    }
+
+    /// The Get Log Page command for `len` bytes of log `lid` from `offset`,
+    /// for callers that check the status.
+    pub fn get_log_sqe(lid: u8, len: u32, offset: u64) -> Sqe {
         let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 0);
         // As libnvme does: the discovery log names no namespace, the others
         // ask for the controller-wide page.
@@ -681,8 +766,7 @@ impl Queue {
             offset,
         }
         .to_sqe(&mut sqe);
-        let what = format!("Get Log Page {lid:#04x} ({len} bytes at {offset})");
-        Ok(self.exec_ok(&what, sqe, None, len)?.data)
+        sqe
     }
 
     /// Set Features; returns CQE dword 0.
@@ -817,6 +901,9 @@ pub struct Opts {
     pub auto_keep_alive: bool,
     pub digests: Digests,
     pub hostid: [u8; 16],
+    /// Connect Attributes of every queue's Connect (bit 2 disables SQ
+    /// flow control, as `nvme connect --disable-sqflow` does).
+    pub cattr: u8,
 }
 
 impl Default for Opts {
@@ -828,6 +915,7 @@ impl Default for Opts {
             auto_keep_alive: true,
             digests: Digests::default(),
             hostid: *b"rdmablk-test-hid",
+            cattr: 0,
         }
     }
 }
@@ -892,8 +980,18 @@ impl Controller {
         opts: &Opts,
     ) -> io::Result<Controller> {
         let mut admin = Queue::connect(addr, opts.digests)?;
-        let cqe =
-            admin.fabrics_connect(0, 31, opts.kato_ms, subnqn, hostnqn, opts.hostid, 0xffff)?;
+        let cqe = admin
+            .fabrics_connect_full(
+                0,
+                31,
+                opts.kato_ms,
+                opts.cattr,
+                subnqn,
+                hostnqn,
+                opts.hostid,
+                0xffff,
+            )?
+            .cqe;
         if !cqe.status().is_success() {
             return Err(other(format!(
                 "admin Connect to {subnqn} as {hostnqn} failed: {} (dw0 {:#x})",
@@ -940,8 +1038,18 @@ impl Controller {
             .min(DEFAULT_IN_CAPSULE);
         for qid in 1..=opts.io_queues {
             let mut q = Queue::connect(addr, opts.digests)?;
-            let cqe =
-                q.fabrics_connect(qid, opts.sqsize, 0, subnqn, hostnqn, opts.hostid, cntlid)?;
+            let cqe = q
+                .fabrics_connect_full(
+                    qid,
+                    opts.sqsize,
+                    0,
+                    opts.cattr,
+                    subnqn,
+                    hostnqn,
+                    opts.hostid,
+                    cntlid,
+                )?
+                .cqe;
             if !cqe.status().is_success() {
                 return Err(other(format!(
                     "I/O queue {qid} Connect (cntlid {cntlid}) failed: {} (dw0 {:#x})",

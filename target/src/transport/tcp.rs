@@ -851,7 +851,7 @@ impl TcpConn {
         };
         let mut success_in_data = false;
         if cmd.to_host && status.is_success() && cmd.len > 0 {
-            // NVMe/TCP 1.0, 3.6.2.10 / 7.4.6.2: without SQ flow control, a
+            // NVMe/TCP 1.0, 3.3.2.1 and 3.6.2.9: without SQ flow control, a
             // read whose completion has nothing to say ends with its last
             // C2HData PDU (SUCCESS) and no response capsule.
             success_in_data = self
