@@ -326,6 +326,7 @@ pub fn connect(
             subsystem = %subsys.nqn,
             host = %ctrl.hostnqn,
             kato_ms = kato,
+            sq_flow_control = cmd.cattr & CATTR_DISABLE_SQ_FLOW == 0,
             "controller created"
         );
         return Ok(Association {

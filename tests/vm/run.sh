@@ -36,7 +36,7 @@ for s in "${scenarios[@]}"; do
   [ -f "$here/scenarios/$s.sh" ] || die "no scenario $s (see tests/vm/scenarios/)"
 done
 
-for b in rdmablk-target rdmablk blkload; do
+for b in rdmablk-target rdmablk blkload rdma_stall hold_queues; do
   [ -x "$repo/build/release/$b" ] || die "build/release/$b missing: run cargo build --release first"
 done
 
@@ -148,7 +148,7 @@ add_bin() { # source path, name in the guest
 
 add_bin "$(find_sr kmod)" kmod
 for a in modprobe insmod lsmod rmmod depmod modinfo; do ln -sf kmod "$ir/usr/bin/$a"; done
-for b in nvme nbd-client mke2fs ip rdma ib_write_bw ib_read_bw; do add_bin "$(find_sr $b)" "$b"; done
+for b in nvme nbd-client mke2fs ip ss rdma ib_write_bw ib_read_bw; do add_bin "$(find_sr $b)" "$b"; done
 # libibverbs dlopen()s its providers: rxe (soft-RoCE) and siw (soft-iWARP).
 mkdir -p "$ir/usr/lib/x86_64-linux-gnu/libibverbs" "$ir/etc/libibverbs.d"
 for prov in rxe siw; do
@@ -158,7 +158,7 @@ for prov in rxe siw; do
   done
   cp "$sr/etc/libibverbs.d/$prov.driver" "$ir/etc/libibverbs.d/"
 done
-for b in rdmablk-target rdmablk blkload; do
+for b in rdmablk-target rdmablk blkload rdma_stall hold_queues; do
   add_bin "$repo/build/release/$b" "$b"
   strip --strip-debug "$ir/usr/bin/$b" 2>/dev/null || true
 done
@@ -179,9 +179,11 @@ copy_lib_gcc=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/libgcc_s.so.1 2>/dev/null | 
 
 # Kernel modules with their dependencies; depmod so modprobe works.
 # rdma_rxe needs the crc32 shash (crc32_generic); siw is not built in Debian's
-# 6.12 (CONFIG_RDMA_SIW unset) and is skipped there.
+# 6.12 (CONFIG_RDMA_SIW unset) and is skipped there. tcp_diag lets ss -K cut
+# TCP connections (CONFIG_INET_DIAG_DESTROY).
 want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net virtio_blk
-  rdma_rxe siw rdma_ucm ib_uverbs ib_umad nvme-rdma nvmet-rdma crc32_generic ublk_drv"
+  rdma_rxe siw rdma_ucm ib_uverbs ib_umad nvme-rdma nvmet-rdma crc32_generic ublk_drv
+  tcp_diag"
 declare -A have=()
 queue=()
 for m in $want; do

@@ -1,6 +1,7 @@
-# Linux NVMe/TCP host -> rdmablk-target: discover, connect (plain and with
-# digests), block device of the right size, O_DIRECT write/read-back, ext4,
-# disconnect; the daemon stays healthy and exits 0.
+# Linux NVMe/TCP host -> rdmablk-target: discover, connect (plain, with
+# digests, and with SQ flow control disabled: reads then end with a C2HData
+# carrying SUCCESS), block device of the right size, O_DIRECT
+# write/read-back, ext4, disconnect; the daemon stays healthy and exits 0.
 . /scenarios/lib.sh
 /usr/bin/modprobe nvme-tcp || fail "modprobe nvme-tcp"
 NQN=nqn.2026-11.io.rdmablk:vm-kernel-host
@@ -9,8 +10,10 @@ start_target /tmp/target.log --listen tcp://127.0.0.1:4420 --file /tmp/disk.img 
 /usr/bin/nvme discover -t tcp -a 127.0.0.1 -s 4420 > /tmp/discover.log 2>&1 || fail "nvme discover"
 grep -q "subnqn:  $NQN" /tmp/discover.log || fail "discovery log does not list $NQN"
 say "nvme discover lists $NQN"
-for mode in plain digests; do
-  extra=""; [ $mode = digests ] && extra="-g -G"
+grep -qi "treq:.*sq flow control disable supported" /tmp/discover.log ||
+  fail "discovery entry does not say SQ flow control disable is supported: $(grep treq /tmp/discover.log)"
+for mode in plain digests sqflow; do
+  extra=""; [ $mode = digests ] && extra="-g -G"; [ $mode = sqflow ] && extra="--disable-sqflow"
   /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN $extra || fail "nvme connect ($mode)"
   wait_for 20 nvme_blk $NQN || fail "no block device for $NQN ($mode)"
   dev=$(nvme_blk $NQN)
@@ -19,6 +22,9 @@ for mode in plain digests; do
   say "$mode: $dev, $size bytes"
   verify_blockdev "$dev" 16
   verify_ext4 "$dev"
+  if [ $mode = sqflow ]; then
+    grep -q "sq_flow_control=false" /tmp/target.log || fail "the kernel did not disable SQ flow control"
+  fi
   /usr/bin/nvme disconnect -n $NQN || fail "nvme disconnect ($mode)"
   wait_for 10 sh -c "! ls /dev/$(basename $dev)" || fail "$dev still present after disconnect"
 done

@@ -1,0 +1,131 @@
+//! hold_queues: takes connected-queue places of an NVMe/TCP target and
+//! holds them, for the VM suite's Controller Busy scenario.
+//!
+//! It opens COUNT admin-only associations (Connect, CC.EN; no I/O queue),
+//! each under its own host NQN (PREFIX-1, PREFIX-2, ...) so that
+//! limits.associations_per_host does not get in the way, and keeps them
+//! alive with Keep Alive every KATO/2 until killed. A Connect answered
+//! Controller Busy is retried every --retry (the places of other hosts may
+//! come free); one answered Controller Busy with DNR set is an error, as is
+//! any other failure.
+//!
+//! hold_queues ADDR:PORT SUBNQN [--count 1] [--retry 20ms] [--kato 5s]
+//!     [--hostnqn-prefix nqn.2026-11.io.rdmablk:hold]
+//!
+//! Prints `busy: ...` at the first Controller Busy, `held I/COUNT` as each
+//! association is made, and `holding COUNT` once all are.
+
+use rdmablk_common::nvme::{dnr_of, property, Status};
+use rdmablk_common::tcp::Digests;
+use rdmablk_common::units::parse_duration;
+use rdmablk_tests::client::Queue;
+use std::io::Write;
+use std::net::SocketAddr;
+use std::time::{Duration, Instant};
+
+const HOSTID: [u8; 16] = *b"hold_queues-hsid";
+
+fn main() {
+    if let Err(e) = run() {
+        eprintln!("hold_queues: {e}");
+        std::process::exit(1);
+    }
+}
+
+fn say(s: String) {
+    println!("{s}");
+    let _ = std::io::stdout().flush();
+}
+
+fn run() -> Result<(), String> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: hold_queues ADDR:PORT SUBNQN [--count N] [--retry 20ms] [--kato 5s] \
+                 [--hostnqn-prefix NQN]";
+    let (Some(addr), Some(subnqn)) = (args.first(), args.get(1)) else {
+        return Err(usage.into());
+    };
+    let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
+    let opt = |name: &str, default: &str| -> String {
+        args.iter()
+            .position(|a| a == name)
+            .and_then(|i| args.get(i + 1))
+            .cloned()
+            .unwrap_or_else(|| default.into())
+    };
+    let count: usize = opt("--count", "1")
+        .parse()
+        .map_err(|_| "--count: a number")?;
+    let retry = parse_duration(&opt("--retry", "20ms")).map_err(|e| e.to_string())?;
+    let kato = parse_duration(&opt("--kato", "5s")).map_err(|e| e.to_string())?;
+    let prefix = opt("--hostnqn-prefix", "nqn.2026-11.io.rdmablk:hold");
+    let kato_ms = kato.as_millis() as u32;
+
+    let mut held: Vec<Queue> = Vec::new();
+    let mut busy_seen = 0u64;
+    let mut last_keep_alive = Instant::now();
+    loop {
+        if held.len() < count {
+            let hostnqn = format!("{prefix}-{}", held.len() + 1);
+            match associate(addr, subnqn, &hostnqn, kato_ms)? {
+                Some(q) => {
+                    held.push(q);
+                    say(format!("held {}/{count} ({hostnqn})", held.len()));
+                    if held.len() == count {
+                        say(format!(
+                            "holding {count} (Controller Busy answers before: {busy_seen})"
+                        ));
+                    }
+                }
+                None => {
+                    if busy_seen == 0 {
+                        say(format!(
+                            "busy: Connect answered Controller Busy with DNR clear, \
+                             retrying every {retry:?}"
+                        ));
+                    }
+                    busy_seen += 1;
+                    std::thread::sleep(retry);
+                }
+            }
+        } else {
+            std::thread::sleep(Duration::from_millis(100));
+        }
+        if kato_ms > 0 && last_keep_alive.elapsed() >= kato / 2 {
+            for (i, q) in held.iter_mut().enumerate() {
+                q.keep_alive()
+                    .map_err(|e| format!("Keep Alive of association {}: {e}", i + 1))?;
+            }
+            last_keep_alive = Instant::now();
+        }
+    }
+}
+
+/// An enabled admin-only association, or `None` for Controller Busy.
+fn associate(
+    addr: SocketAddr,
+    subnqn: &str,
+    hostnqn: &str,
+    kato_ms: u32,
+) -> Result<Option<Queue>, String> {
+    let mut q = Queue::connect(addr, Digests::default())
+        .map_err(|e| format!("connecting to {addr}: {e}"))?;
+    let cqe = q
+        .fabrics_connect(0, 31, kato_ms, subnqn, hostnqn, HOSTID, 0xffff)
+        .map_err(|e| format!("admin Connect: {e}"))?;
+    let st = cqe.status();
+    if st == Status::CONTROLLER_BUSY {
+        if dnr_of(cqe.status) {
+            return Err("Controller Busy with DNR set: a host would not retry".into());
+        }
+        return Ok(None);
+    }
+    if !st.is_success() {
+        return Err(format!(
+            "admin Connect as {hostnqn} failed: {st} (dw0 {:#x})",
+            cqe.dw0
+        ));
+    }
+    q.prop_set(property::CC, property::CC_EN | 6 << 16 | 4 << 20)
+        .map_err(|e| format!("Property Set CC.EN: {e}"))?;
+    Ok(Some(q))
+}
