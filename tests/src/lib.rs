@@ -118,6 +118,17 @@ pub fn fd_count(pid: u32) -> usize {
         .count()
 }
 
+/// Resident set size (VmRSS) of process `pid`, in KiB.
+pub fn vm_rss_kib(pid: u32) -> u64 {
+    let status = fs::read_to_string(format!("/proc/{pid}/status"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/status: {e}"));
+    status
+        .lines()
+        .find_map(|l| l.strip_prefix("VmRSS:"))
+        .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
+}
+
 /// The last `max` bytes of a file, lossily decoded, starting at a line.
 fn file_tail(path: &Path, max: usize) -> String {
     let Ok(mut f) = fs::File::open(path) else {
@@ -199,13 +210,23 @@ impl Target {
     /// which `{port}` is replaced by a free loopback port. The file is kept
     /// in the daemon's temporary directory.
     pub fn start_config(toml_text: &str) -> Target {
+        Target::start_config_with(toml_text, &[], None)
+    }
+
+    /// Like [`Target::start_config`], with `extra_args` after `--config FILE`
+    /// (e.g. `--stats PATH`) and, when `cpus` is given (a `taskset -c` list
+    /// such as `"0"`), the daemon and all its threads pinned to those CPUs.
+    /// `taskset` execs the daemon, so [`Target::pid`] is the daemon's.
+    pub fn start_config_with(toml_text: &str, extra_args: &[&str], cpus: Option<&str>) -> Target {
         Target::with_free_port(|port| {
             let dir = TempDir::new("target");
             let path = dir.join("target.toml");
             fs::write(&path, toml_text.replace("{port}", &port.to_string()))
                 .expect("writing the config");
             let path = path.to_str().expect("UTF-8 temp path").to_string();
-            Target::spawn_in(dir, &["--config", &path], loopback(port))
+            let mut args = vec!["--config", path.as_str()];
+            args.extend_from_slice(extra_args);
+            Target::spawn_in(dir, &args, loopback(port), cpus)
         })
     }
 
@@ -224,18 +245,31 @@ impl Target {
     }
 
     fn spawn(args: &[&str], addr: SocketAddr) -> Result<Target, String> {
-        Target::spawn_in(TempDir::new("target"), args, addr)
+        Target::spawn_in(TempDir::new("target"), args, addr, None)
     }
 
-    /// Spawns the daemon with its log in `dir` and waits until `addr` accepts.
-    /// Err (with the log tail) if it exits first, so a lost port race can retry.
-    fn spawn_in(dir: TempDir, args: &[&str], addr: SocketAddr) -> Result<Target, String> {
+    /// Spawns the daemon (through `taskset -c CPUS` when `cpus` is given)
+    /// with its log in `dir` and waits until `addr` accepts. Err (with the
+    /// log tail) if it exits first, so a lost port race can retry.
+    fn spawn_in(
+        dir: TempDir,
+        args: &[&str],
+        addr: SocketAddr,
+        cpus: Option<&str>,
+    ) -> Result<Target, String> {
         let bin = bin_path("rdmablk-target");
         let log_path = dir.join("target.log");
         let log = fs::File::create(&log_path).expect("creating the log file");
         let notify_path = dir.join("notify.sock");
         let notify = UnixDatagram::bind(&notify_path).expect("binding the notify socket");
-        let mut cmd = Command::new(&bin);
+        let mut cmd = match cpus {
+            Some(cpus) => {
+                let mut c = Command::new("taskset");
+                c.args(["-c", cpus]).arg(&bin);
+                c
+            }
+            None => Command::new(&bin),
+        };
         cmd.env("NOTIFY_SOCKET", &notify_path)
             .args(args)
             .stdin(Stdio::null())

@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# Compares two rdmablk-target binaries (e.g. before and after a change) with
+# `rdmablk bench` over NVMe/TCP on loopback, as users would measure it: the
+# target pinned to core 0 with one poller, the bench pinned to core 1, rounds
+# interleaved between the two, medians reported, and the target's CPU time
+# per I/O (steadier than IOPS on a shared machine).
+#
+#   bench/targets.sh OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]   (default 5 rounds of 5 s)
+#
+# Loads: 4 KiB random read at QD 32, 128 KiB sequential read at QD 8, on a
+# 512 MiB memory namespace. Prints one line per load with the ratio new/old.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+old=${1:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
+new=${2:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
+rounds=${3:-5}
+secs=${4:-5}
+host=build/release/rdmablk
+[ -x "$host" ] || cargo build --release --quiet -p rdmablk
+nqn=nqn.2026-11.io.rdmablk:targets
+work=$(mktemp -d /tmp/rdmablk-targets.XXXXXX)
+tpid=""
+cleanup() { [ -n "$tpid" ] && kill "$tpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
+trap cleanup EXIT
+
+# One measurement: prints "IOPS CPU_US_PER_IO".
+measure() { # binary rw bs qd
+  local port
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  taskset -c 0 "$1" --listen tcp://127.0.0.1:$port --memory 512MiB --nqn $nqn --pollers 1 \
+    2> "$work/target.log" &
+  tpid=$!
+  for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
+  local ticks0 ticks1 out
+  ticks0=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  out=$(taskset -c 1 "$host" bench -t tcp -a 127.0.0.1 -s $port -n $nqn \
+    --rw "$2" --bs "$3" --qd "$4" --runtime "${secs}s" --json 2>/dev/null)
+  ticks1=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
+  python3 -c '
+import json, os, sys
+r = json.loads(sys.argv[1]); hz = os.sysconf("SC_CLK_TCK")
+ios = r["read"]["ios"] + r["write"]["ios"]
+print(r["iops"], (int(sys.argv[3]) - int(sys.argv[2])) / hz * 1e6 / max(ios, 1))
+' "$out" "$ticks0" "$ticks1"
+}
+
+for load in "randread 4k 32" "read 128k 8"; do
+  set -- $load
+  : > "$work/old"; : > "$work/new"
+  for _ in $(seq "$rounds"); do
+    measure "$old" "$1" "$2" "$3" >> "$work/old"
+    measure "$new" "$1" "$2" "$3" >> "$work/new"
+  done
+  python3 - "$work/old" "$work/new" "$1 $2 QD$3" <<'EOF'
+import statistics, sys
+def load(p):
+    rows = [tuple(map(float, l.split())) for l in open(p) if l.strip()]
+    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+(oi, oc), (ni, nc) = load(sys.argv[1]), load(sys.argv[2])
+print(f"{sys.argv[3]:>16}: old {oi:,.0f} IOPS {oc:.2f} us CPU/IO | new {ni:,.0f} IOPS {nc:.2f} us CPU/IO"
+      f" | new/old IOPS {ni/oi:.3f}x, CPU/IO {nc/oc:.3f}x")
+EOF
+done
