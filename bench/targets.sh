@@ -7,8 +7,9 @@
 #
 #   bench/targets.sh OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]   (default 5 rounds of 5 s)
 #
-# Loads: 4 KiB random read at QD 32, 128 KiB sequential read at QD 8, on a
-# 512 MiB memory namespace. Prints one line per load with the ratio new/old.
+# Loads: 4 KiB random read and write at QD 32, 128 KiB sequential read at QD 8, on a
+# 512 MiB memory namespace (LOADS="read 128k 8,randwrite 4k 32" picks others).
+# Prints one line per load with the ratio new/old.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 old=${1:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
@@ -45,7 +46,8 @@ print(r["iops"], (int(sys.argv[3]) - int(sys.argv[2])) / hz * 1e6 / max(ios, 1))
 ' "$out" "$ticks0" "$ticks1"
 }
 
-for load in "randread 4k 32" "read 128k 8"; do
+IFS=, read -ra loads <<< "${LOADS:-randread 4k 32,randwrite 4k 32,read 128k 8}"
+for load in "${loads[@]}"; do
   set -- $load
   : > "$work/old"; : > "$work/new"
   for _ in $(seq "$rounds"); do

@@ -169,7 +169,11 @@ mod tests {
         let big = q2.alloc(256 << 10, &mut arena, &mut pool).unwrap();
         // The discovery pool (512 KiB) has 252 KiB left: no room for 256 KiB.
         assert!(q1.alloc(256 << 10, &mut arena, &mut pool).is_none());
-        assert_eq!(assoc.get(), 4096 + (256 << 10), "a refused alloc takes nothing");
+        assert_eq!(
+            assoc.get(),
+            4096 + (256 << 10),
+            "a refused alloc takes nothing"
+        );
         q2.free(big, &mut arena, &mut pool);
         q1.free(connect, &mut arena, &mut pool);
         assert_eq!(assoc.get(), 0);

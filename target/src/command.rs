@@ -6,8 +6,8 @@
 use crate::backend::{Access, FixedBuf};
 use crate::budget::{DiscoveryPool, Ledger};
 use crate::controller::{
-    self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen,
-    TransportCaps, MAX_AERS, MAX_TRANSFER,
+    self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
+    MAX_AERS, MAX_TRANSFER,
 };
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
@@ -200,7 +200,12 @@ impl Command {
             Err(r) if r.status == Status::CONTROLLER_BUSY => {
                 // A limit: hosts retry, so say it at most once a second.
                 if let Some(more) = registry.admission.refusals.allow() {
-                    tracing::warn!(peer, suppressed = more, "Connect refused with Controller Busy (the host may retry): {}", r.reason);
+                    tracing::warn!(
+                        peer,
+                        suppressed = more,
+                        "Connect refused with Controller Busy (the host may retry): {}",
+                        r.reason
+                    );
                 }
                 self.status = r.status;
                 self.dw0 = r.dw0;
@@ -227,7 +232,11 @@ impl Command {
             Work::Connect => unreachable!("Connect runs through Command::connect"),
             Work::Fabrics => assoc.ctrl.fabrics(&self.sqe, assoc.qid),
             Work::Admin => {
-                let data = if self.to_host { &[][..] } else { self.data(arena) };
+                let data = if self.to_host {
+                    &[][..]
+                } else {
+                    self.data(arena)
+                };
                 assoc.ctrl.admin(&self.sqe, data)
             }
             Work::Io(_) => return self.start_io(arena),

@@ -717,10 +717,12 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
     let d = Limits::default();
     let count = |key: &str, v: Option<i64>, default: usize| match v {
         None => Ok(default),
-        Some(n) => usize::try_from(n)
-            .ok()
-            .filter(|&n| n > 0)
-            .ok_or_else(|| invalid(format!("limits.{key}"), format!("{n}: give a count of at least 1"))),
+        Some(n) => usize::try_from(n).ok().filter(|&n| n > 0).ok_or_else(|| {
+            invalid(
+                format!("limits.{key}"),
+                format!("{n}: give a count of at least 1"),
+            )
+        }),
     };
     let size = |key: &str, v: &Option<RawSize>, default: u64| match v {
         None => Ok(default),
@@ -738,7 +740,10 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
             }
         };
         if t < Duration::from_millis(100) {
-            return Err(invalid(&key, "use at least 100ms (deadlines are checked every 100 ms)"));
+            return Err(invalid(
+                &key,
+                "use at least 100ms (deadlines are checked every 100 ms)",
+            ));
         }
         Ok(t)
     };
@@ -760,8 +765,16 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
             &raw.association_buffer,
             d.association_buffer,
         )?,
-        discovery_buffer: size("discovery_buffer", &raw.discovery_buffer, d.discovery_buffer)?,
-        handshake_timeout: time("handshake_timeout", &raw.handshake_timeout, d.handshake_timeout)?,
+        discovery_buffer: size(
+            "discovery_buffer",
+            &raw.discovery_buffer,
+            d.discovery_buffer,
+        )?,
+        handshake_timeout: time(
+            "handshake_timeout",
+            &raw.handshake_timeout,
+            d.handshake_timeout,
+        )?,
         enable_timeout: time("enable_timeout", &raw.enable_timeout, d.enable_timeout)?,
         data_timeout: time("data_timeout", &raw.data_timeout, d.data_timeout)?,
         send_timeout: time("send_timeout", &raw.send_timeout, d.send_timeout)?,
@@ -999,8 +1012,18 @@ fn validate_limits(l: &Limits, arena: u64) -> Result<(), ConfigError> {
         }
         Ok(())
     };
-    fits("queue_buffer", l.queue_buffer, MIN_QUEUE_BUFFER, "one command of the largest transfer")?;
-    fits("discovery_buffer", l.discovery_buffer, MIN_DISCOVERY_BUFFER, "one discovery log read")?;
+    fits(
+        "queue_buffer",
+        l.queue_buffer,
+        MIN_QUEUE_BUFFER,
+        "one command of the largest transfer",
+    )?;
+    fits(
+        "discovery_buffer",
+        l.discovery_buffer,
+        MIN_DISCOVERY_BUFFER,
+        "one discovery log read",
+    )?;
     if l.association_buffer < l.queue_buffer {
         return Err(invalid(
             "limits.association_buffer",
@@ -1327,7 +1350,11 @@ mod tests {
         );
         assert_eq!(config.pollers.arena_bytes, 64 << 20);
         assert!(!config.pollers.busy_poll);
-        assert_eq!(config.limits, Limits::default(), "the example shows the defaults");
+        assert_eq!(
+            config.limits,
+            Limits::default(),
+            "the example shows the defaults"
+        );
         assert_eq!(config.subsystems.len(), 2);
 
         let disk = &config.subsystems[0];
@@ -1753,9 +1780,21 @@ mod tests {
     fn limit_rules() {
         for (limits, key, part) in [
             ("connections = 0", "limits.connections", "at least 1"),
-            ("queue_buffer = \"512KiB\"", "limits.queue_buffer", "largest transfer"),
-            ("queue_buffer = \"128MiB\"", "limits.queue_buffer", "pollers.arena"),
-            ("discovery_buffer = \"4KiB\"", "limits.discovery_buffer", "256KiB"),
+            (
+                "queue_buffer = \"512KiB\"",
+                "limits.queue_buffer",
+                "largest transfer",
+            ),
+            (
+                "queue_buffer = \"128MiB\"",
+                "limits.queue_buffer",
+                "pollers.arena",
+            ),
+            (
+                "discovery_buffer = \"4KiB\"",
+                "limits.discovery_buffer",
+                "256KiB",
+            ),
             (
                 "queue_buffer = \"8MiB\"\nassociation_buffer = \"4MiB\"",
                 "limits.association_buffer",
@@ -1763,7 +1802,11 @@ mod tests {
             ),
             ("send_timeout = \"10ms\"", "limits.send_timeout", "100ms"),
             ("data_timeout = -1", "limits.data_timeout", "negative"),
-            ("enable_timeout = \"3 fortnights\"", "limits.enable_timeout", "unit"),
+            (
+                "enable_timeout = \"3 fortnights\"",
+                "limits.enable_timeout",
+                "unit",
+            ),
         ] {
             assert_invalid(&minimal("", &format!("[limits]\n{limits}")), key, part);
         }

@@ -353,8 +353,6 @@ impl Queue {
         data_out: Option<&[u8]>,
         data_in_len: u32,
     ) -> io::Result<u16> {
-        let cid = self.alloc_cid();
-        sqe.set_cid(cid);
         let is_connect = sqe.opcode() == FABRICS_OPCODE && sqe.fctype() == fctype::CONNECT;
         let mut in_capsule: &[u8] = &[];
         let sgl = match data_out {
@@ -372,32 +370,10 @@ impl Queue {
             None => self.no_data_sgl,
         };
         sqe.set_sgl(&sgl);
-        let pdu = encode(
-            &Header::CapsuleCmd(sqe),
-            0,
-            in_capsule,
-            self.digests,
-            self.data_align,
-        );
-        self.pending.insert(
-            cid,
-            Pending {
-                data_out: data_out
-                    .filter(|_| in_capsule.is_empty())
-                    .map(<[u8]>::to_vec),
-                r2t_end: 0,
-                data_in: vec![0; data_in_len as usize],
-                received: 0,
-            },
-        );
-        if let Err(e) = self.send_raw(&pdu) {
-            self.pending.remove(&cid);
-            return Err(io::Error::new(
-                e.kind(),
-                format!("sending the capsule of cid {cid}: {e}"),
-            ));
-        }
-        Ok(cid)
+        let r2t_data = data_out
+            .filter(|_| in_capsule.is_empty())
+            .map(<[u8]>::to_vec);
+        self.send_tracked(sqe, in_capsule, r2t_data, data_in_len)
     }
 
     /// Sends `sqe` exactly as given (its data pointer, PSDT and FUSE bits
@@ -407,8 +383,21 @@ impl Queue {
     /// commands; the caller makes the SGL describe what it wants.
     pub fn submit_as_is(
         &mut self,
+        sqe: Sqe,
+        in_capsule: &[u8],
+        data_in_len: u32,
+    ) -> io::Result<u16> {
+        self.send_tracked(sqe, in_capsule, None, data_in_len)
+    }
+
+    /// Sends a capsule under a new CID and tracks the command: `data_out`
+    /// is sent when R2Ts ask for it, `data_in_len` bytes of C2HData are
+    /// accepted.
+    fn send_tracked(
+        &mut self,
         mut sqe: Sqe,
         in_capsule: &[u8],
+        data_out: Option<Vec<u8>>,
         data_in_len: u32,
     ) -> io::Result<u16> {
         let cid = self.alloc_cid();
@@ -423,7 +412,7 @@ impl Queue {
         self.pending.insert(
             cid,
             Pending {
-                data_out: None,
+                data_out,
                 r2t_end: 0,
                 data_in: vec![0; data_in_len as usize],
                 received: 0,

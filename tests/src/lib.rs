@@ -11,6 +11,7 @@
 //! when tests pass), `TMPDIR` (where they go; file namespaces use O_DIRECT,
 //! so it must not be a tmpfs that lacks it).
 
+pub mod check;
 pub mod client;
 
 use std::fs;
@@ -876,6 +877,29 @@ pub mod names {
     pub const PRIVATE_NQN: &str = "nqn.2026-11.io.rdmablk:private";
     pub const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:6c3e2f0a-2b1d-4c5e-9f8a-1a2b3c4d5e6f";
     pub const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f9e8d7c-6b5a-4c3d-8e2f-1a0b9c8d7e6f";
+}
+
+/// A configuration (for [`Target::start_config`]): the tables in `top`
+/// (such as `[pollers]` or `[limits]`), a loopback listener, and subsystem
+/// `nqn`, which any host may use, with one namespace whose keys are
+/// `namespace` (e.g. `backend = "memory"` and `size = "64MiB"`).
+pub fn open_subsystem_config(top: &str, nqn: &str, namespace: &str) -> String {
+    format!(
+        r#"
+{top}
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1:{{port}}"
+
+[[subsystem]]
+nqn = "{nqn}"
+allow_any_host = true
+
+  [[subsystem.namespace]]
+{namespace}
+"#
+    )
 }
 
 /// A configuration (for [`Target::start_config`]) with two subsystems: one

@@ -18,9 +18,10 @@ use rdmablk_common::fabrics::{ConnectCmd, ConnectData, DISCOVERY_NQN};
 use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::{dnr_of, feature, nvm, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{decode, encode, Digests, Header, CH_LEN};
+use rdmablk_tests::check::{settled_fd_count, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::open_subsystem_config;
 use rdmablk_tests::{fd_count, vm_rss_kib, Rng, Target, TempDir};
-use std::fmt::Display;
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::io::{AsRawFd, FromRawFd};
@@ -54,18 +55,6 @@ const STATS_PERIOD: Duration = Duration::from_secs(1);
 /// What the target may take beyond a deadline to act on it (its deadlines
 /// are checked every 100 ms) and the test to notice.
 const SLACK: Duration = Duration::from_secs(3);
-
-/// Unwraps with a message naming the step; the daemon's log tail follows
-/// when the `Target` drops during the panic.
-trait OrPanic<T> {
-    fn or_panic(self, what: impl Display) -> T;
-}
-
-impl<T> OrPanic<T> for io::Result<T> {
-    fn or_panic(self, what: impl Display) -> T {
-        self.unwrap_or_else(|e| panic!("{what}: {e}"))
-    }
-}
 
 // ---- the machine ----------------------------------------------------------
 
@@ -154,27 +143,10 @@ fn raise_open_files_limit() {
 /// host may use, `pollers` pollers, and `limits` (lines of the `[limits]`
 /// table).
 fn config(pollers: usize, limits: &str) -> String {
-    format!(
-        r#"
-[pollers]
-count = {pollers}
-arena = "64MiB"
-
-[limits]
-{limits}
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{SUBNQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "256MiB"
-"#
+    open_subsystem_config(
+        &format!("[pollers]\ncount = {pollers}\narena = \"64MiB\"\n\n[limits]\n{limits}"),
+        SUBNQN,
+        "backend = \"memory\"\nsize = \"256MiB\"",
     )
 }
 
@@ -1051,20 +1023,6 @@ fn flood_view(conns: &[FloodConn]) -> FloodView {
         }
     }
     v
-}
-
-/// The daemon's descriptor count once it stops changing (up to 2 s).
-fn settled_fd_count(pid: u32) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut last = fd_count(pid);
-    loop {
-        std::thread::sleep(Duration::from_millis(100));
-        let now = fd_count(pid);
-        if now == last || Instant::now() >= deadline {
-            return now;
-        }
-        last = now;
-    }
 }
 
 /// Thousands of connections that never Connect: the target keeps at most

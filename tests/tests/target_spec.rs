@@ -11,10 +11,13 @@ use rdmablk_common::nvme::{
     admin, crd_of, dnr_of, feature, nvm, property, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE,
 };
 use rdmablk_common::tcp::{encode, flags, Digests, Header, Transfer};
+use rdmablk_tests::check::{
+    assert_cqe_status, assert_same, assert_status, assert_zero, open, sct_sc, OrPanic,
+};
 use rdmablk_tests::client::{Completion, Controller, Opts, Queue};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
+use rdmablk_tests::open_subsystem_config;
 use rdmablk_tests::{two_subsystems_config, Rng, Target};
-use std::fmt::Display;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -31,64 +34,6 @@ const SHST_MASK: u32 = 3 << property::CSTS_SHST_SHIFT;
 const CATTR_DISABLE_SQ_FLOW: u8 = 1 << 2;
 /// Host Behavior Support data length.
 const HBS_LEN: usize = 512;
-
-/// Unwraps with a message naming the step; the daemon's log tail follows
-/// when the `Target` drops during the panic.
-trait OrPanic<T> {
-    fn or_panic(self, what: impl Display) -> T;
-}
-
-impl<T> OrPanic<T> for io::Result<T> {
-    fn or_panic(self, what: impl Display) -> T {
-        self.unwrap_or_else(|e| panic!("{what}: {e}"))
-    }
-}
-
-fn open(t: &Target, nqn: &str, host: &str, opts: &Opts) -> Controller {
-    Controller::open(t.addr(), nqn, host, opts).or_panic(format_args!("opening {nqn} as {host}"))
-}
-
-/// Status code type and code (DNR and CRD are checked separately).
-fn sct_sc(s: Status) -> (u8, u8) {
-    (s.sct, s.sc)
-}
-
-fn assert_status(c: &Completion, want: Status, what: &str) {
-    assert_eq!(
-        sct_sc(c.status()),
-        sct_sc(want),
-        "{what}: got {} (status field {:#06x}), want {want}",
-        c.status(),
-        c.cqe.status
-    );
-}
-
-fn assert_cqe_status(cqe: &Cqe, want: Status, what: &str) {
-    assert_eq!(
-        sct_sc(cqe.status()),
-        sct_sc(want),
-        "{what}: got {} (status field {:#06x}), want {want}",
-        cqe.status(),
-        cqe.status
-    );
-}
-
-/// Compares without dumping kilobytes: names the first differing byte.
-fn assert_same(got: &[u8], want: &[u8], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!(
-            "{what}: first difference at byte {i}: got {:#04x}, want {:#04x}",
-            got[i], want[i]
-        );
-    }
-}
-
-fn assert_zero(got: &[u8], what: &str) {
-    if let Some(i) = got.iter().position(|&b| b != 0) {
-        panic!("{what}: byte {i} is {:#04x}, want zero", got[i]);
-    }
-}
 
 /// Options for a host that sends no Keep Alive but has a KATO long enough
 /// for any test (the keep-alive thread would stop at the first failing
@@ -1200,23 +1145,10 @@ fn discovery_log_entries_allow_disabling_sq_flow_control() {
 /// before 2 s), and one that sends Keep Alive stays.
 #[test]
 fn discovery_kato_zero_is_bounded() {
-    let t = Target::start_config(&format!(
-        r#"
-[limits]
-discovery_keep_alive = "2s"
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{OPEN_NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "16MiB"
-"#
+    let t = Target::start_config(&open_subsystem_config(
+        "[limits]\ndiscovery_keep_alive = \"2s\"",
+        OPEN_NQN,
+        "backend = \"memory\"\nsize = \"16MiB\"",
     ));
     let start = Instant::now();
     let opts = Opts {

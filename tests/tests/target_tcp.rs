@@ -8,12 +8,15 @@ use rdmablk_common::nvme::identify::{cns, cntrltype, parse_ns_list, sgls, Namesp
 use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{nvm, property, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{encode, fes, Digests, Header, Transfer};
+use rdmablk_tests::check::{
+    assert_same, assert_status, assert_zero, open, sct_sc, settled_fd_count, OrPanic,
+};
 use rdmablk_tests::client::{Completion, Controller, Opts, Queue};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
+use rdmablk_tests::open_subsystem_config;
 use rdmablk_tests::two_subsystems_config;
 use rdmablk_tests::{fd_count, Rng, Target, TempDir};
 use std::collections::{BTreeMap, HashMap};
-use std::fmt::Display;
 use std::io;
 use std::time::{Duration, Instant};
 
@@ -26,55 +29,6 @@ const BOTH_DIGESTS: Digests = Digests {
     header: true,
     data: true,
 };
-
-/// Unwraps with a message naming the step; the daemon's log tail follows
-/// when the `Target` drops during the panic.
-trait OrPanic<T> {
-    fn or_panic(self, what: impl Display) -> T;
-}
-
-impl<T> OrPanic<T> for io::Result<T> {
-    fn or_panic(self, what: impl Display) -> T {
-        self.unwrap_or_else(|e| panic!("{what}: {e}"))
-    }
-}
-
-fn open(t: &Target, nqn: &str, host: &str, opts: &Opts) -> Controller {
-    Controller::open(t.addr(), nqn, host, opts).or_panic(format_args!("opening {nqn} as {host}"))
-}
-
-/// Status code type and code, ignoring DNR (targets may or may not set it).
-fn sct_sc(s: Status) -> (u8, u8) {
-    (s.sct, s.sc)
-}
-
-fn assert_status(c: &Completion, want: Status, what: &str) {
-    assert_eq!(
-        sct_sc(c.status()),
-        sct_sc(want),
-        "{what}: got {}, want {want}",
-        c.status()
-    );
-}
-
-/// Compares without dumping megabytes: names the first differing byte.
-fn assert_same(got: &[u8], want: &[u8], what: &str) {
-    assert_eq!(got.len(), want.len(), "{what}: length");
-    if let Some(i) = got.iter().zip(want).position(|(a, b)| a != b) {
-        panic!(
-            "{what}: first difference at byte {i} (512-byte sector {}): got {:#04x}, want {:#04x}",
-            i / 512,
-            got[i],
-            want[i]
-        );
-    }
-}
-
-fn assert_zero(got: &[u8], what: &str) {
-    if let Some(i) = got.iter().position(|&b| b != 0) {
-        panic!("{what}: byte {i} is {:#04x}, want zero", got[i]);
-    }
-}
 
 fn identify_ns(c: &mut Controller, nsid: u32) -> NamespaceId {
     NamespaceId::parse(
@@ -520,21 +474,10 @@ fn write_read_patterns_block_device() {
 fn write_read_patterns_file_4k_config() {
     let dir = TempDir::new("file-ns-4k");
     let path = file_of(&dir, 64 * MIB as u64);
-    let t = Target::start_config(&format!(
-        r#"
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{OPEN_NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "file"
-  path = "{path}"
-  block_size = 4096
-"#
+    let t = Target::start_config(&open_subsystem_config(
+        "",
+        OPEN_NQN,
+        &format!("backend = \"file\"\npath = \"{path}\"\nblock_size = 4096"),
     ));
     exercise_namespace(&t, OPEN_NQN, 4096, 64 * MIB as u64, 4);
 }
@@ -543,24 +486,10 @@ allow_any_host = true
 /// sleeping ones.
 #[test]
 fn busy_poll_pollers_serve_io() {
-    let t = Target::start_config(&format!(
-        r#"
-[pollers]
-count = 1
-busy_poll = true
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{OPEN_NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "64MiB"
-"#
+    let t = Target::start_config(&open_subsystem_config(
+        "[pollers]\ncount = 1\nbusy_poll = true",
+        OPEN_NQN,
+        "backend = \"memory\"\nsize = \"64MiB\"",
     ));
     exercise_namespace(&t, OPEN_NQN, 512, 64 * MIB as u64, 5);
 }
@@ -1082,20 +1011,6 @@ fn bad_input_keeps_others_working() {
     healthy.check("an I/O queue Connect with a bogus cntlid");
 
     assert!(t.is_running(), "the daemon died");
-}
-
-/// The daemon's fd count once it stops changing (up to 2 s).
-fn settled_fd_count(pid: u32) -> usize {
-    let deadline = Instant::now() + Duration::from_secs(2);
-    let mut last = fd_count(pid);
-    loop {
-        std::thread::sleep(Duration::from_millis(100));
-        let now = fd_count(pid);
-        if now == last || Instant::now() >= deadline {
-            return now;
-        }
-        last = now;
-    }
 }
 
 #[test]

@@ -183,7 +183,10 @@ mod tests {
         // NQNs are exact bytes up to the NUL: trailing blanks stay.
         let mut padded = b.clone();
         padded[512 + d.hostnqn.len()] = b' ';
-        assert_eq!(ConnectData::parse(&padded).hostnqn, format!("{} ", d.hostnqn));
+        assert_eq!(
+            ConnectData::parse(&padded).hostnqn,
+            format!("{} ", d.hostnqn)
+        );
     }
 
     #[test]

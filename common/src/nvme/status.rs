@@ -190,7 +190,11 @@ mod tests {
             assert_eq!(crd_of(s.to_field(3)), 3);
             assert_eq!(Status::from_field(s.to_field(1)), s);
         }
-        for s in [Status::INVALID_FIELD, Status::LBA_OUT_OF_RANGE, Status::INTERNAL_ERROR] {
+        for s in [
+            Status::INVALID_FIELD,
+            Status::LBA_OUT_OF_RANGE,
+            Status::INTERNAL_ERROR,
+        ] {
             assert!(dnr_of(s.to_field(0)), "{s} sets DNR");
         }
     }

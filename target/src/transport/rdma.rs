@@ -824,7 +824,9 @@ impl RdmaConn {
             s.cmd.received < s.cmd.requested && s.cmd.since.elapsed() > limits.data_timeout
         });
         if stuck {
-            self.close("an RDMA READ of the host's data did not complete within limits.data_timeout");
+            self.close(
+                "an RDMA READ of the host's data did not complete within limits.data_timeout",
+            );
         } else if self.sends.stalled(limits.send_timeout) {
             self.close("the host did not take what was sent to it (no send completed) within limits.send_timeout");
         }

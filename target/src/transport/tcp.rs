@@ -258,14 +258,17 @@ impl TcpConn {
                 if let Some(why) = queue::check_association(self.bind.assoc.as_ref(), limits) {
                     self.close(why);
                 }
-                let stuck = self.cmds.iter().flatten().any(|c| {
-                    c.received < c.requested && c.since.elapsed() > limits.data_timeout
-                });
+                let stuck =
+                    self.cmds.iter().flatten().any(|c| {
+                        c.received < c.requested && c.since.elapsed() > limits.data_timeout
+                    });
                 if stuck {
                     self.close("the host did not send the data asked for by an R2T within limits.data_timeout");
                 }
                 if self.sends.stalled(limits.send_timeout) {
-                    self.abort("the host did not read what was sent to it within limits.send_timeout");
+                    self.abort(
+                        "the host did not read what was sent to it within limits.send_timeout",
+                    );
                 }
             }
             Phase::Closing if !self.cancelled && self.since.elapsed() > CANCEL_GRACE => {
@@ -854,11 +857,7 @@ impl TcpConn {
             // NVMe/TCP 1.0, 3.3.2.1 and 3.6.2.9: without SQ flow control, a
             // read whose completion has nothing to say ends with its last
             // C2HData PDU (SUCCESS) and no response capsule.
-            success_in_data = self
-                .bind
-                .assoc
-                .as_ref()
-                .is_some_and(|a| a.sq_flow_disabled)
+            success_in_data = self.bind.assoc.as_ref().is_some_and(|a| a.sq_flow_disabled)
                 && dw0 == 0
                 && dw1 == 0;
             let buf = cmd.buf.as_ref().expect("data command has a buffer");
