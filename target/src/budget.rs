@@ -4,22 +4,37 @@
 //! association's across all pollers (`limits.association_buffer`), and, for
 //! discovery queues, what the discovery queues of the poller hold together
 //! (`limits.discovery_buffer`). A command over budget waits for the queue's
-//! own buffers to come back; other queues keep theirs.
+//! own buffers to come back; other queues keep theirs. In-capsule data that
+//! arrives while its queue has no buffer is staged off the arena, within a
+//! poller-wide bound ([`STAGED_LIMIT`]).
 
 use crate::admission::Gauge;
 use rdmablk_common::mem::{capacity_for, Arena, ArenaBuf};
 use std::sync::Arc;
 
-/// What the discovery queues of one poller hold.
+/// In-capsule data (at most 8 KiB a command) all queues of a poller may
+/// hold staged while waiting for arena buffers; past it a queue stops
+/// reading its socket until buffers come back.
+pub const STAGED_LIMIT: usize = 8 << 20;
+
+/// What the queues of one poller hold together.
 #[derive(Debug, Default)]
-pub struct DiscoveryPool {
+pub struct PollerBudget {
+    /// Arena bytes of discovery queues, and their limit.
     held: usize,
     limit: usize,
+    /// Bytes of in-capsule data staged off the arena.
+    staged: usize,
 }
 
-impl DiscoveryPool {
-    pub fn new(limit: usize) -> DiscoveryPool {
-        DiscoveryPool { held: 0, limit }
+impl PollerBudget {
+    /// A poller whose discovery queues may hold `discovery_limit` bytes.
+    pub fn new(discovery_limit: usize) -> PollerBudget {
+        PollerBudget {
+            held: 0,
+            limit: discovery_limit,
+            staged: 0,
+        }
     }
 }
 
@@ -56,7 +71,7 @@ impl Ledger {
         gauge: Arc<Gauge>,
         limit: usize,
         discovery: bool,
-        pool: &mut DiscoveryPool,
+        pool: &mut PollerBudget,
     ) {
         gauge.add(self.held);
         self.association = Some((gauge, limit));
@@ -72,7 +87,7 @@ impl Ledger {
         &mut self,
         len: usize,
         arena: &mut Arena,
-        pool: &mut DiscoveryPool,
+        pool: &mut PollerBudget,
     ) -> Option<ArenaBuf> {
         let cap = capacity_for(len);
         if self.held + cap > self.limit {
@@ -98,14 +113,29 @@ impl Ledger {
 
     /// Takes over a buffer allocated elsewhere (an RDMA receive's in-capsule
     /// data), charged whatever the budgets say: its data has arrived.
-    pub fn adopt(&mut self, buf: &ArenaBuf, pool: &mut DiscoveryPool) {
+    pub fn adopt(&mut self, buf: &ArenaBuf, pool: &mut PollerBudget) {
         if let Some((g, _)) = &self.association {
             g.add(buf.capacity());
         }
         self.charge(buf.capacity(), pool);
     }
 
-    fn charge(&mut self, cap: usize, pool: &mut DiscoveryPool) {
+    /// A copy of in-capsule data for a command that has no buffer yet, if
+    /// the poller's [`STAGED_LIMIT`] allows; `None` means stop reading.
+    pub fn stage(&mut self, data: &[u8], pool: &mut PollerBudget) -> Option<Vec<u8>> {
+        if pool.staged + data.len() > STAGED_LIMIT {
+            return None;
+        }
+        pool.staged += data.len();
+        Some(data.to_vec())
+    }
+
+    /// Gives back staged data (copied into its buffer, or dropped).
+    pub fn unstage(&mut self, staged: Vec<u8>, pool: &mut PollerBudget) {
+        pool.staged -= staged.len();
+    }
+
+    fn charge(&mut self, cap: usize, pool: &mut PollerBudget) {
         self.held += cap;
         if self.discovery {
             pool.held += cap;
@@ -113,7 +143,7 @@ impl Ledger {
     }
 
     /// Gives a buffer back to the arena.
-    pub fn free(&mut self, buf: ArenaBuf, arena: &mut Arena, pool: &mut DiscoveryPool) {
+    pub fn free(&mut self, buf: ArenaBuf, arena: &mut Arena, pool: &mut PollerBudget) {
         let cap = buf.capacity();
         self.held -= cap;
         if let Some((g, _)) = &self.association {
@@ -139,7 +169,7 @@ mod tests {
     #[test]
     fn a_queue_stays_within_its_budget_and_others_keep_theirs() {
         let mut arena = Arena::new(16 << 20, false).unwrap();
-        let mut pool = DiscoveryPool::new(1 << 20);
+        let mut pool = PollerBudget::new(1 << 20);
         let mut greedy = Ledger::new(2 << 20);
         let mut other = Ledger::new(2 << 20);
         let a = greedy.alloc(1 << 20, &mut arena, &mut pool).unwrap();
@@ -157,7 +187,7 @@ mod tests {
     #[test]
     fn association_and_discovery_budgets_are_shared() {
         let mut arena = Arena::new(16 << 20, false).unwrap();
-        let mut pool = DiscoveryPool::new(512 << 10);
+        let mut pool = PollerBudget::new(512 << 10);
         let assoc = Arc::new(Gauge::default());
         let mut q1 = Ledger::new(4 << 20);
         let mut q2 = Ledger::new(4 << 20);
@@ -178,5 +208,19 @@ mod tests {
         q1.free(connect, &mut arena, &mut pool);
         assert_eq!(assoc.get(), 0);
         assert_eq!(pool.held, 0);
+    }
+
+    #[test]
+    fn staged_data_is_bounded_per_poller() {
+        let mut pool = PollerBudget::new(1 << 20);
+        let mut q = Ledger::new(4 << 20);
+        let chunk = vec![7u8; 8192];
+        let staged: Vec<_> = std::iter::from_fn(|| q.stage(&chunk, &mut pool)).collect();
+        assert_eq!(staged.len(), STAGED_LIMIT / 8192);
+        for s in staged {
+            q.unstage(s, &mut pool);
+        }
+        assert_eq!(pool.staged, 0);
+        assert!(q.stage(&chunk, &mut pool).is_some());
     }
 }

@@ -4,7 +4,7 @@
 //! and send the response.
 
 use crate::backend::{Access, FixedBuf};
-use crate::budget::{DiscoveryPool, Ledger};
+use crate::budget::{PollerBudget, Ledger};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
     MAX_AERS, MAX_TRANSFER,
@@ -371,9 +371,12 @@ impl Command {
     }
 
     /// Gives the data buffer back to the arena, through the queue's ledger.
-    pub fn release(&mut self, ledger: &mut Ledger, arena: &mut Arena, pool: &mut DiscoveryPool) {
+    pub fn release(&mut self, ledger: &mut Ledger, arena: &mut Arena, pool: &mut PollerBudget) {
         if let Some(b) = self.buf.take() {
             ledger.free(b, arena, pool);
+        }
+        if let Some(d) = self.staged.take() {
+            ledger.unstage(d, pool);
         }
     }
 

@@ -3,7 +3,7 @@
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
 use crate::admission::Permit;
-use crate::budget::DiscoveryPool;
+use crate::budget::PollerBudget;
 use crate::subsystem::Registry;
 use crate::transport::rdma::{self, Endpoint};
 use crate::transport::tcp::TcpConn;
@@ -82,8 +82,8 @@ impl Token {
 /// What connection handlers get from their poller.
 pub struct Io<'a> {
     pub arena: &'a mut Arena,
-    /// What this poller's discovery queues hold of the arena.
-    pub discovery: &'a mut DiscoveryPool,
+    /// What the queues of this poller hold together.
+    pub budget: &'a mut PollerBudget,
     /// Operations to submit after the handler returns.
     pub sq: &'a mut Vec<squeue::Entry>,
     pub registry: &'a Arc<Registry>,
@@ -155,7 +155,7 @@ pub fn spawn(
     let poller_wakeup = wakeup.clone();
     let discovery_limit = shared.registry.admission.limits.discovery_buffer as usize;
     let make = move || Poller {
-        discovery: DiscoveryPool::new(discovery_limit),
+        budget: PollerBudget::new(discovery_limit),
         freed: 0,
         trimmed: Instant::now(),
         rdma: Endpoint::new(id),
@@ -179,7 +179,7 @@ struct Poller {
     /// Declared before the ring: its memory registrations go before the arena.
     rdma: Endpoint,
     ring: Ring,
-    discovery: DiscoveryPool,
+    budget: PollerBudget,
     /// Connections freed since the heap was last trimmed, and when that was.
     freed: usize,
     trimmed: Instant,
@@ -249,7 +249,7 @@ impl Poller {
         (
             Io {
                 arena: &mut self.ring.arena,
-                discovery: &mut self.discovery,
+                budget: &mut self.budget,
                 sq: &mut self.ring.pending,
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),

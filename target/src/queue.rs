@@ -50,17 +50,31 @@ impl Binding {
     /// An arena buffer of `len` bytes within the queue's budgets, or `None`
     /// to wait for one.
     pub fn alloc(&mut self, len: usize, io: &mut Io) -> Option<ArenaBuf> {
-        self.ledger.alloc(len, io.arena, io.discovery)
+        self.ledger.alloc(len, io.arena, io.budget)
+    }
+
+    /// Stages in-capsule data that has no buffer yet, within the poller's
+    /// bound; `None` means leave it in the socket buffer for now.
+    pub fn stage(&mut self, data: &[u8], io: &mut Io) -> Option<Vec<u8>> {
+        self.ledger.stage(data, io.budget)
+    }
+
+    /// Copies staged data into the command's buffer, which it now has.
+    pub fn unstage_into(&mut self, cmd: &mut Command, io: &mut Io) {
+        if let (Some(d), Some(b)) = (cmd.staged.take(), cmd.buf.as_ref()) {
+            io.arena.bytes_mut(b, d.len()).copy_from_slice(&d);
+            self.ledger.unstage(d, io.budget);
+        }
     }
 
     /// Charges a buffer received for the queue (in-capsule data) to it.
     pub fn adopt(&mut self, buf: &ArenaBuf, io: &mut Io) {
-        self.ledger.adopt(buf, io.discovery);
+        self.ledger.adopt(buf, io.budget);
     }
 
     /// Gives a command's buffer back.
     pub fn release(&mut self, cmd: &mut Command, io: &mut Io) {
-        cmd.release(&mut self.ledger, io.arena, io.discovery);
+        cmd.release(&mut self.ledger, io.arena, io.budget);
     }
 
     fn connected(&mut self, a: Association, io: &mut Io) {
@@ -69,7 +83,7 @@ impl Binding {
             a.ctrl.buffers.clone(),
             limits.association_buffer as usize,
             a.ctrl.subsys.is_discovery(),
-            io.discovery,
+            io.budget,
         );
         self.pending = None;
         self.assoc = Some(a);

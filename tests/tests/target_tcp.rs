@@ -1270,25 +1270,11 @@ fn mismatched_capsule_data_and_huge_log_requests() {
 /// R2T's data in one PDU).
 #[test]
 fn writes_larger_than_the_arena_complete() {
-    let t = Target::start_config(
-        r#"
-[pollers]
-count = 1
-arena = "4MiB"
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{port}"
-
-[[subsystem]]
-nqn = "nqn.2026-11.io.rdmablk:default"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  backend = "memory"
-  size = "64MiB"
-"#,
-    );
+    let t = Target::start_config(&open_subsystem_config(
+        "[pollers]\ncount = 1\narena = \"4MiB\"",
+        DEFAULT_NQN,
+        "backend = \"memory\"\nsize = \"64MiB\"",
+    ));
     let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
     let q = &mut c.io[0];
     let mut rng = Rng::new(77);
@@ -1321,6 +1307,54 @@ allow_any_host = true
             .read(NSID, (i as u32 * lbas) as u64, lbas, 512)
             .or_panic(format_args!("read #{i}"));
         assert_same(&got, d, &format!("1 MiB #{i}"));
+    }
+}
+
+/// In-capsule writes that arrive while their queue's budget is held by
+/// large writes waiting for their data are staged (within the poller's
+/// bound) without stopping the byte stream that carries that data: every
+/// write completes and reads back.
+#[test]
+fn in_capsule_writes_wait_behind_a_full_budget() {
+    let t = Target::start(&["--memory", "64MiB"]);
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
+    let q = &mut c.io[0];
+    let mut rng = Rng::new(78);
+    let lbas = (MIB / 512) as u32;
+    // Four writes of 1 MiB take the whole queue budget (limits.queue_buffer,
+    // 4 MiB); their R2Ts are answered only once we wait.
+    let big: Vec<Vec<u8>> = (0..4).map(|_| rng.bytes(MIB)).collect();
+    let small: Vec<Vec<u8>> = (0..32).map(|_| rng.bytes(4096)).collect();
+    let mut cids = Vec::new();
+    for (i, d) in big.iter().enumerate() {
+        let sqe = Queue::rw_sqe(nvm::WRITE, NSID, i as u64 * lbas as u64, lbas);
+        cids.push(q.submit(sqe, Some(d), 0).or_panic("submit a 1 MiB write"));
+    }
+    let before = q.stats;
+    let small_at = 4 * lbas as u64;
+    for (i, d) in small.iter().enumerate() {
+        let sqe = Queue::rw_sqe(nvm::WRITE, NSID, small_at + 8 * i as u64, 8);
+        cids.push(q.submit(sqe, Some(d), 0).or_panic("submit a 4 KiB write"));
+    }
+    assert_eq!(
+        q.stats.in_capsule_writes - before.in_capsule_writes,
+        32,
+        "the 4 KiB writes travel in their capsules"
+    );
+    for cid in cids {
+        assert_status(&q.wait(cid).or_panic("write"), Status::SUCCESS, "write");
+    }
+    for (i, d) in big.iter().enumerate() {
+        let got = q
+            .read(NSID, i as u64 * lbas as u64, lbas, 512)
+            .or_panic("read back 1 MiB");
+        assert_same(&got, d, &format!("1 MiB write #{i}"));
+    }
+    for (i, d) in small.iter().enumerate() {
+        let got = q
+            .read(NSID, small_at + 8 * i as u64, 8, 512)
+            .or_panic("read back 4 KiB");
+        assert_same(&got, d, &format!("4 KiB write #{i}"));
     }
 }
 

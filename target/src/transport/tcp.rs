@@ -570,14 +570,18 @@ impl TcpConn {
         let Some(slot) = self.cmds.iter().position(Option::is_none) else {
             return Ok(Flow::Stall); // the host exceeded the queue depth
         };
-        self.sq_head = (self.sq_head + 1) % self.depth();
         if cmd.len > 0 {
             cmd.buf = self.bind.alloc(cmd.len, io);
         }
         if in_capsule && !data.is_empty() {
             match &cmd.buf {
                 Some(b) => io.arena.bytes_mut(b, data.len()).copy_from_slice(data),
-                None => cmd.staged = Some(data.to_vec()),
+                None => match self.bind.stage(data, io) {
+                    Some(d) => cmd.staged = Some(d),
+                    // The poller holds all the staged data it may: leave
+                    // this capsule in the socket until buffers come back.
+                    None => return Ok(Flow::Stall),
+                },
             }
             cmd.received = data.len();
             cmd.requested = data.len();
@@ -585,6 +589,7 @@ impl TcpConn {
                 cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
             }
         }
+        self.sq_head = (self.sq_head + 1) % self.depth();
         self.cmds[slot] = Some(cmd);
         self.advance(slot as u16, io);
         Ok(Flow::Consumed)
@@ -604,10 +609,7 @@ impl TcpConn {
             }
             return;
         }
-        if let Some(d) = cmd.staged.take() {
-            let b = cmd.buf.as_ref().expect("checked above");
-            io.arena.bytes_mut(b, d.len()).copy_from_slice(&d);
-        }
+        self.bind.unstage_into(cmd, io);
         if !cmd.to_host && cmd.received < cmd.len {
             if cmd.requested == cmd.received {
                 // One R2T of at most MAXH2CDATA at a time: hosts that predate
