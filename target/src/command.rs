@@ -4,7 +4,7 @@
 //! and send the response.
 
 use crate::backend::{Access, FixedBuf};
-use crate::budget::{PollerBudget, Ledger};
+use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
     MAX_AERS, MAX_TRANSFER,
