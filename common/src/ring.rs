@@ -11,6 +11,18 @@ use std::sync::Arc;
 /// Index of the arena among the ring's registered buffers.
 pub const ARENA_BUF_INDEX: u16 = 0;
 
+/// An io_uring operation a ring's user submits: its opcode and its name
+/// for the error that says the kernel lacks it.
+#[derive(Clone, Copy, Debug)]
+pub struct Op(pub u8, pub &'static str);
+
+/// The operations every ring here uses (waking, ticks, cancelling).
+pub const COMMON_OPS: [Op; 3] = [
+    Op(opcode::PollAdd::CODE, "POLL_ADD"),
+    Op(opcode::Timeout::CODE, "TIMEOUT"),
+    Op(opcode::AsyncCancel::CODE, "ASYNC_CANCEL"),
+];
+
 /// A ring and its registered arena.
 pub struct Ring {
     // Field order matters: the ring (and its registration) goes before the
@@ -23,9 +35,13 @@ pub struct Ring {
 }
 
 impl Ring {
-    /// A ring of `entries` and an arena of `arena_bytes`, registered.
-    pub fn new(entries: u32, arena_bytes: usize) -> io::Result<Ring> {
+    /// A ring of `entries` and an arena of `arena_bytes`, registered. The
+    /// kernel must not drop completions (IORING_FEAT_NODROP) and must know
+    /// [`COMMON_OPS`] and `ops`: a clear error says what is missing, at
+    /// start rather than at the first I/O.
+    pub fn new(entries: u32, arena_bytes: usize, ops: &[Op]) -> io::Result<Ring> {
         let ring = IoUring::builder().build(entries)?;
+        check_kernel(&ring, ops)?;
         let arena = Arena::new(arena_bytes, true)?;
         let iov = libc::iovec {
             iov_base: arena.base().cast(),
@@ -85,6 +101,37 @@ impl Ring {
     pub fn reap(&mut self, out: &mut Vec<(u64, i32)>) {
         out.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
     }
+}
+
+/// Checks what the ring's users rely on: completions are never dropped
+/// when the completion queue is full, and every operation is supported.
+fn check_kernel(ring: &IoUring, ops: &[Op]) -> io::Result<()> {
+    let unsupported = |what: String| {
+        io::Error::new(
+            io::ErrorKind::Unsupported,
+            format!("this kernel's io_uring lacks {what}; Linux 6.0 or later is needed"),
+        )
+    };
+    if !ring.params().is_feature_nodrop() {
+        return Err(unsupported("IORING_FEAT_NODROP".into()));
+    }
+    let mut probe = io_uring::Probe::new();
+    ring.submitter()
+        .register_probe(&mut probe)
+        .map_err(|e| io::Error::new(e.kind(), format!("probing io_uring operations: {e}")))?;
+    let missing: Vec<&str> = COMMON_OPS
+        .iter()
+        .chain(ops)
+        .filter(|op| !probe.is_supported(op.0))
+        .map(|op| op.1)
+        .collect();
+    if !missing.is_empty() {
+        return Err(unsupported(format!(
+            "IORING_OP_{}",
+            missing.join(", IORING_OP_")
+        )));
+    }
+    Ok(())
 }
 
 /// An eventfd that wakes a ring: a poll on it completes when another thread

@@ -7,6 +7,7 @@ mod budget;
 mod command;
 mod config;
 mod controller;
+mod error;
 mod io_cmd;
 mod notify;
 mod poller;
@@ -16,7 +17,8 @@ mod subsystem;
 mod transport;
 
 use clap::Parser;
-use config::{Config, QuickArgs, Transport};
+use config::{Config, ConfigError, QuickArgs, Transport};
+use error::{starting, DaemonError};
 use nix::sys::signal::{SigSet, Signal};
 use poller::{PollerLink, Shared};
 use std::net::TcpListener;
@@ -126,9 +128,9 @@ fn init_logging(level: &str) {
         .init();
 }
 
-fn load_config(a: &Args) -> Result<Config, String> {
+fn load_config(a: &Args) -> Result<Config, ConfigError> {
     let mut cfg = if let Some(path) = &a.config {
-        config::load(path).map_err(|e| e.to_string())?
+        config::load(path)?
     } else if a.listen.is_empty()
         && !has_quick_backend(a)
         && a.nqn.is_none()
@@ -144,19 +146,22 @@ fn load_config(a: &Args) -> Result<Config, String> {
             nqn: a.nqn.clone(),
             block_size: a.block_size,
         };
-        config::from_quick_args(&q).map_err(|e| e.to_string())?
+        config::from_quick_args(&q)?
     };
     if let Some(n) = a.pollers {
         if !(1..=256).contains(&n) {
-            return Err(format!("--pollers {n}: use 1 to 256"));
+            return Err(ConfigError::Invalid {
+                key: "--pollers".into(),
+                problem: format!("{n}: use 1 to 256"),
+            });
         }
         cfg.pollers.count = n;
     }
-    cfg.check_machine().map_err(|e| e.to_string())?;
+    cfg.check_machine()?;
     Ok(cfg)
 }
 
-fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), String> {
+fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), DaemonError> {
     // Signals are taken synchronously by this thread; block them before any
     // other thread exists so that all inherit the mask.
     let mut signals = SigSet::empty();
@@ -164,7 +169,10 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
     signals.add(Signal::SIGINT);
     signals
         .thread_block()
-        .map_err(|e| format!("blocking signals: {e}"))?;
+        .map_err(|source| DaemonError::Signals {
+            what: "blocking signals",
+            source,
+        })?;
 
     raise_open_files_limit();
     let registry = Arc::new(Registry::open(&cfg)?);
@@ -186,7 +194,7 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
             )
         })
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| format!("starting pollers: {e}"))?
+        .map_err(starting("pollers"))?
         .into_iter()
         .unzip();
     let pollers = Arc::new(links);
@@ -194,14 +202,18 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
     for l in &cfg.listeners {
         match l.transport {
             Transport::Tcp => {
-                let listener = TcpListener::bind(l.address)
-                    .map_err(|e| format!("cannot listen on tcp://{}: {e}", l.address))?;
+                let listener =
+                    TcpListener::bind(l.address).map_err(|source| DaemonError::Listen {
+                        url: format!("tcp://{}", l.address),
+                        source,
+                        hint: "",
+                    })?;
                 let pollers = pollers.clone();
                 let registry = registry.clone();
                 std::thread::Builder::new()
                     .name(format!("accept-{}", l.address))
                     .spawn(move || accept_loop(listener, &pollers, &registry))
-                    .map_err(|e| format!("starting acceptor: {e}"))?;
+                    .map_err(starting("the acceptor"))?;
             }
             Transport::Rdma => {
                 transport::rdma::listen(l.address, pollers.clone(), registry.clone())?
@@ -239,13 +251,14 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
         std::thread::Builder::new()
             .name("stats".into())
             .spawn(move || stats::write_every_second(&path, &shared))
-            .map_err(|e| format!("starting the stats writer: {e}"))?;
+            .map_err(starting("the stats writer"))?;
     }
     notify::notify("READY=1");
 
-    let sig = signals
-        .wait()
-        .map_err(|e| format!("waiting for signals: {e}"))?;
+    let sig = signals.wait().map_err(|source| DaemonError::Signals {
+        what: "waiting for signals",
+        source,
+    })?;
     notify::notify("STOPPING=1");
     tracing::info!(
         "{sig:?}: draining {} connection(s)",
@@ -261,8 +274,12 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Stri
     let mut result = Ok(());
     for s in &registry.subsystems {
         for ns in &s.namespaces {
-            if let Err(e) = ns.backend.sync_all() {
-                result = Err(format!("flushing {} namespace {}: {e}", s.nqn, ns.nsid));
+            if let Err(source) = ns.backend.sync_all() {
+                result = Err(DaemonError::Flush {
+                    nqn: s.nqn.clone(),
+                    nsid: ns.nsid,
+                    source,
+                });
             }
         }
     }

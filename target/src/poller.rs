@@ -9,7 +9,7 @@ use crate::transport::rdma::{self, Endpoint};
 use crate::transport::tcp::TcpConn;
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
-use rdmablk_common::ring::{Ring, Wakeup};
+use rdmablk_common::ring::{Op, Ring, Wakeup};
 use std::io;
 use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -23,6 +23,16 @@ const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping poller waits for in-flight commands.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 const RING_ENTRIES: u32 = 1024;
+/// What the pollers submit besides the rings' common operations: socket
+/// I/O, the backends' I/O, and polls of RDMA completion and CM channels.
+const RING_OPS: [Op; 6] = [
+    Op(opcode::Recv::CODE, "RECV"),
+    Op(opcode::SendMsg::CODE, "SENDMSG"),
+    Op(opcode::ReadFixed::CODE, "READ_FIXED"),
+    Op(opcode::WriteFixed::CODE, "WRITE_FIXED"),
+    Op(opcode::Fsync::CODE, "FSYNC"),
+    Op(opcode::Fallocate::CODE, "FALLOCATE"),
+];
 /// How often at most the heap is trimmed after connections went.
 const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 
@@ -143,7 +153,7 @@ pub fn spawn(
     arena_bytes: usize,
     busy_poll: bool,
 ) -> io::Result<(PollerLink, JoinHandle<()>)> {
-    let ring = Ring::new(RING_ENTRIES, arena_bytes)?;
+    let ring = Ring::new(RING_ENTRIES, arena_bytes, &RING_OPS)?;
     let wakeup = Wakeup::new()?;
     let (sender, incoming) = mpsc::channel();
     tracing::debug!(
@@ -214,8 +224,11 @@ impl Poller {
                 unsafe { self.ring.submit_and_wait() }
             };
             if let Err(e) = submitted {
-                tracing::error!(poller = self.id, "io_uring failed: {e}; poller stops");
-                break;
+                // Operations in flight point into memory this poller owns:
+                // neither unwinding nor carrying on is safe. End the process
+                // (systemd restarts it) rather than leave a half-alive daemon.
+                tracing::error!(poller = self.id, "io_uring failed: {e}; the daemon aborts");
+                std::process::abort();
             }
             completions.clear();
             self.ring.reap(&mut completions);

@@ -5,6 +5,7 @@ use crate::admission::Admission;
 use crate::backend::{Backend, FileBackend, MemoryBackend};
 use crate::config::{self, Config, Listener, Transport};
 use crate::controller::Controller;
+use crate::error::DaemonError;
 use rdmablk_common::fabrics::discovery::{self, adrfam, subtype, treq, trtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
@@ -141,14 +142,17 @@ pub struct Registry {
 
 impl Registry {
     /// Opens every namespace's backend and builds the registry.
-    pub fn open(cfg: &Config) -> Result<Registry, String> {
+    pub fn open(cfg: &Config) -> Result<Registry, DaemonError> {
         let mut subsystems = Vec::new();
         for (si, s) in cfg.subsystems.iter().enumerate() {
             let mut namespaces = Vec::new();
             for (ni, n) in s.namespaces.iter().enumerate() {
                 let key = format!("subsystem[{si}].namespace[{ni}]");
-                let ns =
-                    open_namespace(&s.nqn, n).map_err(|e| format!("{key} ({}): {e}", s.nqn))?;
+                let ns = open_namespace(&s.nqn, n).map_err(|source| DaemonError::Namespace {
+                    key,
+                    nqn: s.nqn.clone(),
+                    source,
+                })?;
                 tracing::info!(
                     subsystem = %s.nqn,
                     nsid = ns.nsid,

@@ -11,6 +11,7 @@
 //! when tests pass), `TMPDIR` (where they go; file namespaces use O_DIRECT,
 //! so it must not be a tmpfs that lacks it).
 
+pub mod args;
 pub mod check;
 pub mod client;
 

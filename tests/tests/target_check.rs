@@ -3,7 +3,7 @@
 //! the exit status and message say what is wrong, naming the key.
 
 use rdmablk_tests::names::OPEN_NQN;
-use rdmablk_tests::{bin_path, run, Ran, TempDir};
+use rdmablk_tests::{bin_path, open_subsystem_config, run, Ran, TempDir};
 use std::process::Command;
 use std::time::Duration;
 
@@ -11,20 +11,8 @@ use std::time::Duration;
 /// one-subsystem configuration and runs `--check` on it.
 fn check(dir: &TempDir, name: &str, namespace: &str) -> Ran {
     let path = dir.join(name);
-    let text = format!(
-        r#"
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:4420"
-
-[[subsystem]]
-nqn = "{OPEN_NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-{namespace}
-"#
-    );
+    // --check binds nothing: any port will do.
+    let text = open_subsystem_config("", OPEN_NQN, namespace).replace("{port}", "4420");
     std::fs::write(&path, text).expect("writing the config");
     let mut cmd = Command::new(bin_path("rdmablk-target"));
     cmd.arg("--check")

@@ -25,7 +25,7 @@ use rdmablk_tests::{fd_count, vm_rss_kib, Rng, Target, TempDir};
 use std::io::{self, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::os::unix::io::{AsRawFd, FromRawFd};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
@@ -360,6 +360,32 @@ fn judge_victim(what: &str, solo: Run, attacked: Run, bound: Duration) {
     );
 }
 
+/// Runs `attack` while the victim does I/O and a thread samples the stats
+/// file, and stops both once it returns (or panics): the victim's run, the
+/// highest value of each counter seen, and what `attack` returned.
+fn under_attack<T>(
+    victim: &mut Victim,
+    what: &str,
+    stats: &Path,
+    attack: impl FnOnce() -> T,
+) -> (Run, Stats, T) {
+    let stop = AtomicBool::new(false);
+    let watch_stop = AtomicBool::new(false);
+    std::thread::scope(|s| {
+        let _stop = SetOnDrop([&stop, &watch_stop]);
+        let victim = s.spawn(|| victim.run(what, usize::MAX, &stop));
+        let watch = s.spawn(|| watch_stats(stats, &watch_stop));
+        let got = attack();
+        watch_stop.store(true, Ordering::Release);
+        let peak = watch.join().expect("stats watcher");
+        stop.store(true, Ordering::Release);
+        let attacked = victim
+            .join()
+            .unwrap_or_else(|e| std::panic::resume_unwind(e));
+        (attacked, peak, got)
+    })
+}
+
 // ---- raw protocol -------------------------------------------------------------
 
 /// The largest PDU a raw queue accepts (a C2HData of 128 KiB and change).
@@ -586,6 +612,138 @@ impl Attacker {
     }
 }
 
+// ---- a stalled attacker ---------------------------------------------------------
+
+/// An attack in which the attacker, beside the victim, submits 128
+/// commands of 1 MiB on each of its 2 I/O queues and then stalls them: it
+/// does not take their data, or does not send it, until the target ends
+/// the queues for `[limits]` key `limit`.
+struct Stall {
+    what: &'static str,
+    /// The commands, [`nvm::READ`] or [`nvm::WRITE`].
+    opcode: u8,
+    /// The `[limits]` key that ends the attack, and its value (whole seconds).
+    limit: &'static str,
+    timeout: Duration,
+    /// For the messages: what the commands were ("its reads"), what the
+    /// attacker failed to do after them, and what the target did to its
+    /// queues.
+    commands: &'static str,
+    stalled: &'static str,
+    ended: &'static str,
+}
+
+/// A [`Stall`] ready to run: the daemon with its limit, the victim (its
+/// solo run done) and the attacker connected.
+struct Stalling {
+    // In drop order: the hosts, then the daemon, then its stats file.
+    attacker: Attacker,
+    victim: Victim,
+    solo: Run,
+    _t: Target,
+    stats: PathBuf,
+    _dir: TempDir,
+    stall: Stall,
+}
+
+impl Stall {
+    /// Starts the daemon (2 pollers, `limit = timeout`), the victim and the
+    /// attacker.
+    fn prepare(self, setup: &Setup) -> Stalling {
+        let dir = TempDir::new(&format!("limits-{}", self.limit));
+        let stats = dir.join("stats.json");
+        let limits = format!("{} = \"{}s\"", self.limit, self.timeout.as_secs());
+        let t = setup.target(&config(2, &limits), &stats);
+        let mut victim = Victim::open(&t);
+        let solo = victim.solo(self.what);
+        let attacker = Attacker::open(&t, 2);
+        Stalling {
+            attacker,
+            victim,
+            solo,
+            _t: t,
+            stats,
+            _dir: dir,
+            stall: self,
+        }
+    }
+}
+
+impl Stalling {
+    /// Runs the attack beside the victim. The target must end every
+    /// attacker's I/O queue no sooner than the limit and no later than
+    /// [`SLACK`] after it; meanwhile at most [`ATTACK_BUFFERS_MAX`] arena
+    /// buffers are in use, and the victim waits at most half the limit for
+    /// any completion. Then no buffer stays in use, and only the victim's
+    /// association and the attacker's admin queue remain.
+    fn run(&mut self) {
+        let Stalling {
+            attacker,
+            victim,
+            solo,
+            stats,
+            stall,
+            ..
+        } = self;
+        let Stall {
+            what,
+            opcode,
+            limit,
+            timeout,
+            commands,
+            stalled,
+            ended,
+        } = *stall;
+        let stats: &Path = stats;
+        let bs = victim.bs;
+        let (attacked, peak, closed) = under_attack(victim, what, stats, || {
+            let start = Instant::now();
+            attacker.submit_1mib(opcode, 128, bs);
+            let closed = attacker.wait_closed(start + timeout + SLACK);
+            closed.map(|at| at - start)
+        });
+        let held = peak.buffers;
+        let Some(closed) = closed else {
+            let open = attacker
+                .queues
+                .iter()
+                .filter(|q| !q.closed_by_peer())
+                .count();
+            panic!(
+                "{what}: {open} of the attacker's I/O queues still open {:?} after {stalled} ({limit} {timeout:?})",
+                timeout + SLACK
+            );
+        };
+        println!(
+            "{what}: the attacker's queues were {ended} {closed:.1?} after {commands} ({limit} {timeout:?}); at most {held} arena buffers in use meanwhile"
+        );
+        assert!(
+            closed >= timeout,
+            "{what}: the attacker's queues were closed {closed:?} after {commands}, before {limit} ({timeout:?})"
+        );
+        assert!(
+            (1..=ATTACK_BUFFERS_MAX).contains(&held),
+            "{what}: the stats file showed at most {held} arena buffers in use during the attack; want 1 to {ATTACK_BUFFERS_MAX} (the attacker's association_buffer in 1 MiB buffers, and the victim's)"
+        );
+        for (i, q) in attacker.queues.iter_mut().enumerate() {
+            assert!(
+                q.read_to_close(Duration::from_secs(5)),
+                "{what}: reading the attacker's I/O queue {} did not end in EOF or a reset",
+                i + 1
+            );
+        }
+        judge_victim(what, *solo, attacked, timeout / 2);
+        // The victim stopped: no buffer may stay in use. Its association and
+        // the attacker's admin queue remain.
+        stats_until(
+            stats,
+            Instant::now() + 3 * STATS_PERIOD,
+            "after the attack",
+            |s| s.buffers == 0 && s.queues_connected == 3 && s.connections == 3,
+        );
+    }
+}
+
 // ---- tests ----------------------------------------------------------------------
 
 /// A host that submits reads of 1 MiB and never reads its socket holds, at
@@ -595,78 +753,25 @@ impl Attacker {
 #[test]
 fn host_that_stops_reading_is_torn_down() {
     let setup = Setup::new();
-    let what = "host that stops reading";
-    let send_timeout = Duration::from_secs(4);
-    let dir = TempDir::new("limits-reader");
-    let stats = dir.join("stats.json");
-    let t = setup.target(&config(2, r#"send_timeout = "4s""#), &stats);
-    let mut victim = Victim::open(&t);
-    let solo = victim.solo(what);
-    let bs = victim.bs;
-    let mut attacker = Attacker::open(&t, 2);
+    let mut attack = Stall {
+        what: "host that stops reading",
+        opcode: nvm::READ,
+        limit: "send_timeout",
+        timeout: Duration::from_secs(4),
+        commands: "its reads",
+        stalled: "it stopped reading",
+        ended: "reset",
+    }
+    .prepare(&setup);
     stats_until(
-        &stats,
+        &attack.stats,
         Instant::now() + 5 * STATS_PERIOD,
         "victim (2 queues) and attacker (3) connected",
         |s| s.queues_connected == 5 && s.controllers == 2,
     );
-
-    let stop = AtomicBool::new(false);
-    let watch_stop = AtomicBool::new(false);
-    let (attacked, closed, held) = std::thread::scope(|s| {
-        let _stop = SetOnDrop([&stop, &watch_stop]);
-        let victim = s.spawn(|| victim.run(what, usize::MAX, &stop));
-        let watch = s.spawn(|| watch_stats(&stats, &watch_stop));
-        let start = Instant::now();
-        attacker.submit_1mib(nvm::READ, 128, bs);
-        let closed = attacker.wait_closed(start + send_timeout + SLACK);
-        watch_stop.store(true, Ordering::Release);
-        let held = watch.join().expect("stats watcher").buffers;
-        stop.store(true, Ordering::Release);
-        let attacked = victim
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        (attacked, closed.map(|at| at - start), held)
-    });
-    let Some(closed) = closed else {
-        let open = attacker
-            .queues
-            .iter()
-            .filter(|q| !q.closed_by_peer())
-            .count();
-        panic!(
-            "{what}: {open} of the attacker's I/O queues still open {:?} after it stopped reading (send_timeout {send_timeout:?})",
-            send_timeout + SLACK
-        );
-    };
-    println!(
-        "{what}: the attacker's queues were reset {closed:.1?} after its reads (send_timeout {send_timeout:?}); at most {held} arena buffers in use meanwhile"
-    );
-    assert!(
-        closed >= send_timeout,
-        "{what}: the attacker's queues were closed {closed:?} after its reads, before send_timeout ({send_timeout:?})"
-    );
-    assert!(
-        (1..=ATTACK_BUFFERS_MAX).contains(&held),
-        "{what}: the stats file showed at most {held} arena buffers in use during the attack; want 1 to {ATTACK_BUFFERS_MAX} (the attacker's association_buffer in 1 MiB buffers, and the victim's)"
-    );
-    for (i, q) in attacker.queues.iter_mut().enumerate() {
-        assert!(
-            q.read_to_close(Duration::from_secs(5)),
-            "{what}: reading the attacker's I/O queue {} did not end in EOF or a reset",
-            i + 1
-        );
-    }
-    judge_victim(what, solo, attacked, send_timeout / 2);
-    // The victim stopped: no buffer may stay in use. Its association and
-    // the attacker's admin queue remain.
-    stats_until(
-        &stats,
-        Instant::now() + 3 * STATS_PERIOD,
-        "after the attack",
-        |s| s.buffers == 0 && s.queues_connected == 3 && s.connections == 3,
-    );
-    attacker
+    attack.run();
+    attack
+        .attacker
         .ctrl
         .admin()
         .keep_alive()
@@ -679,69 +784,17 @@ fn host_that_stops_reading_is_torn_down() {
 #[test]
 fn unanswered_r2t_is_torn_down() {
     let setup = Setup::new();
-    let what = "unanswered R2T";
-    let data_timeout = Duration::from_secs(3);
-    let dir = TempDir::new("limits-r2t");
-    let stats = dir.join("stats.json");
-    let t = setup.target(&config(2, r#"data_timeout = "3s""#), &stats);
-    let mut victim = Victim::open(&t);
-    let solo = victim.solo(what);
-    let bs = victim.bs;
-    let mut attacker = Attacker::open(&t, 2);
-
-    let stop = AtomicBool::new(false);
-    let watch_stop = AtomicBool::new(false);
-    let (attacked, closed, held) = std::thread::scope(|s| {
-        let _stop = SetOnDrop([&stop, &watch_stop]);
-        let victim = s.spawn(|| victim.run(what, usize::MAX, &stop));
-        let watch = s.spawn(|| watch_stats(&stats, &watch_stop));
-        let start = Instant::now();
-        attacker.submit_1mib(nvm::WRITE, 128, bs);
-        let closed = attacker.wait_closed(start + data_timeout + SLACK);
-        watch_stop.store(true, Ordering::Release);
-        let held = watch.join().expect("stats watcher").buffers;
-        stop.store(true, Ordering::Release);
-        let attacked = victim
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        (attacked, closed.map(|at| at - start), held)
-    });
-    let Some(closed) = closed else {
-        let open = attacker
-            .queues
-            .iter()
-            .filter(|q| !q.closed_by_peer())
-            .count();
-        panic!(
-            "{what}: {open} of the attacker's I/O queues still open {:?} after writes whose data it never sent (data_timeout {data_timeout:?})",
-            data_timeout + SLACK
-        );
-    };
-    println!(
-        "{what}: the attacker's queues were closed {closed:.1?} after its writes (data_timeout {data_timeout:?}); at most {held} arena buffers in use meanwhile"
-    );
-    assert!(
-        closed >= data_timeout,
-        "{what}: the attacker's queues were closed {closed:?} after its writes, before data_timeout ({data_timeout:?})"
-    );
-    assert!(
-        (1..=ATTACK_BUFFERS_MAX).contains(&held),
-        "{what}: the stats file showed at most {held} arena buffers in use during the attack; want 1 to {ATTACK_BUFFERS_MAX} (the attacker's association_buffer in 1 MiB buffers, and the victim's)"
-    );
-    for (i, q) in attacker.queues.iter_mut().enumerate() {
-        assert!(
-            q.read_to_close(Duration::from_secs(5)),
-            "{what}: reading the attacker's I/O queue {} did not end in EOF or a reset",
-            i + 1
-        );
+    Stall {
+        what: "unanswered R2T",
+        opcode: nvm::WRITE,
+        limit: "data_timeout",
+        timeout: Duration::from_secs(3),
+        commands: "its writes",
+        stalled: "writes whose data it never sent",
+        ended: "closed",
     }
-    judge_victim(what, solo, attacked, data_timeout / 2);
-    stats_until(
-        &stats,
-        Instant::now() + 3 * STATS_PERIOD,
-        "after the attack",
-        |s| s.buffers == 0 && s.queues_connected == 3 && s.connections == 3,
-    );
+    .prepare(&setup)
+    .run();
 }
 
 /// Discovery associations whose hosts asked for no keep-alive (KATO 0)
@@ -799,12 +852,7 @@ fn idle_discovery_associations_expire() {
     }
     drop(never_enabled);
 
-    let stop = AtomicBool::new(false);
-    let watch_stop = AtomicBool::new(false);
-    let (attacked, idle, peak, created, gone) = std::thread::scope(|s| {
-        let _stop = SetOnDrop([&stop, &watch_stop]);
-        let victim = s.spawn(|| victim.run(what, usize::MAX, &stop));
-        let watch = s.spawn(|| watch_stats(&stats, &watch_stop));
+    let (attacked, peak, (idle, created, gone)) = under_attack(&mut victim, what, &stats, || {
         let opts = Opts {
             io_queues: 0,
             kato_ms: 0,
@@ -833,13 +881,7 @@ fn idle_discovery_associations_expire() {
             |s| s.controllers == 1 && s.connections == 2 && s.queues_connected == 2,
         );
         let gone = created.elapsed();
-        watch_stop.store(true, Ordering::Release);
-        let peak = watch.join().expect("stats watcher");
-        stop.store(true, Ordering::Release);
-        let attacked = victim
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        (attacked, idle, peak, created, gone)
+        (idle, created, gone)
     });
     println!(
         "{what}: at most {} controllers and {} connections seen; all idle ones gone {gone:.1?} after the last was enabled (discovery_keep_alive {keep_alive:?})",
@@ -1061,12 +1103,7 @@ fn connection_flood_leaves_no_trace() {
     let base_fds = settled_fd_count(pid);
     let base_rss = vm_rss_kib(pid);
 
-    let stop = AtomicBool::new(false);
-    let watch_stop = AtomicBool::new(false);
-    let (attacked, peak, hold, flood_end) = std::thread::scope(|s| {
-        let _stop = SetOnDrop([&stop, &watch_stop]);
-        let victim = s.spawn(|| victim.run(what, usize::MAX, &stop));
-        let watch = s.spawn(|| watch_stats(&stats, &watch_stop));
+    let (attacked, peak, (hold, flood_end)) = under_attack(&mut victim, what, &stats, || {
         let start = Instant::now();
         let (conns, failed) = flood(t.addr(), FLOOD, start + Duration::from_secs(15));
         let connected = Instant::now();
@@ -1107,13 +1144,7 @@ fn connection_flood_leaves_no_trace() {
         );
         drop(conns);
         let flood_end = Instant::now();
-        watch_stop.store(true, Ordering::Release);
-        let peak = watch.join().expect("stats watcher");
-        stop.store(true, Ordering::Release);
-        let attacked = victim
-            .join()
-            .unwrap_or_else(|e| std::panic::resume_unwind(e));
-        (attacked, peak, hold, flood_end)
+        (hold, flood_end)
     });
     let (hold_rss, hold_fds, _) = hold;
     judge_victim(what, solo, attacked, handshake_timeout / 4);

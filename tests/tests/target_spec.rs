@@ -46,6 +46,24 @@ fn quiet_opts() -> Opts {
     }
 }
 
+/// [`quiet_opts`] with header and data digests on every queue.
+fn digest_opts() -> Opts {
+    Opts {
+        digests: BOTH_DIGESTS,
+        ..quiet_opts()
+    }
+}
+
+/// Options for a discovery host: no I/O queue, KATO 0, no Keep Alive.
+fn discovery_opts() -> Opts {
+    Opts {
+        io_queues: 0,
+        kato_ms: 0,
+        auto_keep_alive: false,
+        ..Opts::default()
+    }
+}
+
 /// A Fabrics Disconnect command (FCTYPE 08h).
 fn disconnect_sqe() -> Sqe {
     let mut s = Sqe::new(FABRICS_OPCODE, 0);
@@ -415,11 +433,7 @@ fn corrupt_h2c_write(q: &mut Queue, slba: u64, cid: u16) -> Cqe {
 #[test]
 fn dnr_clear_on_transient_transport_error_set_on_lba_out_of_range() {
     let t = Target::start(&["--memory", "64MiB"]);
-    let opts = Opts {
-        digests: BOTH_DIGESTS,
-        ..quiet_opts()
-    };
-    let mut c = open(&t, DEFAULT_NQN, HOST_A, &opts);
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &digest_opts());
     assert_eq!(c.io[0].digests(), BOTH_DIGESTS, "digests on the I/O queue");
     let nsze = NamespaceId::parse(
         &c.admin()
@@ -489,13 +503,7 @@ fn identify_controller_reports_crdt() {
     let crdt = [get_u16(&id, 128), get_u16(&id, 130), get_u16(&id, 132)];
     assert_eq!(crdt, [1, 10, 100], "CRDT1..3 of the I/O controller");
 
-    let opts = Opts {
-        io_queues: 0,
-        kato_ms: 0,
-        auto_keep_alive: false,
-        ..Opts::default()
-    };
-    let d = open(&t, DISCOVERY_NQN, HOST_A, &opts);
+    let d = open(&t, DISCOVERY_NQN, HOST_A, &discovery_opts());
     let id = d
         .admin()
         .identify(cns::CONTROLLER, 0)
@@ -510,11 +518,7 @@ fn identify_controller_reports_crdt() {
 #[test]
 fn host_behavior_acre_enables_command_retry_delay() {
     let t = Target::start(&["--memory", "64MiB"]);
-    let opts = Opts {
-        digests: BOTH_DIGESTS,
-        ..quiet_opts()
-    };
-    let mut c = open(&t, DEFAULT_NQN, HOST_A, &opts);
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &digest_opts());
     let get_hbs = |c: &mut Controller| -> Vec<u8> {
         let mut sqe = Sqe::new(admin::GET_FEATURES, 0);
         sqe.set_cdw(10, feature::HOST_BEHAVIOR as u32);
@@ -1151,12 +1155,7 @@ fn discovery_kato_zero_is_bounded() {
         "backend = \"memory\"\nsize = \"16MiB\"",
     ));
     let start = Instant::now();
-    let opts = Opts {
-        io_queues: 0,
-        kato_ms: 0,
-        auto_keep_alive: false,
-        ..Opts::default()
-    };
+    let opts = discovery_opts();
     let d = open(&t, DISCOVERY_NQN, HOST_A, &opts);
     d.admin()
         .get_log(lid::DISCOVERY, 1024, 0)

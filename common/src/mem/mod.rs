@@ -1,9 +1,10 @@
 //! The registered buffer arena: one prefaulted mapping per poller, carved by
 //! a buddy allocator into 4 KiB-aligned buffers. Disk I/O (io_uring fixed
 //! buffers) and network I/O use the same pages, so data is not copied
-//! between them.
+//! between them. Allocation and freeing take constant time: each order's
+//! free blocks are a doubly linked list threaded through index arrays, so a
+//! free buddy is unlinked without a search.
 
-use std::collections::HashSet;
 use std::io;
 
 /// Smallest buffer, and the alignment of every buffer (O_DIRECT needs it).
@@ -34,10 +35,72 @@ impl ArenaBuf {
     }
 }
 
+/// No block: the end of a free list.
+const NIL: u32 = u32::MAX;
+
+/// The free blocks of one order, by index (offset / block size).
+struct FreeList {
+    head: u32,
+    next: Vec<u32>,
+    prev: Vec<u32>,
+    free: Vec<bool>,
+    len: usize,
+}
+
+impl FreeList {
+    /// A list for `blocks` blocks, none free.
+    fn new(blocks: usize) -> FreeList {
+        FreeList {
+            head: NIL,
+            next: vec![NIL; blocks],
+            prev: vec![NIL; blocks],
+            free: vec![false; blocks],
+            len: 0,
+        }
+    }
+
+    fn contains(&self, i: usize) -> bool {
+        self.free[i]
+    }
+
+    fn push(&mut self, i: usize) {
+        debug_assert!(!self.free[i], "block freed twice");
+        self.free[i] = true;
+        self.prev[i] = NIL;
+        self.next[i] = self.head;
+        if self.head != NIL {
+            self.prev[self.head as usize] = i as u32;
+        }
+        self.head = i as u32;
+        self.len += 1;
+    }
+
+    fn remove(&mut self, i: usize) {
+        debug_assert!(self.free[i], "unlinking a block that is not free");
+        let (p, n) = (self.prev[i], self.next[i]);
+        match p {
+            NIL => self.head = n,
+            p => self.next[p as usize] = n,
+        }
+        if n != NIL {
+            self.prev[n as usize] = p;
+        }
+        self.free[i] = false;
+        self.len -= 1;
+    }
+
+    fn pop(&mut self) -> Option<usize> {
+        let i = (self.head != NIL).then_some(self.head as usize)?;
+        self.remove(i);
+        Some(i)
+    }
+}
+
 /// A fixed-size memory region with a buddy allocator.
 pub struct Arena {
     map: memmap2::MmapMut,
-    free: Vec<HashSet<usize>>,
+    /// Free blocks of each order (block size `MIN_BUF << order`).
+    free: Vec<FreeList>,
     in_use: usize,
     huge: bool,
 }
@@ -65,8 +128,12 @@ impl Arena {
                 .populate()
                 .map_anon()?,
         };
-        let mut free = vec![HashSet::new(); MAX_ORDER + 1];
-        free[MAX_ORDER] = (0..size).step_by(MAX_BUF).collect();
+        let mut free: Vec<FreeList> = (0..=MAX_ORDER)
+            .map(|o| FreeList::new(size / (MIN_BUF << o)))
+            .collect();
+        for i in 0..size / MAX_BUF {
+            free[MAX_ORDER].push(i);
+        }
         Ok(Arena {
             map,
             free,
@@ -106,12 +173,12 @@ impl Arena {
             return None;
         }
         let want = order_for(len);
-        let have = (want..=MAX_ORDER).find(|&o| !self.free[o].is_empty())?;
-        let offset = *self.free[have].iter().next()?;
-        self.free[have].remove(&offset);
+        let have = (want..=MAX_ORDER).find(|&o| self.free[o].len > 0)?;
+        let offset = self.free[have].pop()? * (MIN_BUF << have);
         // Split down to the wanted order, freeing the upper halves.
         for o in (want..have).rev() {
-            self.free[o].insert(offset + (MIN_BUF << o));
+            let upper = offset + (MIN_BUF << o);
+            self.free[o].push(upper / (MIN_BUF << o));
         }
         self.in_use += 1;
         Some(ArenaBuf {
@@ -125,14 +192,16 @@ impl Arena {
         let mut offset = buf.offset;
         let mut order = buf.order as usize;
         while order < MAX_ORDER {
-            let buddy = offset ^ (MIN_BUF << order);
-            if !self.free[order].remove(&buddy) {
+            let size = MIN_BUF << order;
+            let buddy = (offset ^ size) / size;
+            if !self.free[order].contains(buddy) {
                 break;
             }
-            offset = offset.min(buddy);
+            self.free[order].remove(buddy);
+            offset &= !size;
             order += 1;
         }
-        self.free[order].insert(offset);
+        self.free[order].push(offset / (MIN_BUF << order));
         self.in_use -= 1;
     }
 
@@ -185,8 +254,42 @@ mod tests {
             a.free(b);
         }
         assert_eq!(a.buffers_in_use(), 0);
-        assert_eq!(a.free[MAX_ORDER].len(), 2);
-        assert!(a.free[..MAX_ORDER].iter().all(|s| s.is_empty()));
+        assert_eq!(a.free[MAX_ORDER].len, 2);
+        assert!(a.free[..MAX_ORDER].iter().all(|s| s.len == 0));
+    }
+
+    #[test]
+    fn random_alloc_and_free_never_overlap_and_coalesce() {
+        let mut a = Arena::new(16 << 20, false).unwrap();
+        let mut seed = 0x9e37_79b9_7f4a_7c15u64;
+        let mut rand = move || {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            seed
+        };
+        let mut live: Vec<ArenaBuf> = Vec::new();
+        for _ in 0..20_000 {
+            if rand() % 3 != 0 || live.is_empty() {
+                let len = 1 + (rand() % (1 << 20)) as usize >> (rand() % 10);
+                if let Some(b) = a.alloc(len) {
+                    assert!(b.capacity() >= len);
+                    for o in &live {
+                        let (s, e) = (o.offset(), o.offset() + o.capacity());
+                        assert!(b.offset() + b.capacity() <= s || b.offset() >= e);
+                    }
+                    live.push(b);
+                }
+            } else {
+                let i = (rand() as usize) % live.len();
+                a.free(live.swap_remove(i));
+            }
+        }
+        for b in live {
+            a.free(b);
+        }
+        assert_eq!(a.buffers_in_use(), 0);
+        assert_eq!(a.free[MAX_ORDER].len, 4, "everything merged back");
     }
 
     #[test]

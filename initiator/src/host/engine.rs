@@ -5,11 +5,18 @@
 use super::{Done, HostError, IoQueue};
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
-use rdmablk_common::ring::Ring;
+use rdmablk_common::ring::{Op, Ring};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::Duration;
 
 const RING_ENTRIES: u32 = 512;
+/// What engines submit besides the rings' common operations: socket I/O
+/// (NVMe/TCP queues, NBD clients). ublk's commands are checked by its
+/// front-end, which needs a kernel with ublk anyway.
+const RING_OPS: [Op; 2] = [
+    Op(opcode::Recv::CODE, "RECV"),
+    Op(opcode::SendMsg::CODE, "SENDMSG"),
+];
 const KIND_RECV: u64 = 1;
 const KIND_SEND: u64 = 2;
 const KIND_FRONT: u64 = 3;
@@ -89,7 +96,7 @@ impl Engine {
         arena_bytes: usize,
         tick: Duration,
     ) -> Result<Engine, HostError> {
-        let ring = Ring::new(RING_ENTRIES, arena_bytes)?;
+        let ring = Ring::new(RING_ENTRIES, arena_bytes, &RING_OPS)?;
         // SAFETY: the engine owns both and drops the queue first.
         unsafe { queue.register_arena(&ring.arena) }?;
         Ok(Engine {

@@ -11,6 +11,7 @@ use crate::admission::Permit;
 use crate::command::{self, Command};
 use crate::config::Limits;
 use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE, MAX_IO_QUEUE_SIZE};
+use crate::error::{starting, DaemonError};
 use crate::poller::{Io, PollerLink, Token};
 use crate::queue::{self, BackendStep, Binding, Ran, SendWatch};
 use crate::subsystem::Registry;
@@ -86,20 +87,24 @@ pub fn listen(
     addr: SocketAddr,
     pollers: Arc<Vec<PollerLink>>,
     registry: Arc<Registry>,
-) -> Result<(), String> {
-    rdmablk_common::rdma::require_device()
-        .map_err(|e| format!("cannot listen on rdma://{addr}: {e}"))?;
-    let chan = CmChannel::new().map_err(|e| format!("cannot listen on rdma://{addr}: {e}"))?;
-    let mut id = CmId::new(&chan).map_err(|e| format!("cannot listen on rdma://{addr}: {e}"))?;
-    id.listen(addr, 128).map_err(|e| {
-        format!("cannot listen on rdma://{addr}: {e} (is an RDMA device bound to that address? `rdma link` shows them)")
-    })?;
+) -> Result<(), DaemonError> {
+    let url = format!("rdma://{addr}");
+    let failed = |hint| {
+        let url = url.clone();
+        move |source| DaemonError::Listen { url, source, hint }
+    };
+    rdmablk_common::rdma::require_device().map_err(failed(""))?;
+    let chan = CmChannel::new().map_err(failed(""))?;
+    let mut id = CmId::new(&chan).map_err(failed(""))?;
+    id.listen(addr, 128).map_err(failed(
+        " (is an RDMA device bound to that address? `rdma link` shows them)",
+    ))?;
     if let Some(d) = id.device() {
         if d.is_iwarp() {
-            return Err(format!(
-                "rdma://{addr} is on iWARP device {}: iWARP is not supported (use RoCE or InfiniBand, e.g. soft-RoCE rxe)",
-                d.name()
-            ));
+            return Err(DaemonError::Iwarp {
+                url,
+                device: d.name().to_string(),
+            });
         }
     }
     std::thread::Builder::new()
@@ -150,7 +155,7 @@ pub fn listen(
                 }
             }
         })
-        .map_err(|e| format!("starting the RDMA CM listener: {e}"))?;
+        .map_err(starting("the RDMA CM listener"))?;
     Ok(())
 }
 

@@ -7,6 +7,7 @@
 use io_uring::{opcode, types, IoUring};
 use rdmablk::bench::{us, Histogram};
 use rdmablk_common::units::{parse_duration, parse_size};
+use rdmablk_tests::args::Flags;
 use std::os::fd::AsRawFd;
 use std::os::unix::fs::OpenOptionsExt;
 use std::time::{Duration, Instant};
@@ -19,22 +20,15 @@ fn main() {
 }
 
 fn run() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
-    let dev = args
-        .first()
+    let flags = Flags::from_env();
+    let dev = flags
+        .positional(0)
         .ok_or("usage: blkload DEVICE [--rw R] [--bs N] [--qd N] [--runtime D]")?
-        .clone();
-    let opt = |name: &str, default: &str| -> String {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| default.into())
-    };
-    let rw = opt("--rw", "randread");
-    let bs = parse_size(&opt("--bs", "4k")).map_err(|e| e.to_string())? as usize;
-    let qd: usize = opt("--qd", "32").parse().map_err(|_| "--qd: a number")?;
-    let runtime = parse_duration(&opt("--runtime", "10s")).map_err(|e| e.to_string())?;
+        .to_string();
+    let rw = flags.value("--rw", "randread");
+    let bs = parse_size(&flags.value("--bs", "4k")).map_err(|e| e.to_string())? as usize;
+    let qd: usize = flags.number("--qd", "32")?;
+    let runtime = parse_duration(&flags.value("--runtime", "10s")).map_err(|e| e.to_string())?;
     let write = rw.ends_with("write");
     let random = rw.starts_with("rand");
     let file = std::fs::OpenOptions::new()

@@ -18,6 +18,7 @@
 use rdmablk_common::nvme::{dnr_of, property, Status};
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units::parse_duration;
+use rdmablk_tests::args::Flags;
 use rdmablk_tests::client::Queue;
 use std::io::Write;
 use std::net::SocketAddr;
@@ -38,26 +39,17 @@ fn say(s: String) {
 }
 
 fn run() -> Result<(), String> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flags = Flags::from_env();
     let usage = "usage: hold_queues ADDR:PORT SUBNQN [--count N] [--retry 20ms] [--kato 5s] \
                  [--hostnqn-prefix NQN]";
-    let (Some(addr), Some(subnqn)) = (args.first(), args.get(1)) else {
+    let (Some(addr), Some(subnqn)) = (flags.positional(0), flags.positional(1)) else {
         return Err(usage.into());
     };
     let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    let opt = |name: &str, default: &str| -> String {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| default.into())
-    };
-    let count: usize = opt("--count", "1")
-        .parse()
-        .map_err(|_| "--count: a number")?;
-    let retry = parse_duration(&opt("--retry", "20ms")).map_err(|e| e.to_string())?;
-    let kato = parse_duration(&opt("--kato", "5s")).map_err(|e| e.to_string())?;
-    let prefix = opt("--hostnqn-prefix", "nqn.2026-11.io.rdmablk:hold");
+    let count: usize = flags.number("--count", "1")?;
+    let retry = parse_duration(&flags.value("--retry", "20ms")).map_err(|e| e.to_string())?;
+    let kato = parse_duration(&flags.value("--kato", "5s")).map_err(|e| e.to_string())?;
+    let prefix = flags.value("--hostnqn-prefix", "nqn.2026-11.io.rdmablk:hold");
     let kato_ms = kato.as_millis() as u32;
 
     let mut held: Vec<Queue> = Vec::new();

@@ -23,6 +23,7 @@ use rdmablk_common::rdma::{
     SendOp, SendWr, Sge,
 };
 use rdmablk_common::units::{parse_duration, parse_size};
+use rdmablk_tests::args::Flags;
 use std::io::Write;
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -49,26 +50,17 @@ fn main() {
 type Res<T> = Result<T, String>;
 
 fn run() -> Res<()> {
-    let args: Vec<String> = std::env::args().skip(1).collect();
+    let flags = Flags::from_env();
     let usage =
         "usage: rdma_stall ADDR:PORT SUBNQN [--reads 32] [--bs 128k] [--hold 30s] [--hostnqn NQN]";
-    let (Some(addr), Some(subnqn)) = (args.first(), args.get(1)) else {
+    let (Some(addr), Some(subnqn)) = (flags.positional(0), flags.positional(1)) else {
         return Err(usage.into());
     };
     let addr: SocketAddr = addr.parse().map_err(|e| format!("{addr}: {e}"))?;
-    let opt = |name: &str, default: &str| -> String {
-        args.iter()
-            .position(|a| a == name)
-            .and_then(|i| args.get(i + 1))
-            .cloned()
-            .unwrap_or_else(|| default.into())
-    };
-    let reads: u16 = opt("--reads", "32")
-        .parse()
-        .map_err(|_| "--reads: a number")?;
-    let bs = parse_size(&opt("--bs", "128k")).map_err(|e| e.to_string())? as usize;
-    let hold = parse_duration(&opt("--hold", "30s")).map_err(|e| e.to_string())?;
-    let hostnqn = opt("--hostnqn", DEFAULT_HOSTNQN);
+    let reads: u16 = flags.number("--reads", "32")?;
+    let bs = parse_size(&flags.value("--bs", "128k")).map_err(|e| e.to_string())? as usize;
+    let hold = parse_duration(&flags.value("--hold", "30s")).map_err(|e| e.to_string())?;
+    let hostnqn = flags.value("--hostnqn", DEFAULT_HOSTNQN);
     if reads == 0 || reads > 1024 {
         return Err("--reads: 1 to 1024".into());
     }
@@ -80,7 +72,7 @@ fn run() -> Res<()> {
     let data = ConnectData {
         hostid: HOSTID,
         cntlid: 0xffff,
-        subnqn: subnqn.clone(),
+        subnqn: subnqn.to_string(),
         hostnqn: hostnqn.clone(),
     }
     .encode();
@@ -156,7 +148,7 @@ fn run() -> Res<()> {
     let data = ConnectData {
         hostid: HOSTID,
         cntlid,
-        subnqn: subnqn.clone(),
+        subnqn: subnqn.to_string(),
         hostnqn,
     }
     .encode();

@@ -1,0 +1,51 @@
+//! Why the daemon could not start, or could not stop cleanly.
+
+use std::io;
+
+/// A failure of the daemon as a whole (a host's mistakes are NVMe statuses
+/// and logged refusals, never these).
+#[derive(Debug, thiserror::Error)]
+pub enum DaemonError {
+    /// A namespace's backend could not be opened.
+    #[error("{key} ({nqn}): {source}")]
+    Namespace {
+        key: String,
+        nqn: String,
+        source: io::Error,
+    },
+    /// A listener could not be set up.
+    #[error("cannot listen on {url}: {source}{hint}")]
+    Listen {
+        url: String,
+        source: io::Error,
+        /// What to check, when there is something to say.
+        hint: &'static str,
+    },
+    /// The RDMA device of a listener is iWARP.
+    #[error("{url} is on iWARP device {device}: iWARP is not supported (use RoCE or InfiniBand, e.g. soft-RoCE rxe)")]
+    Iwarp { url: String, device: String },
+    /// A thread or resource of the daemon could not be started.
+    #[error("starting {what}: {source}")]
+    Start {
+        what: &'static str,
+        source: io::Error,
+    },
+    /// Signal handling failed.
+    #[error("{what}: {source}")]
+    Signals {
+        what: &'static str,
+        source: nix::Error,
+    },
+    /// A namespace could not be flushed at shutdown.
+    #[error("flushing {nqn} namespace {nsid}: {source}")]
+    Flush {
+        nqn: String,
+        nsid: u32,
+        source: io::Error,
+    },
+}
+
+/// `map_err` helper: the context of a failed start.
+pub fn starting(what: &'static str) -> impl FnOnce(io::Error) -> DaemonError {
+    move |source| DaemonError::Start { what, source }
+}
