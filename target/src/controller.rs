@@ -34,6 +34,9 @@ pub const MAX_TRANSFER: u32 = 4096 << MDTS;
 pub const MAX_AERS: usize = 4;
 /// Keep-alive granularity in 100 ms units (KAS).
 const KAS: u16 = 10;
+/// Namespace ids from here up (FFFFFFFEh, and FFFFFFFFh: all namespaces)
+/// cannot start an Active Namespace ID list (NVMe Base 2.1, 5.1.13.2.2).
+const NSID_RESERVED: u32 = 0xffff_fffe;
 /// NVMe version 1.3.0.
 const VERSION: u32 = 0x0001_0300;
 /// Command Retry Delay Times 1 to 3 (Identify Controller CRDT1..3), in
@@ -652,7 +655,7 @@ impl Controller {
                 }
                 None => Reply::status(Status::INVALID_NAMESPACE),
             },
-            cns::ACTIVE_NS_LIST if nsid < 0xffff_fffe => Reply::data(encode_ns_list(
+            cns::ACTIVE_NS_LIST if nsid < NSID_RESERVED => Reply::data(encode_ns_list(
                 self.subsys.namespaces.iter().map(|n| n.nsid),
                 nsid,
             )),

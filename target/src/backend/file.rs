@@ -159,13 +159,13 @@ fn probe_direct(file: &File, block_size: u32) -> bool {
     }
 }
 
+// BLKGETSIZE64 (linux/fs.h: _IOR(0x12, 114, size_t)): a block device's size in bytes.
+nix::ioctl_read!(blk_get_size64, 0x12, 114, u64);
+
 /// Size of a block device in bytes (BLKGETSIZE64).
 fn device_size(file: &File) -> io::Result<u64> {
     let mut size: u64 = 0;
     // SAFETY: BLKGETSIZE64 writes one u64 through the pointer, which is valid.
-    let r = unsafe { libc::ioctl(file.as_raw_fd(), 0x8008_1272, &mut size as *mut u64) };
-    if r < 0 {
-        return Err(io::Error::last_os_error());
-    }
+    unsafe { blk_get_size64(file.as_raw_fd(), &mut size) }.map_err(io::Error::from)?;
     Ok(size)
 }
