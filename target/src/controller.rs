@@ -870,3 +870,6 @@ fn effects_log() -> Vec<u8> {
     }
     b
 }
+
+#[cfg(test)]
+mod tests;

@@ -14,6 +14,8 @@ mod poller;
 mod queue;
 mod stats;
 mod subsystem;
+#[cfg(test)]
+mod testing;
 mod transport;
 
 use clap::Parser;
