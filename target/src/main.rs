@@ -31,7 +31,7 @@ use std::sync::Arc;
 use subsystem::Registry;
 
 /// NVMe over Fabrics target: serves files, block devices and memory as NVMe
-/// namespaces over NVMe/TCP.
+/// namespaces over NVMe/TCP and NVMe/RDMA.
 ///
 /// With no arguments it serves a 1 GiB memory namespace
 /// (nqn.2026-11.io.rdmablk:default) on tcp://127.0.0.1:4420 to any host.
@@ -47,7 +47,8 @@ struct Args {
     /// Validate the configuration (or quick form) and exit.
     #[arg(long)]
     check: bool,
-    /// Where to listen: tcp://ADDR:PORT (may repeat). Default tcp://127.0.0.1:4420.
+    /// Where to listen: tcp://ADDR:PORT or rdma://ADDR:PORT (may repeat).
+    /// Default tcp://127.0.0.1:4420.
     #[arg(short, long, value_name = "URL")]
     listen: Vec<String>,
     /// Serve a memory namespace of this size (e.g. 1GiB).

@@ -4,7 +4,7 @@
 # nvmet, nbd, soft-RoCE (rdma_rxe) and (later) ublk.
 #
 #   tests/vm/run.sh                  # every scenario in tests/vm/scenarios/
-#   tests/vm/run.sh kernel-host-tcp  # only these (file names without .sh)
+#   tests/vm/run.sh 10-kernel-host-tcp  # only these (file names without .sh)
 #
 # Tools too big for the initramfs (fio and its ~80 MB of libraries) live on a
 # read-only ext4 disk, build/vm-cache/tools.img, mounted at /opt/tools; the
