@@ -140,12 +140,16 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
     })
 }
 
+/// The backend operations of one command: one, except for Dataset
+/// Management, so they live inline.
+pub type Entries = smallvec::SmallVec<[squeue::Entry; 1]>;
+
 /// What executing a command led to.
 pub enum Progress {
     /// The response can be sent now.
     Complete,
     /// Backend operations were queued; their completions finish the command.
-    Waiting(Vec<squeue::Entry>),
+    Waiting(Entries),
     /// The command is an AER to hold.
     Held,
 }
@@ -274,30 +278,36 @@ impl Command {
             unreachable!("start_io on a non-I/O command")
         };
         let (ns, offset, len) = (req.ns.clone(), req.offset, req.len);
-        let accesses = match req.kind {
-            IoKind::Read => vec![ns.backend.read(offset, self.fixed(arena, 0))],
-            IoKind::Write { fua } => vec![ns.backend.write(offset, self.fixed(arena, 0), fua)],
-            IoKind::Flush => vec![ns.backend.flush()],
-            IoKind::WriteZeroes { deallocate } => vec![ns.backend.zero(offset, len, deallocate)],
-            IoKind::Dsm { deallocate: false } => Vec::new(),
-            IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(&ns, self.data(arena)) {
-                Ok(ranges) => ranges
-                    .iter()
-                    .map(|&(o, l)| ns.backend.zero(o, l, true))
-                    .collect(),
-                Err(st) => {
-                    self.status = st;
-                    Vec::new()
-                }
-            },
+        // One operation for everything but Dataset Management: no heap on
+        // the I/O path.
+        let mut entries = Entries::new();
+        let mut take = |a: Access, status: &mut Status| match a {
+            Access::Done(Ok(())) => {}
+            Access::Done(Err(st)) => *status = st,
+            Access::Submit(e) => entries.push(e),
         };
-        let mut entries = Vec::new();
-        for a in accesses {
-            match a {
-                Access::Done(Ok(())) => {}
-                Access::Done(Err(st)) => self.status = st,
-                Access::Submit(e) => entries.push(e),
+        match req.kind {
+            IoKind::Read => take(
+                ns.backend.read(offset, self.fixed(arena, 0)),
+                &mut self.status,
+            ),
+            IoKind::Write { fua } => take(
+                ns.backend.write(offset, self.fixed(arena, 0), fua),
+                &mut self.status,
+            ),
+            IoKind::Flush => take(ns.backend.flush(), &mut self.status),
+            IoKind::WriteZeroes { deallocate } => {
+                take(ns.backend.zero(offset, len, deallocate), &mut self.status)
             }
+            IoKind::Dsm { deallocate: false } => {}
+            IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(&ns, self.data(arena)) {
+                Ok(ranges) => {
+                    for (o, l) in ranges {
+                        take(ns.backend.zero(o, l, true), &mut self.status);
+                    }
+                }
+                Err(st) => self.status = st,
+            },
         }
         self.ops_in_flight = entries.len() as u32;
         if entries.is_empty() {

@@ -5,7 +5,7 @@
 
 use crate::admission::Permit;
 use crate::budget::Ledger;
-use crate::command::{Command, Connected, Progress, Work};
+use crate::command::{Command, Connected, Entries, Progress, Work};
 use crate::config::Limits;
 use crate::controller::{Association, TransportCaps, SQHD_FLOW_DISABLED};
 use crate::poller::{Io, Token};
@@ -25,7 +25,7 @@ pub enum Ran {
     /// An AER to hold: its slot can be freed, its CID answered later.
     Held,
     /// Backend operations to submit; their completions finish the command.
-    Waiting(Vec<squeue::Entry>),
+    Waiting(Entries),
 }
 
 /// What every transport's queue holds of the target: its association, the
@@ -155,7 +155,7 @@ pub fn response(
 }
 
 /// Queues a command's backend operations under `token`; returns how many.
-pub fn submit_backend(entries: Vec<squeue::Entry>, token: Token, io: &mut Io) -> usize {
+pub fn submit_backend(entries: Entries, token: Token, io: &mut Io) -> usize {
     let n = entries.len();
     io.sq
         .extend(entries.into_iter().map(|e| e.user_data(token.encode())));

@@ -271,7 +271,7 @@ mod tests {
         let mut live: Vec<ArenaBuf> = Vec::new();
         for _ in 0..20_000 {
             if rand() % 3 != 0 || live.is_empty() {
-                let len = 1 + (rand() % (1 << 20)) as usize >> (rand() % 10);
+                let len = (1 + (rand() % (1 << 20)) as usize) >> (rand() % 10);
                 if let Some(b) = a.alloc(len) {
                     assert!(b.capacity() >= len);
                     for o in &live {

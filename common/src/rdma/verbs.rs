@@ -458,7 +458,11 @@ pub struct Sge {
     pub lkey: u32,
 }
 
-fn to_ibv_sges(sges: &[Sge]) -> Vec<ibv_sge> {
+/// Scatter/gather entries as verbs wants them; a few live inline, so
+/// posting allocates nothing.
+type IbvSges = smallvec::SmallVec<[ibv_sge; 4]>;
+
+fn to_ibv_sges(sges: &[Sge]) -> IbvSges {
     sges.iter()
         .map(|s| ibv_sge {
             addr: s.addr as u64,
@@ -564,9 +568,12 @@ pub struct SendWr<'a> {
 /// registered and left to the device until the requests complete (inline
 /// data excepted: it is copied during the call).
 pub unsafe fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> io::Result<()> {
-    let mut lists: Vec<Vec<ibv_sge>> = wrs.iter().map(|w| to_ibv_sges(w.sges)).collect();
+    // Built whole before any pointer into them is taken, and not moved
+    // after: the chain's pointers stay valid through the call.
+    let mut lists: smallvec::SmallVec<[IbvSges; 2]> =
+        wrs.iter().map(|w| to_ibv_sges(w.sges)).collect();
     // SAFETY: plain data; zeroed is a valid value.
-    let mut raw: Vec<ibv_send_wr> = (0..wrs.len())
+    let mut raw: smallvec::SmallVec<[ibv_send_wr; 2]> = (0..wrs.len())
         .map(|_| unsafe { std::mem::zeroed() })
         .collect();
     for (i, w) in wrs.iter().enumerate() {

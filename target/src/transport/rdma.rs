@@ -1085,12 +1085,12 @@ impl RdmaConn {
         id: u64,
         invalidate: Option<u32>,
     ) {
-        let mut wrs: Vec<SendWr> = before.into_iter().collect();
         let sge = [Sge {
             addr: cqe.as_ptr(),
             len: cqe.len() as u32,
             lkey: 0,
         }];
+        let mut wrs: smallvec::SmallVec<[SendWr; 2]> = before.into_iter().collect();
         wrs.push(SendWr {
             wr_id: id,
             op: SendOp::Send { invalidate },
