@@ -789,7 +789,7 @@ impl RdmaConn {
                 tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "NVMe/RDMA queue closed: {why}")
             }
             None => {
-                tracing::info!(peer = %self.peer, qid = self.qid, "NVMe/RDMA connection closed: {why}")
+                tracing::debug!(peer = %self.peer, qid = self.qid, "NVMe/RDMA connection closed: {why}")
             }
         }
         self.phase = Phase::Closing;

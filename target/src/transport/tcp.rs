@@ -210,7 +210,9 @@ impl TcpConn {
             Some(a) => {
                 tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}")
             }
-            None => tracing::info!(peer = %self.peer, "connection closed: {why}"),
+            // A connection that never connected a queue: a flood of them
+            // would flood the log too.
+            None => tracing::debug!(peer = %self.peer, "connection closed: {why}"),
         }
         self.phase = Phase::Closing;
         self.since = Instant::now();
