@@ -10,7 +10,7 @@
 /usr/bin/modprobe tcp_diag || fail "modprobe tcp_diag (ss -K needs it)"
 NQN=nqn.2026-11.io.rdmablk:vm-busy
 BUSY="Connect refused with Controller Busy (the host may retry)"
-# The kernel host uses port 4420, the fillers 4421: ss -K can cut the
+# The kernel host uses port 4490, the fillers 4491: ss -K can cut the
 # kernel's connections alone.
 cat > /tmp/busy.toml <<EOF
 [limits]
@@ -18,11 +18,11 @@ connections = 3
 
 [[listener]]
 transport = "tcp"
-address = "127.0.0.1:4420"
+address = "127.0.0.1:4490"
 
 [[listener]]
 transport = "tcp"
-address = "127.0.0.1:4421"
+address = "127.0.0.1:4491"
 
 [[subsystem]]
 nqn = "$NQN"
@@ -40,10 +40,10 @@ cleanup() {
 }
 trap cleanup EXIT
 start_target /tmp/target.log --config /tmp/busy.toml --stats /tmp/stats.json
-wait_for 10 grep -q "listening on tcp://127.0.0.1:4421" /tmp/target.log || fail "no listener on 4421"
+wait_for 10 grep -q "listening on tcp://127.0.0.1:4491" /tmp/target.log || fail "no listener on 4491"
 
 # The kernel host: admin queue and one I/O queue (2 of 3 places).
-/usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN -i 1 --reconnect-delay=1 --ctrl-loss-tmo=60 ||
+/usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4490 -n $NQN -i 1 --reconnect-delay=1 --ctrl-loss-tmo=60 ||
   fail "nvme connect"
 wait_for 20 nvme_blk $NQN || fail "no block device"
 dev=$(nvme_blk $NQN)
@@ -56,21 +56,21 @@ dd if=/tmp/a of=$dev bs=1M oflag=direct 2>/dev/null || fail "write before the cu
 
 # Filler A takes the last place; filler B wants two more and is refused
 # (Controller Busy, DNR clear) while it retries.
-hold_queues 127.0.0.1:4421 $NQN --count 1 --hostnqn-prefix nqn.2026-11.io.rdmablk:fill-a > /tmp/hold-a.out 2> /tmp/hold-a.log &
+hold_queues 127.0.0.1:4491 $NQN --count 1 --hostnqn-prefix nqn.2026-11.io.rdmablk:fill-a > /tmp/hold-a.out 2> /tmp/hold-a.log &
 HPIDS="$HPIDS $!"
 wait_for 10 grep -q "^holding 1" /tmp/hold-a.out || fail "filler A did not get its place"
 wait_for 5 grep -q '"queues_connected":3,' /tmp/stats.json || fail "the limit is not full: $(cat /tmp/stats.json)"
-hold_queues 127.0.0.1:4421 $NQN --count 2 --retry 20ms --hostnqn-prefix nqn.2026-11.io.rdmablk:fill-b > /tmp/hold-b.out 2> /tmp/hold-b.log &
+hold_queues 127.0.0.1:4491 $NQN --count 2 --retry 20ms --hostnqn-prefix nqn.2026-11.io.rdmablk:fill-b > /tmp/hold-b.out 2> /tmp/hold-b.log &
 HPIDS="$HPIDS $!"
 wait_for 10 grep -q "^busy: " /tmp/hold-b.out || fail "filler B was not answered Controller Busy: $(cat /tmp/hold-b.out /tmp/hold-b.log)"
 grep -q "^held" /tmp/hold-b.out && fail "filler B got a place beyond limits.connections"
 say "limits.connections full: $(cat /tmp/stats.json); filler B: $(head -1 /tmp/hold-b.out)"
 
 # Cut the kernel host's connections (both ends; not the listener).
-/usr/bin/ss -tn state established '( dport = :4420 or sport = :4420 )' > /tmp/ss.txt
+/usr/bin/ss -tn state established '( dport = :4490 or sport = :4490 )' > /tmp/ss.txt
 [ "$(grep -c 127.0.0.1 /tmp/ss.txt)" = 4 ] || { cat /tmp/ss.txt; fail "expected the kernel host's 2 connections (4 sockets)"; }
 t0=$(cut -d' ' -f1 /proc/uptime)
-/usr/bin/ss -K -tn state established '( dport = :4420 or sport = :4420 )' > /dev/null ||
+/usr/bin/ss -K -tn state established '( dport = :4490 or sport = :4490 )' > /dev/null ||
   fail "ss -K failed (CONFIG_INET_DIAG_DESTROY?)"
 wait_for 10 grep -q "^holding 2" /tmp/hold-b.out ||
   fail "filler B did not take the places the kernel host left: $(cat /tmp/stats.json) $(cat /tmp/hold-b.out)"
