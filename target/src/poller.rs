@@ -89,13 +89,31 @@ impl Token {
     }
 }
 
+/// Operations to push to the poller's ring at its next submit. Queueing one
+/// is unsafe: the kernel reads and writes what it points to until its
+/// completion is reaped, so each caller argues, where it queues, that the
+/// memory stays valid and in place until then.
+pub struct Submissions<'a>(&'a mut Vec<squeue::Entry>);
+
+impl Submissions<'_> {
+    /// Queues `e`.
+    ///
+    /// # Safety
+    /// Every buffer, iovec, message header or timespec `e` points to stays
+    /// valid and in place until the completion carrying `e`'s user data has
+    /// been reaped.
+    pub unsafe fn push(&mut self, e: squeue::Entry) {
+        self.0.push(e);
+    }
+}
+
 /// What connection handlers get from their poller.
 pub struct Io<'a> {
     pub arena: &'a mut Arena,
     /// What the queues of this poller hold together.
     pub budget: &'a mut PollerBudget,
     /// Operations to submit after the handler returns.
-    pub sq: &'a mut Vec<squeue::Entry>,
+    pub sq: Submissions<'a>,
     pub registry: &'a Arc<Registry>,
     /// The daemon is stopping: take no new commands.
     pub stopping: bool,
@@ -211,11 +229,9 @@ impl Poller {
         self.arm_tick();
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         loop {
-            // SAFETY: every queued operation points at memory that stays valid
-            // until its completion: connection buffers and message headers live
-            // in boxed connections freed only once no operation of theirs is in
-            // flight, arena buffers are released only after their operations
-            // complete, and the tick timespec lives in the Poller.
+            // SAFETY: every pending operation was queued through
+            // `Submissions::push` (or `arm_tick`/`arm_wake`), where its caller
+            // argued that its memory stays valid until its completion.
             let submitted = if self.busy_poll {
                 // SAFETY: as above.
                 unsafe { self.ring.submit() }
@@ -263,7 +279,7 @@ impl Poller {
             Io {
                 arena: &mut self.ring.arena,
                 budget: &mut self.budget,
-                sq: &mut self.ring.pending,
+                sq: Submissions(&mut self.ring.pending),
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
             },
@@ -321,7 +337,7 @@ impl Poller {
         let (mut io, conns, shared, rdma) = self.split();
         let rdma_before = rdma.connections();
         rdma.pump(&mut io);
-        rdma.arm(io.sq);
+        rdma.arm(&mut io.sq);
         let rdma_closed = rdma_before - rdma.connections();
         shared.connections.fetch_sub(rdma_closed, Ordering::AcqRel);
         let mut freed = rdma_closed;
@@ -412,12 +428,14 @@ impl Poller {
         let e = opcode::Timeout::new(&self.tick)
             .build()
             .user_data(Token::Tick.encode());
-        self.ring.pending.push(e);
+        // SAFETY: the timespec is a field of this poller, which `run` owns
+        // and does not move until the thread ends.
+        unsafe { Submissions(&mut self.ring.pending).push(e) };
     }
 
     fn arm_wake(&mut self) {
-        self.ring
-            .pending
-            .push(self.wakeup.poll(Token::Wake.encode()));
+        let e = self.wakeup.poll(Token::Wake.encode());
+        // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
+        unsafe { Submissions(&mut self.ring.pending).push(e) };
     }
 }

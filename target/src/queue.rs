@@ -157,8 +157,14 @@ pub fn response(
 /// Queues a command's backend operations under `token`; returns how many.
 pub fn submit_backend(entries: Entries, token: Token, io: &mut Io) -> usize {
     let n = entries.len();
-    io.sq
-        .extend(entries.into_iter().map(|e| e.user_data(token.encode())));
+    for e in entries {
+        // SAFETY: a backend operation reads or writes the command's arena
+        // buffer (fixed buffer 0, mapped as long as the poller's ring), which
+        // the command keeps until `ops_in_flight` is back to zero, and its
+        // slot is not freed before (completions arrive through `token`); or
+        // it touches no memory (fsync, fallocate).
+        unsafe { io.sq.push(e.user_data(token.encode())) };
+    }
     n
 }
 

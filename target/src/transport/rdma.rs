@@ -12,7 +12,7 @@ use crate::command::{self, Command};
 use crate::config::Limits;
 use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE, MAX_IO_QUEUE_SIZE};
 use crate::error::{starting, DaemonError};
-use crate::poller::{Io, PollerLink, Token};
+use crate::poller::{Io, PollerLink, Submissions, Token};
 use crate::queue::{self, BackendStep, Binding, Ran, SendWatch};
 use crate::subsystem::Registry;
 use rdmablk_common::mem::ArenaBuf;
@@ -505,23 +505,23 @@ impl Endpoint {
     }
 
     /// Polls to put in the ring: the CM channel and each device's CQ channel.
-    pub fn arm(&mut self, sq: &mut Vec<io_uring::squeue::Entry>) {
+    pub fn arm(&mut self, sq: &mut Submissions) {
         use io_uring::{opcode, types};
         if let (Some(cm), false) = (&self.cm, self.cm_armed) {
-            sq.push(
-                opcode::PollAdd::new(types::Fd(cm.fd()), libc::POLLIN as u32)
-                    .build()
-                    .user_data(Token::RdmaCm.encode()),
-            );
+            let poll = opcode::PollAdd::new(types::Fd(cm.fd()), libc::POLLIN as u32)
+                .build()
+                .user_data(Token::RdmaCm.encode());
+            // SAFETY: a poll points at no memory (the ring holds the file).
+            unsafe { sq.push(poll) };
             self.cm_armed = true;
         }
         for (i, d) in self.devices.iter_mut().enumerate() {
             if !d.armed {
-                sq.push(
-                    opcode::PollAdd::new(types::Fd(d.cq.fd()), libc::POLLIN as u32)
-                        .build()
-                        .user_data(Token::RdmaCq(i).encode()),
-                );
+                let poll = opcode::PollAdd::new(types::Fd(d.cq.fd()), libc::POLLIN as u32)
+                    .build()
+                    .user_data(Token::RdmaCq(i).encode());
+                // SAFETY: as above.
+                unsafe { sq.push(poll) };
                 d.armed = true;
             }
         }
@@ -702,8 +702,10 @@ impl Endpoint {
         };
         match queue::on_backend(&mut s.cmd, res, io) {
             BackendStep::Submit(e) => {
-                io.sq
-                    .push(e.user_data(Token::RdmaBackend(c, slot).encode()));
+                let e = e.user_data(Token::RdmaBackend(c, slot).encode());
+                // SAFETY: as `queue::submit_backend`: the rest of a short
+                // transfer, in the command's arena buffer.
+                unsafe { io.sq.push(e) };
                 conn.backend_ops += 1;
             }
             BackendStep::Complete => {

@@ -280,11 +280,11 @@ impl TcpConn {
                     (self.send_busy, Token::Send(self.idx)),
                 ] {
                     if busy {
-                        io.sq.push(
-                            opcode::AsyncCancel::new(token.encode())
-                                .build()
-                                .user_data(Token::Cancel.encode()),
-                        );
+                        let cancel = opcode::AsyncCancel::new(token.encode())
+                            .build()
+                            .user_data(Token::Cancel.encode());
+                        // SAFETY: a cancellation points at no memory.
+                        unsafe { io.sq.push(cancel) };
                     }
                 }
                 self.cancelled = true;
@@ -329,7 +329,13 @@ impl TcpConn {
         let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
             .build()
             .user_data(Token::Recv(self.idx).encode());
-        io.sq.push(e);
+        // SAFETY: the receive writes into this connection's receive buffer
+        // (a mapping of its own, unmapped only with the boxed connection,
+        // which is freed only once `recv_busy` is clear), or into the arena
+        // buffer of the command whose H2CData it is: that command cannot
+        // complete, and so keep or free its buffer, before its data arrives,
+        // and teardown also waits for `recv_busy`.
+        unsafe { io.sq.push(e) };
         self.recv_busy = true;
         self.recv_direct = direct;
     }
@@ -362,7 +368,13 @@ impl TcpConn {
             .flags(libc::MSG_NOSIGNAL as u32)
             .build()
             .user_data(Token::Send(self.idx).encode());
-        io.sq.push(e);
+        // SAFETY: the message header and iovecs live in the boxed TxQueue and
+        // stay put until the next `message`, called only once this send has
+        // completed (`send_busy`); PDU headers live in its items; payloads
+        // are arena buffers whose commands are released only when `advance`
+        // reports their last PDU sent; the connection is freed only once
+        // `send_busy` is clear.
+        unsafe { io.sq.push(e) };
         self.send_busy = true;
         self.sends.posted();
     }
@@ -400,8 +412,10 @@ impl TcpConn {
         };
         match queue::on_backend(cmd, res, io) {
             BackendStep::Submit(next) => {
-                io.sq
-                    .push(next.user_data(Token::Backend(self.idx, slot).encode()));
+                let e = next.user_data(Token::Backend(self.idx, slot).encode());
+                // SAFETY: as `queue::submit_backend`: the rest of a short
+                // transfer, in the command's arena buffer.
+                unsafe { io.sq.push(e) };
                 self.backend_ops += 1;
             }
             BackendStep::Complete => self.complete(slot, io),
