@@ -370,10 +370,11 @@ impl TcpConn {
             .user_data(Token::Send(self.idx).encode());
         // SAFETY: the message header and iovecs live in the boxed TxQueue and
         // stay put until the next `message`, called only once this send has
-        // completed (`send_busy`); PDU headers live in its items; payloads
-        // are arena buffers whose commands are released only when `advance`
-        // reports their last PDU sent; the connection is freed only once
-        // `send_busy` is clear.
+        // completed (`send_busy`); PDU headers and digests are heap buffers
+        // owned by its items (they do not move when the item deque grows);
+        // payloads are arena buffers whose commands are released only when
+        // `advance` reports their last PDU sent; the connection is freed only
+        // once `send_busy` is clear.
         unsafe { io.sq.push(e) };
         self.send_busy = true;
         self.sends.posted();
