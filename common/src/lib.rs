@@ -5,6 +5,7 @@
 
 pub mod bytes;
 pub mod fabrics;
+pub mod fuzzing;
 pub mod mem;
 pub mod nvme;
 pub mod rdma;

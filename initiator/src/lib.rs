@@ -3,5 +3,6 @@
 
 pub mod bench;
 pub mod frontend;
+pub mod fuzzing;
 pub mod host;
 pub mod hostid;

@@ -111,8 +111,12 @@ pub fn parse_log_header(b: &[u8]) -> (u64, u64) {
 
 /// Decodes the entries that `b` holds completely.
 pub fn parse_log_entries(b: &[u8]) -> Vec<DiscoveryEntry> {
+    if b.len() < DISCOVERY_LOG_HEADER_LEN {
+        // No entry, and perhaps not even NUMREC.
+        return Vec::new();
+    }
     let (_, numrec) = parse_log_header(b);
-    b[DISCOVERY_LOG_HEADER_LEN.min(b.len())..]
+    b[DISCOVERY_LOG_HEADER_LEN..]
         .chunks_exact(DISCOVERY_ENTRY_LEN)
         .take(numrec as usize)
         .map(DiscoveryEntry::parse)

@@ -22,19 +22,19 @@ const OPT_REPLY_MAGIC: u64 = 0x0003_e889_0455_65a9;
 const FLAG_FIXED_NEWSTYLE: u16 = 1 << 0;
 const FLAG_NO_ZEROES: u16 = 1 << 1;
 // Client flags.
-const C_FIXED_NEWSTYLE: u32 = 1 << 0;
-const C_NO_ZEROES: u32 = 1 << 1;
+pub const C_FIXED_NEWSTYLE: u32 = 1 << 0;
+pub const C_NO_ZEROES: u32 = 1 << 1;
 
 // Option types (`NBD_OPT_*`).
-const OPT_EXPORT_NAME: u32 = 1;
-const OPT_ABORT: u32 = 2;
-const OPT_LIST: u32 = 3;
-const OPT_STARTTLS: u32 = 5;
-const OPT_INFO: u32 = 6;
-const OPT_GO: u32 = 7;
-const OPT_STRUCTURED_REPLY: u32 = 8;
-const OPT_LIST_META_CONTEXT: u32 = 9;
-const OPT_SET_META_CONTEXT: u32 = 10;
+pub const OPT_EXPORT_NAME: u32 = 1;
+pub const OPT_ABORT: u32 = 2;
+pub const OPT_LIST: u32 = 3;
+pub const OPT_STARTTLS: u32 = 5;
+pub const OPT_INFO: u32 = 6;
+pub const OPT_GO: u32 = 7;
+pub const OPT_STRUCTURED_REPLY: u32 = 8;
+pub const OPT_LIST_META_CONTEXT: u32 = 9;
+pub const OPT_SET_META_CONTEXT: u32 = 10;
 
 // Option reply types (`NBD_REP_*`); errors have bit 31 set.
 const REP_ACK: u32 = 1;
@@ -48,9 +48,9 @@ const REP_ERR_TOO_BIG: u32 = (1 << 31) + 9;
 
 // Information types (`NBD_INFO_*`) of `NBD_REP_INFO` replies.
 const INFO_EXPORT: u16 = 0;
-const INFO_NAME: u16 = 1;
-const INFO_DESCRIPTION: u16 = 2;
-const INFO_BLOCK_SIZE: u16 = 3;
+pub const INFO_NAME: u16 = 1;
+pub const INFO_DESCRIPTION: u16 = 2;
+pub const INFO_BLOCK_SIZE: u16 = 3;
 
 /// Largest option payload we read into memory. The longest legitimate one we
 /// parse is `NBD_OPT_INFO`/`NBD_OPT_GO`: 4 + a name of at most 4096 bytes + 2 +
