@@ -14,7 +14,8 @@ use std::sync::Arc;
 
 /// In-capsule data (at most 8 KiB a command) all queues of a poller may
 /// hold staged while waiting for arena buffers; past it a queue stops
-/// reading its socket until buffers come back.
+/// reading its socket until buffers come back, unless data it waits for
+/// may be behind (see [`Ledger::stage`]).
 pub const STAGED_LIMIT: usize = 8 << 20;
 
 /// What the queues of one poller hold together.
@@ -122,8 +123,12 @@ impl Ledger {
 
     /// A copy of in-capsule data for a command that has no buffer yet, if
     /// the poller's [`STAGED_LIMIT`] allows; `None` means stop reading.
-    pub fn stage(&mut self, data: &[u8], pool: &mut PollerBudget) -> Option<Vec<u8>> {
-        if pool.staged + data.len() > STAGED_LIMIT {
+    /// `must` stages past the limit: the queue has commands holding buffers
+    /// whose data may follow in the stream, and stopping would keep it from
+    /// them (a queue holds at most its depth of commands, so this is
+    /// bounded too).
+    pub fn stage(&mut self, data: &[u8], must: bool, pool: &mut PollerBudget) -> Option<Vec<u8>> {
+        if !must && pool.staged + data.len() > STAGED_LIMIT {
             return None;
         }
         pool.staged += data.len();
@@ -215,12 +220,15 @@ mod tests {
         let mut pool = PollerBudget::new(1 << 20);
         let mut q = Ledger::new(4 << 20);
         let chunk = vec![7u8; 8192];
-        let staged: Vec<_> = std::iter::from_fn(|| q.stage(&chunk, &mut pool)).collect();
+        let staged: Vec<_> = std::iter::from_fn(|| q.stage(&chunk, false, &mut pool)).collect();
         assert_eq!(staged.len(), STAGED_LIMIT / 8192);
-        for s in staged {
+        let forced = q
+            .stage(&chunk, true, &mut pool)
+            .expect("staged past the limit");
+        for s in staged.into_iter().chain([forced]) {
             q.unstage(s, &mut pool);
         }
         assert_eq!(pool.staged, 0);
-        assert!(q.stage(&chunk, &mut pool).is_some());
+        assert!(q.stage(&chunk, false, &mut pool).is_some());
     }
 }

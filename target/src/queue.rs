@@ -54,9 +54,10 @@ impl Binding {
     }
 
     /// Stages in-capsule data that has no buffer yet, within the poller's
-    /// bound; `None` means leave it in the socket buffer for now.
-    pub fn stage(&mut self, data: &[u8], io: &mut Io) -> Option<Vec<u8>> {
-        self.ledger.stage(data, io.budget)
+    /// bound unless `must` (see [`Ledger::stage`]); `None` means leave it in
+    /// the socket buffer for now.
+    pub fn stage(&mut self, data: &[u8], must: bool, io: &mut Io) -> Option<Vec<u8>> {
+        self.ledger.stage(data, must, io.budget)
     }
 
     /// Copies staged data into the command's buffer, which it now has.

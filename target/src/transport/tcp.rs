@@ -593,12 +593,22 @@ impl TcpConn {
         if in_capsule && !data.is_empty() {
             match &cmd.buf {
                 Some(b) => io.arena.bytes_mut(b, data.len()).copy_from_slice(data),
-                None => match self.bind.stage(data, io) {
-                    Some(d) => cmd.staged = Some(d),
-                    // The poller holds all the staged data it may: leave
-                    // this capsule in the socket until buffers come back.
-                    None => return Ok(Flow::Stall),
-                },
+                None => {
+                    // Commands holding buffers while their H2CData is still
+                    // to come: that data may be behind this capsule, so the
+                    // stream must not stop here.
+                    let must = self
+                        .cmds
+                        .iter()
+                        .flatten()
+                        .any(|c| c.buf.is_some() && !c.to_host && c.received < c.len);
+                    match self.bind.stage(data, must, io) {
+                        Some(d) => cmd.staged = Some(d),
+                        // The poller holds all the staged data it may: leave
+                        // this capsule in the socket until buffers come back.
+                        None => return Ok(Flow::Stall),
+                    }
+                }
             }
             cmd.received = data.len();
             cmd.requested = data.len();
