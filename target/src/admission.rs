@@ -84,7 +84,7 @@ impl LogThrottle {
 
     fn allow_at(&self, now: u64) -> Option<u64> {
         let last = self.last.load(Ordering::Acquire);
-        if last != 0 && now - last < 1000
+        if last != 0 && now.saturating_sub(last) < 1000
             || self
                 .last
                 .compare_exchange(last, now, Ordering::AcqRel, Ordering::Acquire)

@@ -17,6 +17,21 @@ use std::sync::Arc;
 /// reading its socket until buffers come back, unless data it waits for
 /// may be behind (see [`Ledger::stage`]).
 pub const STAGED_LIMIT: usize = 8 << 20;
+/// Staged data a poller holds at most, even for queues that must not stop
+/// reading: past it their in-capsule commands are refused with a status
+/// the host retries.
+pub const STAGED_HARD_LIMIT: usize = 4 * STAGED_LIMIT;
+
+/// What became of in-capsule data that has no buffer yet.
+#[derive(Debug)]
+pub enum Staged {
+    /// A copy, held until the command gets its buffer.
+    Copy(Vec<u8>),
+    /// No room: leave the capsule in the socket for now.
+    Stall,
+    /// No room, and the stream must go on: refuse the command.
+    Refuse,
+}
 
 /// What the queues of one poller hold together.
 #[derive(Debug, Default)]
@@ -70,15 +85,29 @@ impl Ledger {
     pub fn associate(
         &mut self,
         gauge: Arc<Gauge>,
+        queue_limit: usize,
         limit: usize,
         discovery: bool,
         pool: &mut PollerBudget,
     ) {
+        self.dissociate(pool);
         gauge.add(self.held);
         self.association = Some((gauge, limit));
+        self.limit = queue_limit;
         self.discovery = discovery;
         if discovery {
             pool.held += self.held;
+        }
+    }
+
+    /// Leaves the association (a Disconnect): what the queue still holds
+    /// no longer counts there.
+    pub fn dissociate(&mut self, pool: &mut PollerBudget) {
+        if let Some((g, _)) = self.association.take() {
+            g.sub(self.held);
+        }
+        if std::mem::take(&mut self.discovery) {
+            pool.held -= self.held;
         }
     }
 
@@ -122,17 +151,21 @@ impl Ledger {
     }
 
     /// A copy of in-capsule data for a command that has no buffer yet, if
-    /// the poller's [`STAGED_LIMIT`] allows; `None` means stop reading.
-    /// `must` stages past the limit: the queue has commands holding buffers
-    /// whose data may follow in the stream, and stopping would keep it from
-    /// them (a queue holds at most its depth of commands, so this is
-    /// bounded too).
-    pub fn stage(&mut self, data: &[u8], must: bool, pool: &mut PollerBudget) -> Option<Vec<u8>> {
-        if !must && pool.staged + data.len() > STAGED_LIMIT {
-            return None;
+    /// the poller's [`STAGED_LIMIT`] allows. `must` says the queue has
+    /// commands holding buffers whose data may follow in the stream:
+    /// stopping would keep it from them, so such data is staged up to
+    /// [`STAGED_HARD_LIMIT`] and refused beyond.
+    pub fn stage(&mut self, data: &[u8], must: bool, pool: &mut PollerBudget) -> Staged {
+        let limit = if must {
+            STAGED_HARD_LIMIT
+        } else {
+            STAGED_LIMIT
+        };
+        if pool.staged + data.len() > limit {
+            return if must { Staged::Refuse } else { Staged::Stall };
         }
         pool.staged += data.len();
-        Some(data.to_vec())
+        Staged::Copy(data.to_vec())
     }
 
     /// Gives back staged data (copied into its buffer, or dropped).
@@ -198,8 +231,8 @@ mod tests {
         let mut q2 = Ledger::new(4 << 20);
         // Held before the association (the Connect data) moves in with it.
         let connect = q1.alloc(1024, &mut arena, &mut pool).unwrap();
-        q1.associate(assoc.clone(), 1 << 20, true, &mut pool);
-        q2.associate(assoc.clone(), 1 << 20, true, &mut pool);
+        q1.associate(assoc.clone(), 4 << 20, 1 << 20, true, &mut pool);
+        q2.associate(assoc.clone(), 4 << 20, 1 << 20, true, &mut pool);
         assert_eq!(assoc.get(), 4096);
         let big = q2.alloc(256 << 10, &mut arena, &mut pool).unwrap();
         // The discovery pool (512 KiB) has 252 KiB left: no room for 256 KiB.
@@ -210,6 +243,12 @@ mod tests {
             "a refused alloc takes nothing"
         );
         q2.free(big, &mut arena, &mut pool);
+        // A Disconnect with the Connect's buffer still held: it leaves the
+        // association's count, which a new association does not double.
+        q1.dissociate(&mut pool);
+        assert_eq!((assoc.get(), pool.held), (0, 0));
+        q1.associate(assoc.clone(), 4 << 20, 1 << 20, false, &mut pool);
+        assert_eq!(assoc.get(), 4096);
         q1.free(connect, &mut arena, &mut pool);
         assert_eq!(assoc.get(), 0);
         assert_eq!(pool.held, 0);
@@ -220,15 +259,21 @@ mod tests {
         let mut pool = PollerBudget::new(1 << 20);
         let mut q = Ledger::new(4 << 20);
         let chunk = vec![7u8; 8192];
-        let staged: Vec<_> = std::iter::from_fn(|| q.stage(&chunk, false, &mut pool)).collect();
+        let copy = |s| match s {
+            Staged::Copy(d) => Some(d),
+            _ => None,
+        };
+        let staged: Vec<_> =
+            std::iter::from_fn(|| copy(q.stage(&chunk, false, &mut pool))).collect();
         assert_eq!(staged.len(), STAGED_LIMIT / 8192);
-        let forced = q
-            .stage(&chunk, true, &mut pool)
-            .expect("staged past the limit");
-        for s in staged.into_iter().chain([forced]) {
+        assert!(matches!(q.stage(&chunk, false, &mut pool), Staged::Stall));
+        let forced: Vec<_> =
+            std::iter::from_fn(|| copy(q.stage(&chunk, true, &mut pool))).collect();
+        assert_eq!(forced.len(), (STAGED_HARD_LIMIT - STAGED_LIMIT) / 8192);
+        assert!(matches!(q.stage(&chunk, true, &mut pool), Staged::Refuse));
+        for s in staged.into_iter().chain(forced) {
             q.unstage(s, &mut pool);
         }
         assert_eq!(pool.staged, 0);
-        assert!(q.stage(&chunk, false, &mut pool).is_some());
     }
 }

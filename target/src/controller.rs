@@ -475,6 +475,11 @@ impl Controller {
         st.disabled_since.is_some_and(|t| t.elapsed() > limit)
     }
 
+    /// Whether the host enabled Advanced Command Retry (Host Behavior Support).
+    pub fn acre(&self) -> bool {
+        self.state.lock().expect("controller state").acre
+    }
+
     /// The Command Retry Delay for `status`: once the host enabled Advanced
     /// Command Retry (Host Behavior Support), a retryable status names a
     /// CRDT (NVMe Base 2.0, 4.6.1.1 and 5.27.1.18); otherwise 0.
@@ -773,6 +778,16 @@ impl Controller {
                 Reply::ok(g << 16 | g)
             }
             feature::KEEP_ALIVE => {
+                // A discovery controller keeps a deadline (as at Connect).
+                let value = match value {
+                    0 if self.subsys.is_discovery() => self
+                        .registry
+                        .admission
+                        .limits
+                        .discovery_keep_alive
+                        .as_millis() as u32,
+                    v => v,
+                };
                 self.kato_ms.store(value, Ordering::Release);
                 drop(st);
                 self.keep_alive();

@@ -404,8 +404,7 @@ impl Poller {
                         continue; // dropping the socket closes it
                     }
                     let idx = crate::queue::vacant(&mut self.conns);
-                    let limits = &self.shared.registry.admission.limits;
-                    match TcpConn::new(sock, peer, idx, pending, limits) {
+                    match TcpConn::new(sock, peer, idx, pending) {
                         Ok(c) => {
                             tracing::debug!(poller = self.id, %peer, "connection accepted");
                             self.conns[idx] = Some(Box::new(c));

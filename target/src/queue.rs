@@ -4,7 +4,7 @@
 //! end the association when the queue goes.
 
 use crate::admission::Permit;
-use crate::budget::Ledger;
+use crate::budget::{Ledger, Staged};
 use crate::command::{Command, Connected, Entries, Progress, Work};
 use crate::config::Limits;
 use crate::controller::{Association, TransportCaps, SQHD_FLOW_DISABLED};
@@ -13,6 +13,10 @@ use io_uring::squeue;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{Cqe, Status};
 use std::time::{Duration, Instant};
+
+/// What a queue may hold before its Connect: the Connect's 1 KiB of data,
+/// in one page.
+const CONNECT_BUDGET: usize = rdmablk_common::mem::MIN_BUF;
 
 /// What running a command led to.
 pub enum Ran {
@@ -35,16 +39,27 @@ pub struct Binding {
     pub assoc: Option<Association>,
     ledger: Ledger,
     pending: Option<Permit>,
+    /// The last Connect disabled SQ flow control (SQHD FFFFh); kept past a
+    /// Disconnect for its own response.
+    sq_flow_disabled: bool,
 }
 
 impl Binding {
     /// A new connection holding one of the pending places.
-    pub fn new(pending: Permit, limits: &Limits) -> Binding {
+    pub fn new(pending: Permit) -> Binding {
         Binding {
             assoc: None,
-            ledger: Ledger::new(limits.queue_buffer as usize),
+            // Before its Connect a queue may hold the Connect's data only.
+            ledger: Ledger::new(CONNECT_BUDGET),
             pending: Some(pending),
+            sq_flow_disabled: false,
         }
+    }
+
+    /// Whether the queue waits for a Connect without a pending place (after
+    /// a Disconnect when none was free): it closes once its responses are out.
+    pub fn must_close(&self) -> bool {
+        self.assoc.is_none() && self.pending.is_none()
     }
 
     /// An arena buffer of `len` bytes within the queue's budgets, or `None`
@@ -56,8 +71,18 @@ impl Binding {
     /// Stages in-capsule data that has no buffer yet, within the poller's
     /// bound unless `must` (see [`Ledger::stage`]); `None` means leave it in
     /// the socket buffer for now.
-    pub fn stage(&mut self, data: &[u8], must: bool, io: &mut Io) -> Option<Vec<u8>> {
+    pub fn stage(&mut self, data: &[u8], must: bool, io: &mut Io) -> Staged {
         self.ledger.stage(data, must, io.budget)
+    }
+
+    /// The status of a command refused for lack of staging room: one a host
+    /// retries (Command Interrupted once it enabled ACRE, as the
+    /// specification allows only then; Transient Transport Error before).
+    pub fn retry_later(&self) -> Status {
+        match &self.assoc {
+            Some(a) if a.ctrl.acre() => Status::COMMAND_INTERRUPTED,
+            _ => Status::TRANSIENT_TRANSPORT_ERROR,
+        }
     }
 
     /// Copies staged data into the command's buffer, which it now has.
@@ -82,11 +107,13 @@ impl Binding {
         let limits = &io.registry.admission.limits;
         self.ledger.associate(
             a.ctrl.buffers.clone(),
+            limits.queue_buffer as usize,
             limits.association_buffer as usize,
             a.ctrl.subsys.is_discovery(),
             io.budget,
         );
         self.pending = None;
+        self.sq_flow_disabled = a.sq_flow_disabled;
         self.assoc = Some(a);
     }
 }
@@ -112,16 +139,19 @@ pub fn run(
         return Ran::Complete;
     }
     let assoc = &mut bind.assoc;
-    let a = assoc.as_ref().expect("plan() requires an association");
-    if a.is_deleted() {
-        // A controller reset deleted this I/O queue: nothing executes on it
-        // any more (the next tick closes it).
+    // A command planned before its queue was deleted (by a Disconnect, or a
+    // controller reset) does not execute: it is aborted.
+    let Some(a) = assoc.as_ref().filter(|a| !a.is_deleted()) else {
         cmd.status = Status::ABORTED_SQ_DELETION;
         return Ran::Complete;
-    }
+    };
     match cmd.execute(a, io.arena, held_aers) {
         Progress::Complete if cmd.is_disconnect() && cmd.status.is_success() => {
             end_association(assoc.take(), false);
+            bind.ledger.dissociate(io.budget);
+            // The connection stays, waiting for a Connect again: as such it
+            // needs a pending place, or it closes once this response is out.
+            bind.pending = io.registry.admission.pending_connection(&peer);
             Ran::Disconnected
         }
         Progress::Complete => Ran::Complete,
@@ -134,17 +164,18 @@ pub fn run(
 /// control, and DNR and the Command Retry Delay as the status and the
 /// controller's Host Behavior Support call for.
 pub fn response(
-    assoc: Option<&Association>,
+    bind: &Binding,
     (cid, status): (u16, Status),
     (dw0, dw1): (u32, u32),
     sq_head: u16,
     sqid: u16,
 ) -> Cqe {
-    let sqhd = match assoc {
-        Some(a) if a.sq_flow_disabled => SQHD_FLOW_DISABLED,
-        _ => sq_head,
+    let sqhd = if bind.sq_flow_disabled {
+        SQHD_FLOW_DISABLED
+    } else {
+        sq_head
     };
-    let crd = assoc.map_or(0, |a| a.ctrl.crd(status));
+    let crd = bind.assoc.as_ref().map_or(0, |a| a.ctrl.crd(status));
     Cqe {
         dw0,
         dw1,

@@ -274,6 +274,41 @@ fn cc_shn_normal_shutdown_completes() {
 
 // ---- 2: Disconnect ---------------------------------------------------------
 
+/// NVMe Base 2.1, 6.4: a Disconnect that arrives while an earlier Write on
+/// the queue still waits for its data (R2T sent, H2CData not yet): that
+/// Write does not execute once its data comes (Command Aborted due to SQ
+/// Deletion), nothing reaches the namespace, and the daemon keeps serving.
+#[test]
+fn disconnect_with_a_write_waiting_for_its_data() {
+    let t = Target::start(&["--memory", "64MiB"]);
+    let opts = quiet_opts();
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &opts);
+    let zero = vec![0u8; 64 * KIB];
+    let data = Rng::new(24).bytes(64 * KIB);
+    let q = &mut c.io[0];
+    // 64 KiB goes by R2T; its data is sent only when the client reads the
+    // R2T, after the Disconnect capsule is already on the wire.
+    let write = q
+        .submit(Queue::rw_sqe(nvm::WRITE, NSID, 0, 128), Some(&data), 0)
+        .or_panic("submit a 64 KiB Write");
+    let dis = q
+        .submit(disconnect_sqe(), None, 0)
+        .or_panic("submit the Disconnect");
+    let got = q.wait(dis).or_panic("Disconnect");
+    assert_status(&got, Status::SUCCESS, "Disconnect");
+    let got = q.wait(write).or_panic("the Write that waited for its data");
+    assert_status(
+        &got,
+        Status::ABORTED_SQ_DELETION,
+        "a Write whose data came after the Disconnect",
+    );
+    let mut other = open(&t, DEFAULT_NQN, HOST_B, &opts);
+    let back = other.io[0]
+        .read(NSID, 0, 128, 512)
+        .or_panic("read back from another controller");
+    assert_same(&back, &zero, "the namespace after the aborted Write");
+}
+
 /// NVMe Base 2.1, 6.4 (Disconnect, FCTYPE 08h): on an I/O queue it succeeds
 /// and deletes the queue: a Write sent afterwards gets Command Sequence
 /// Error and changes nothing; the same qid connects again on a new

@@ -1358,6 +1358,49 @@ fn in_capsule_writes_wait_behind_a_full_budget() {
     }
 }
 
+/// A large H2CData whose header carries padding (PDO past the header) and
+/// arrives in pieces, the first ending inside the padding: the target waits
+/// for the rest and places the data (it used to slice past what it had).
+#[test]
+fn padded_h2cdata_header_in_pieces() {
+    let t = Target::start(&["--memory", "64MiB"]);
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
+    let q = &mut c.io[0];
+    let data = Rng::new(79).bytes(64 * 1024);
+    let cid = q
+        .submit(Queue::rw_sqe(nvm::WRITE, NSID, 0, 128), Some(&data), 0)
+        .or_panic("submit a 64 KiB Write");
+    let (r2t, _) = q.recv_pdu().or_panic("R2T");
+    let Header::R2T(t2) = r2t else {
+        panic!("expected an R2T, got {r2t:?}")
+    };
+    assert_eq!(t2.cccid, cid);
+    let h2c = Header::H2CData(Transfer {
+        cccid: cid,
+        ttag: t2.ttag,
+        offset: t2.offset,
+        len: t2.len,
+    });
+    let n = t2.len as usize;
+    // Data aligned to 200 bytes: PDO 200, 176 bytes of padding.
+    let pdu = encode(
+        &h2c,
+        rdmablk_common::tcp::flags::LAST_PDU,
+        &data[t2.offset as usize..t2.offset as usize + n],
+        q.digests(),
+        200,
+    );
+    assert_eq!(pdu[3], 200, "PDO");
+    q.send_raw(&pdu[..100])
+        .or_panic("header and part of the padding");
+    std::thread::sleep(Duration::from_millis(300));
+    q.send_raw(&pdu[100..]).or_panic("the rest");
+    let got = q.wait(cid).or_panic("the Write");
+    assert_status(&got, Status::SUCCESS, "Write with a padded H2CData");
+    let back = q.read(NSID, 0, 128, 512).or_panic("read back");
+    assert_same(&back, &data, "64 KiB written through a padded H2CData");
+}
+
 /// Reads the daemon's stats file: (connections, controllers, arena buffers
 /// in use summed over pollers), once it exists.
 fn read_stats(path: &std::path::Path) -> Option<(u64, u64, u64)> {

@@ -491,7 +491,7 @@ impl Endpoint {
             depth,
             read_credits,
             reads: 0,
-            bind: Binding::new(inc.pending, &io.registry.admission.limits),
+            bind: Binding::new(inc.pending),
             sends: SendWatch::default(),
             cmds: (0..2 * depth).map(|_| None).collect(),
             held_aers: Vec::new(),
@@ -732,6 +732,11 @@ impl Endpoint {
                 conn.grant_buffers(mr, io);
                 if io.stopping && conn.busy() == 0 {
                     conn.close("target shutting down");
+                }
+                if conn.bind.must_close() && conn.signaled == 0 {
+                    conn.close(
+                        "disconnected, and no place for a connection waiting for its Connect",
+                    );
                 }
             }
             if conn.phase == Phase::Closing && conn.backend_ops == 0 {
@@ -1069,14 +1074,7 @@ impl RdmaConn {
         if !status.is_success() {
             tracing::debug!(peer = %self.peer, cid, %status, "command failed");
         }
-        queue::response(
-            self.bind.assoc.as_ref(),
-            (cid, status),
-            dws,
-            self.sq_head,
-            sqid,
-        )
-        .to_bytes()
+        queue::response(&self.bind, (cid, status), dws, self.sq_head, sqid).to_bytes()
     }
 
     /// Posts `wrs` followed by the signaled SEND of `cqe` (inline).

@@ -3,8 +3,8 @@
 //! C2HTermReq on protocol errors. Socket I/O goes through the poller's ring.
 
 use crate::admission::Permit;
+use crate::budget::Staged;
 use crate::command::{self, Command, Work};
-use crate::config::Limits;
 use crate::controller::TransportCaps;
 use crate::poller::{Io, Token};
 use crate::queue::{self, BackendStep, Binding, Ran, SendWatch};
@@ -39,6 +39,8 @@ const DIRECT_MIN: usize = 16 << 10;
 const RX_BUF: usize = 32 << 10;
 /// Commands per queue before Connect says how deep it is.
 const INITIAL_SLOTS: usize = 32;
+/// The send token of a response to a command that never had a slot.
+const NO_SLOT: u64 = u64::MAX;
 /// A connection that was sent a TermReq is closed after this time at most.
 const TERMINATE_GRACE: Duration = Duration::from_secs(1);
 /// A closed connection whose socket operations have not ended after this
@@ -88,6 +90,9 @@ pub struct TcpConn {
     qid: u16,
     /// Socket operations of the closed connection were cancelled.
     cancelled: bool,
+    /// Responses queued for commands refused before they had a slot, not
+    /// yet sent: at the queue's depth, nothing more is read until they go.
+    unslotted: usize,
     cmds: Vec<Option<Command>>,
     /// Backend operations in flight.
     backend_ops: usize,
@@ -158,7 +163,6 @@ impl TcpConn {
         peer: SocketAddr,
         idx: usize,
         pending: Permit,
-        limits: &Limits,
     ) -> std::io::Result<Self> {
         let _ = sock.set_nodelay(true);
         Ok(TcpConn {
@@ -175,9 +179,10 @@ impl TcpConn {
             send_busy: false,
             sent_slots: Vec::new(),
             sends: SendWatch::default(),
-            bind: Binding::new(pending, limits),
+            bind: Binding::new(pending),
             qid: 0,
             cancelled: false,
+            unslotted: 0,
             cmds: (0..INITIAL_SLOTS).map(|_| None).collect(),
             backend_ops: 0,
             held_aers: Vec::new(),
@@ -310,6 +315,9 @@ impl TcpConn {
         if self.phase == Phase::Terminating && drained {
             self.close("terminated after a protocol error");
         }
+        if self.phase == Phase::Live && self.bind.must_close() && drained {
+            self.close("disconnected, and no place for a connection waiting for its Connect");
+        }
         if io.stopping && self.phase != Phase::Closing && drained && self.busy_commands() == 0 {
             self.close("target shutting down");
         }
@@ -394,8 +402,11 @@ impl TcpConn {
         if res > 0 {
             self.sends.progressed(!self.tx.is_empty());
         }
-        for slot in sent.drain(..) {
-            self.free_slot(slot as u16, io);
+        for token in sent.drain(..) {
+            match token {
+                NO_SLOT => self.unslotted -= 1,
+                slot => self.free_slot(slot as u16, io),
+            }
         }
         self.sent_slots = sent;
     }
@@ -554,6 +565,11 @@ impl TcpConn {
         io: &mut Io,
     ) -> Result<Flow, Fatal> {
         let cid = sqe.cid();
+        if self.unslotted >= self.depth() as usize {
+            // As many refusals unsent as the queue has entries: a host that
+            // keeps sending bad capsules without reading waits for them.
+            return Ok(Flow::Stall);
+        }
         let sgl = sqe.sgl();
         let in_capsule = match sgl {
             Sgl::InCapsule { offset, len } => {
@@ -603,10 +619,14 @@ impl TcpConn {
                         .flatten()
                         .any(|c| c.buf.is_some() && !c.to_host && c.received < c.len);
                     match self.bind.stage(data, must, io) {
-                        Some(d) => cmd.staged = Some(d),
+                        Staged::Copy(d) => cmd.staged = Some(d),
                         // The poller holds all the staged data it may: leave
                         // this capsule in the socket until buffers come back.
-                        None => return Ok(Flow::Stall),
+                        Staged::Stall => return Ok(Flow::Stall),
+                        Staged::Refuse => {
+                            let st = self.bind.retry_later();
+                            return Ok(self.respond_now(cid, st));
+                        }
                     }
                 }
             }
@@ -778,8 +798,11 @@ impl TcpConn {
         if f.data_len < DIRECT_MIN || pending.len() >= f.plen {
             return Ok(());
         }
+        if pending.len() < f.data_at {
+            return Ok(()); // the header's padding is still to come
+        }
         let dst = self.check_h2c(t, f.data_len, io)?;
-        let have = pending.len().saturating_sub(f.data_at).min(f.data_len);
+        let have = (pending.len() - f.data_at).min(f.data_len);
         // SAFETY: check_h2c found `f.data_len` bytes of the command's buffer at `dst`.
         unsafe { std::ptr::copy_nonoverlapping(pending[f.data_at..].as_ptr(), dst, have) };
         rx.consume(f.data_at + have);
@@ -924,7 +947,7 @@ impl TcpConn {
             }
         }
         if !success_in_data {
-            self.respond(cid, status, (dw0, dw1), sqid, Some(slot));
+            self.respond(cid, status, (dw0, dw1), sqid, Some(slot as u64));
         }
     }
 
@@ -934,30 +957,26 @@ impl TcpConn {
         status: Status,
         dws: (u32, u32),
         sqid: u16,
-        release: Option<u16>,
+        token: Option<u64>,
     ) {
         if !status.is_success() {
             tracing::debug!(peer = %self.peer, cid, %status, "command failed");
         }
-        let cqe = queue::response(
-            self.bind.assoc.as_ref(),
-            (cid, status),
-            dws,
-            self.sq_head,
-            sqid,
-        );
+        let cqe = queue::response(&self.bind, (cid, status), dws, self.sq_head, sqid);
         let pdu = tcp::encode(&Header::CapsuleResp(cqe), 0, &[], self.digests, 1);
-        self.queue(pdu, release);
+        self.queue(pdu, token);
     }
 
     /// Completes a command that never got a slot (refused while parsing).
     fn respond_now(&mut self, cid: u16, status: Status) -> Flow {
         self.sq_head = (self.sq_head + 1) % self.depth();
-        self.respond(cid, status, (0, 0), self.qid, None);
+        self.unslotted += 1;
+        self.respond(cid, status, (0, 0), self.qid, Some(NO_SLOT));
         Flow::Consumed
     }
 
-    fn queue(&mut self, head: Vec<u8>, release: Option<u16>) {
-        self.tx.push(head, release.map(u64::from));
+    /// Queues a PDU; `token` (a slot, or [`NO_SLOT`]) comes back once sent.
+    fn queue(&mut self, head: Vec<u8>, token: Option<u64>) {
+        self.tx.push(head, token);
     }
 }
