@@ -69,8 +69,7 @@ impl Binding {
     }
 
     /// Stages in-capsule data that has no buffer yet, within the poller's
-    /// bound unless `must` (see [`Ledger::stage`]); `None` means leave it in
-    /// the socket buffer for now.
+    /// bounds (see [`Ledger::stage`] for `must`).
     pub fn stage(&mut self, data: &[u8], must: bool, io: &mut Io) -> Staged {
         self.ledger.stage(data, must, io.budget)
     }
