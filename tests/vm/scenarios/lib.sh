@@ -17,7 +17,7 @@ start_target() {
   tlog=$1; shift
   RUST_LOG=info rdmablk-target "$@" > /dev/null 2> "$tlog" &
   TARGET_PID=$!
-  wait_for 30 grep -q "listening on" "$tlog" || fail "rdmablk-target did not start"
+  wait_for 60 grep -q "listening on" "$tlog" || fail "rdmablk-target did not start within 60 s"
 }
 
 # stop_target: SIGTERM, and the exit status must be 0.
