@@ -331,6 +331,29 @@ impl Config {
     }
 }
 
+impl Config {
+    /// What is valid but probably not meant: one host NQN (which nothing
+    /// authenticates) may hold more arena than all the pollers have.
+    pub fn warnings(&self) -> Vec<String> {
+        let l = &self.limits;
+        let per_host = l.associations_per_host as u64 * l.association_buffer;
+        let arenas = self.pollers.count as u64 * self.pollers.arena_bytes;
+        let mut w = Vec::new();
+        if per_host > arenas {
+            w.push(format!(
+                "one host may hold {} of arena (limits.associations_per_host {} x \
+                 limits.association_buffer {}), more than the {} all pollers have: \
+                 lower them, or raise pollers.arena",
+                units::format_size(per_host),
+                l.associations_per_host,
+                units::format_size(l.association_buffer),
+                units::format_size(arenas)
+            ));
+        }
+        w
+    }
+}
+
 /// The machine's memory in bytes (MemTotal), if it can be read.
 fn machine_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
@@ -1774,6 +1797,16 @@ mod tests {
         }
         let ok = parse(&minimal("", "[pollers]\ncount = 256\narena = \"4MiB\"")).unwrap();
         assert_eq!((ok.pollers.count, ok.pollers.arena_bytes), (256, 4 << 20));
+    }
+
+    #[test]
+    fn one_host_holding_every_arena_is_a_warning() {
+        let mut cfg = parse(&minimal("", "[pollers]\ncount = 2\narena = \"64MiB\"")).unwrap();
+        assert!(cfg.warnings().is_empty(), "defaults: 16 x 8MiB = 2 x 64MiB");
+        cfg.pollers.count = 1;
+        let w = cfg.warnings();
+        assert_eq!(w.len(), 1);
+        assert!(w[0].contains("limits.associations_per_host 16"), "{}", w[0]);
     }
 
     #[test]

@@ -95,6 +95,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
+    for w in cfg.warnings() {
+        if args.check {
+            eprintln!("rdmablk-target: warning: {w}");
+        } else {
+            tracing::warn!("{w}");
+        }
+    }
     if args.check {
         let namespaces: usize = cfg.subsystems.iter().map(|s| s.namespaces.len()).sum();
         println!(

@@ -284,3 +284,31 @@ impl SendWatch {
         self.since.is_some_and(|t| t.elapsed() > limit)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Sends stuck past the limit count from the first send with none
+    /// completing since; any completion restarts the clock, and a queue
+    /// with nothing outstanding is never stuck.
+    #[test]
+    fn send_watch_counts_from_the_last_progress() {
+        let mut w = SendWatch::default();
+        assert!(!w.stalled(Duration::ZERO), "nothing sent");
+        w.posted();
+        std::thread::sleep(Duration::from_millis(2));
+        assert!(w.stalled(Duration::ZERO));
+        assert!(!w.stalled(Duration::from_secs(60)));
+        let first = w.since;
+        w.posted();
+        assert_eq!(w.since, first, "a second send does not restart the clock");
+        w.progressed(true);
+        assert!(
+            w.since > first,
+            "a completion with more outstanding restarts it"
+        );
+        w.progressed(false);
+        assert!(!w.stalled(Duration::ZERO), "nothing outstanding");
+    }
+}
