@@ -5,7 +5,7 @@
 use crate::host::engine::{Cx, Driver};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
-use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{nvm, Sqe};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -210,7 +210,14 @@ pub struct Bench {
     pub stats: Stats,
     /// First problems seen, for the report.
     pub problems: Vec<String>,
+    /// Staging for verify data between the arena and `fill` / `check` (made
+    /// on first use, then reused: no allocation per I/O).
+    stage: Vec<u8>,
 }
+
+/// Bytes of verify data staged at a time (rounded down to whole blocks, at
+/// least one).
+const STAGE_BYTES: usize = 64 << 10;
 
 impl Bench {
     pub fn new(job: Job, progress: Arc<Progress>, seed: u64) -> Bench {
@@ -242,6 +249,7 @@ impl Bench {
             deadline: None,
             stats: Stats::default(),
             problems: Vec::new(),
+            stage: Vec::new(),
         }
     }
 
@@ -309,6 +317,59 @@ impl Bench {
         }
     }
 
+    /// The staging vector, taken out of `self` (give it back with
+    /// `self.stage = ..`), at least one block long and a whole number of
+    /// blocks.
+    fn take_stage(&mut self) -> Vec<u8> {
+        let block = (self.job.ns.block_size as usize).max(1);
+        let mut stage = std::mem::take(&mut self.stage);
+        if stage.is_empty() {
+            stage.resize(STAGE_BYTES.max(block) / block * block, 0);
+        }
+        stage
+    }
+
+    /// [`Bench::fill`] for the first `len` bytes of an arena buffer, staged
+    /// through `self.stage`.
+    fn fill_arena(&mut self, arena: &mut Arena, buf: &ArenaBuf, len: usize, first_lba: u64) {
+        let block = (self.job.ns.block_size as usize).max(1);
+        let len = len / block * block;
+        let mut stage = self.take_stage();
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(stage.len());
+            self.fill(&mut stage[..n], first_lba + (at / block) as u64);
+            arena.write(buf, at, &stage[..n]);
+            at += n;
+        }
+        self.stage = stage;
+    }
+
+    /// [`Bench::check`] for the first `len` bytes of an arena buffer, staged
+    /// through `self.stage`.
+    fn check_arena(
+        &mut self,
+        arena: &Arena,
+        buf: &ArenaBuf,
+        len: usize,
+        first_lba: u64,
+        written_by_us: bool,
+    ) -> u64 {
+        let block = (self.job.ns.block_size as usize).max(1);
+        let len = len / block * block;
+        let mut stage = self.take_stage();
+        let mut bad = 0;
+        let mut at = 0;
+        while at < len {
+            let n = (len - at).min(stage.len());
+            arena.read(buf, at, &mut stage[..n]);
+            bad += self.check(&stage[..n], first_lba + (at / block) as u64, written_by_us);
+            at += n;
+        }
+        self.stage = stage;
+        bad
+    }
+
     /// Checks a read buffer; returns the number of bad blocks.
     fn check(&mut self, data: &[u8], first_lba: u64, written_by_us: bool) -> u64 {
         let bs = self.job.ns.block_size as usize;
@@ -355,7 +416,7 @@ impl Bench {
         let lba_per_unit = (bs / self.job.ns.block_size as usize) as u64;
         let first_lba = (self.job.first_unit + unit) * lba_per_unit;
         if write && self.job.verify {
-            self.fill(cx.arena.bytes_mut(&buf, bs), first_lba);
+            self.fill_arena(cx.arena, &buf, bs, first_lba);
         }
         let parts = bs.div_ceil(self.job.max_transfer);
         let needed = parts.min(cx.queue.free_slots());
@@ -408,9 +469,8 @@ impl Bench {
             } else {
                 let lba_per_unit = (bs / self.job.ns.block_size as usize) as u64;
                 let first_lba = (self.job.first_unit + unit) * lba_per_unit;
-                let data = cx.arena.bytes(&buf, bs).to_vec();
                 let ours = self.is_written(unit);
-                self.stats.verify_errors += self.check(&data, first_lba, ours);
+                self.stats.verify_errors += self.check_arena(cx.arena, &buf, bs, first_lba, ours);
             }
         }
         cx.arena.free(buf);
@@ -612,5 +672,50 @@ mod tests {
             "never written: not an error"
         );
         assert_eq!(b.check(&[0u8; 4096], 80, true), 8, "lost write");
+    }
+
+    #[test]
+    fn arena_staging_matches_fill_and_check() {
+        let ns = NamespaceInfo {
+            nsid: 1,
+            block_size: 4096,
+            blocks: 1 << 20,
+            read_only: false,
+            deallocate_zeroes: true,
+        };
+        // Larger than the stage, so several chunks are staged.
+        let bs = STAGE_BYTES * 2 + 3 * 4096;
+        let job = Job {
+            pattern: Pattern::RandRw,
+            bs,
+            qd: 1,
+            runtime: Duration::from_secs(1),
+            verify: true,
+            ns,
+            first_unit: 0,
+            units: 128,
+            max_transfer: 1 << 20,
+            run_id: 9,
+        };
+        let mut arena = Arena::new(4 << 20, false).unwrap();
+        let buf = arena.alloc(bs).unwrap();
+        let mut staged = Bench::new(job.clone(), Arc::new(Progress::default()), 5);
+        let mut direct = Bench::new(job, Arc::new(Progress::default()), 5);
+        staged.fill_arena(&mut arena, &buf, bs, 1000);
+        let mut expect = vec![0u8; bs];
+        direct.fill(&mut expect, 1000);
+        let mut got = vec![0u8; bs];
+        arena.read(&buf, 0, &mut got);
+        assert!(got == expect, "same bytes as filling in place");
+        assert_eq!(staged.check_arena(&arena, &buf, bs, 1000, true), 0);
+        arena.fill(&buf, STAGE_BYTES + 100, 1, 0xff);
+        arena.fill(&buf, bs - 1, 1, 0xff);
+        assert_eq!(staged.check_arena(&arena, &buf, bs, 1000, true), 2);
+        assert_eq!(
+            staged.check_arena(&arena, &buf, bs, 1001, true),
+            35,
+            "wrong LBA"
+        );
+        arena.free(buf);
     }
 }

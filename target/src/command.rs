@@ -7,19 +7,41 @@ use crate::backend::{Access, FixedBuf};
 use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
-    MAX_AERS, MAX_TRANSFER,
+    MAX_AERS,
 };
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
 use io_uring::squeue;
-use rdmablk_common::fabrics::fctype;
+use rdmablk_common::fabrics::{fctype, CONNECT_DATA_LEN};
+use rdmablk_common::mem::{Arena, ArenaBuf};
+use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};
+use std::sync::Arc;
 
 /// Largest data of an admin or Fabrics command (Identify and log pages are
 /// 4 KiB; the discovery log grows by 1 KiB per entry).
 const MAX_ADMIN_DATA: usize = 256 << 10;
-use rdmablk_common::mem::{Arena, ArenaBuf};
-use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};
-use std::sync::Arc;
+/// Largest Dataset Management data: 256 ranges of 16 bytes.
+const MAX_DSM_DATA: usize = 256 * 16;
+
+/// Where a command is in its life. A command starts `Received`; a free
+/// slot holds none. Every transport moves its commands through these
+/// states with `Queue::advance` (queue.rs), which traces each transition.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum State {
+    /// Planned from its capsule; nothing done yet.
+    Received,
+    /// Waiting for arena space for its data, in arrival order.
+    AwaitingBuffer,
+    /// Its data is coming from the host (R2T and H2CData, or RDMA READ).
+    FetchingData,
+    /// Backend operations are in flight.
+    OnBackend,
+    /// Its data and then its response are on their way to the host
+    /// (C2HData, or RDMA WRITE and SEND); freed once sent.
+    ReturningData,
+    /// Its response is on its way; freed once sent.
+    Responding,
+}
 
 /// What kind of work a command is.
 pub enum Work {
@@ -36,6 +58,8 @@ pub enum Work {
 /// A command between its capsule and its response.
 pub struct Command {
     pub sqe: Sqe,
+    /// Where it is in its life.
+    pub state: State,
     pub work: Work,
     /// Data bytes the command moves (either way).
     pub len: usize,
@@ -79,7 +103,12 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
         None => return Err(Status::COMMAND_SEQUENCE_ERROR),
         Some(_) if is_fabrics => Work::Fabrics,
         Some(a) if a.qid == 0 => Work::Admin,
-        Some(a) => Work::Io(io_cmd::decode(&a.ctrl.subsys, sqe, sgl_len)?),
+        Some(a) => Work::Io(io_cmd::decode(
+            &a.ctrl.subsys,
+            sqe,
+            sgl_len,
+            a.ctrl.caps().max_transfer(),
+        )?),
     };
     let dir = DataDirection::from_code(if is_fabrics {
         sqe.fctype()
@@ -114,7 +143,8 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
             sgl_len
         }
     };
-    if len > MAX_TRANSFER as usize || dir == DataDirection::Bidirectional {
+    let max = assoc.map_or(MAX_ADMIN_DATA, |a| a.ctrl.caps().max_transfer());
+    if len > max || dir == DataDirection::Bidirectional {
         return Err(Status::INVALID_FIELD);
     }
     let to_host = match &work {
@@ -123,6 +153,7 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
     };
     Ok(Command {
         sqe: *sqe,
+        state: State::Received,
         work,
         len,
         to_host,
@@ -161,12 +192,15 @@ pub enum Connected {
 }
 
 impl Command {
-    /// The command's data, as far as it is valid.
-    pub fn data<'a>(&self, arena: &'a Arena) -> &'a [u8] {
-        match &self.buf {
-            Some(b) => arena.bytes(b, self.len),
-            None => &[],
-        }
+    /// Copies the start of the command's data into `out`; returns what was
+    /// copied (the data is never borrowed: the arena is device memory).
+    pub fn copy_data<'a>(&self, arena: &Arena, out: &'a mut [u8]) -> &'a [u8] {
+        let Some(b) = &self.buf else {
+            return &[];
+        };
+        let n = self.len.min(out.len());
+        arena.read(b, 0, &mut out[..n]);
+        &out[..n]
     }
 
     fn fixed(&self, arena: &Arena, from: usize) -> FixedBuf {
@@ -187,9 +221,12 @@ impl Command {
         registry: &Arc<Registry>,
         arena: &Arena,
         caps: TransportCaps,
+        local: Option<std::net::IpAddr>,
         peer: &str,
     ) -> Connected {
-        match controller::connect(registry, &self.sqe, self.data(arena), caps) {
+        let mut data = [0u8; CONNECT_DATA_LEN];
+        let data = self.copy_data(arena, &mut data);
+        match controller::connect(registry, &self.sqe, data, caps, local) {
             Ok(a) => {
                 self.dw0 = a.ctrl.cntlid as u32;
                 tracing::debug!(
@@ -236,11 +273,10 @@ impl Command {
             Work::Connect => unreachable!("Connect runs through Command::connect"),
             Work::Fabrics => assoc.ctrl.fabrics(&self.sqe, assoc.qid),
             Work::Admin => {
-                let data = if self.to_host {
-                    &[][..]
-                } else {
-                    self.data(arena)
-                };
+                // Admin data from the host is small and rare (Set Features):
+                // a copy off the arena.
+                let mut data = vec![0u8; if self.to_host { 0 } else { self.len }];
+                let data = self.copy_data(arena, &mut data);
                 assoc.ctrl.admin(&self.sqe, data)
             }
             Work::Io(_) => return self.start_io(arena),
@@ -262,10 +298,9 @@ impl Command {
                 self.dw1 = dw1;
                 if self.to_host && status.is_success() {
                     if let Some(b) = &self.buf {
-                        let out = arena.bytes_mut(b, self.len);
-                        let n = data.len().min(out.len());
-                        out[..n].copy_from_slice(&data[..n]);
-                        out[n..].fill(0);
+                        let n = data.len().min(self.len);
+                        arena.write(b, 0, &data[..n]);
+                        arena.fill(b, n, self.len - n, 0);
                     }
                 }
                 Progress::Complete
@@ -300,7 +335,10 @@ impl Command {
                 take(ns.backend.zero(offset, len, deallocate), &mut self.status)
             }
             IoKind::Dsm { deallocate: false } => {}
-            IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(&ns, self.data(arena)) {
+            IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(
+                &ns,
+                self.copy_data(arena, &mut [0u8; MAX_DSM_DATA]),
+            ) {
                 Ok(ranges) => {
                     for (o, l) in ranges {
                         take(ns.backend.zero(o, l, true), &mut self.status);

@@ -14,22 +14,19 @@ use rdmablk_common::nvme::identify::{
     IDENTIFY_LEN,
 };
 use rdmablk_common::nvme::log::{lid, LogRequest};
-use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status, FABRICS_OPCODE};
+use rdmablk_common::nvme::{
+    admin, feature, nvm, property, Sqe, Status, FABRICS_OPCODE, SQE_LEN,
+};
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 /// Admin queue entries (ASQSZ): the most an admin queue may have.
 pub const ADMIN_QUEUE_SIZE: u16 = 32;
-/// I/O queue entries at most (CAP.MQES + 1).
-pub const MAX_IO_QUEUE_SIZE: u16 = 128;
 /// I/O queues a controller grants at most.
 pub const MAX_IO_QUEUES: u16 = 64;
-/// Maximum data transfer size as a power of two of 4 KiB (8: 1 MiB).
-pub const MDTS: u8 = 8;
-/// Maximum data transfer size in bytes.
-pub const MAX_TRANSFER: u32 = 4096 << MDTS;
 /// Outstanding Asynchronous Event Requests at most (AERL + 1).
 pub const MAX_AERS: usize = 4;
 /// Keep-alive granularity in 100 ms units (KAS).
@@ -94,13 +91,35 @@ pub fn fabrics_transfer_len(sqe: &Sqe) -> Option<TransferLen> {
     }
 }
 
-/// What the transport contributes to Identify Controller.
-#[derive(Clone, Copy, Debug)]
+/// What a queue's transport tells its controller: the limits it serves
+/// and the SGL descriptors it takes (Identify Controller, CAP, Connect).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct TransportCaps {
-    /// I/O command capsule size in 16-byte units (64-byte SQE + in-capsule data).
-    pub ioccsz: u32,
-    /// SGL support bits the transport needs.
+    /// Maximum data transfer size, a power of two of 4 KiB (MDTS).
+    pub mdts: u8,
+    /// I/O queue entries at most (CAP.MQES + 1, MAXCMD).
+    pub max_queue_entries: u16,
+    /// In-capsule data accepted beyond the 64-byte command (IOCCSZ).
+    pub in_capsule_data: u32,
+    /// SGL support bits (Identify Controller SGLS).
     pub sgls: u32,
+}
+
+impl TransportCaps {
+    /// Maximum data transfer size in bytes.
+    pub fn max_transfer(&self) -> usize {
+        4096 << self.mdts
+    }
+
+    /// I/O command capsule size in 16-byte units (IOCCSZ).
+    pub fn ioccsz(&self) -> u32 {
+        (SQE_LEN as u32 + self.in_capsule_data) / 16
+    }
+
+    /// Whether SGL descriptors of support bit `bit` are taken.
+    pub fn takes(&self, bit: u32) -> bool {
+        self.sgls & bit != 0
+    }
 }
 
 /// A controller: one association of a host with a subsystem.
@@ -111,6 +130,9 @@ pub struct Controller {
     pub hostid: [u8; 16],
     registry: Arc<Registry>,
     caps: TransportCaps,
+    /// Where the admin queue reached this target (for discovery entries of
+    /// wildcard listeners), when the transport knows.
+    local: Option<IpAddr>,
     /// Keep-alive timeout in ms; 0 disables it.
     kato_ms: AtomicU32,
     /// Arena bytes all queues of the association hold (its budget's gauge).
@@ -235,6 +257,7 @@ pub fn connect(
     sqe: &Sqe,
     data: &[u8],
     caps: TransportCaps,
+    local: Option<IpAddr>,
 ) -> Result<Association, Refusal> {
     let cmd = ConnectCmd::from_sqe(sqe);
     if data.len() < CONNECT_DATA_LEN {
@@ -304,6 +327,7 @@ pub fn connect(
             hostid: d.hostid,
             registry: registry.clone(),
             caps,
+            local,
             kato_ms: AtomicU32::new(kato),
             buffers: Arc::default(),
             _host: host,
@@ -363,11 +387,12 @@ pub fn connect(
             format!("controller {} belongs to another host", d.cntlid),
         ));
     }
-    if cmd.sqsize == 0 || depth > MAX_IO_QUEUE_SIZE as u32 {
+    let max = caps.max_queue_entries;
+    if cmd.sqsize == 0 || depth > max as u32 {
         return Err(refuse(
             Status::CONNECT_INVALID_PARAMETERS,
             invalid_param_dw0(false, 44),
-            format!("I/O queue size {depth} is outside 2..={MAX_IO_QUEUE_SIZE}"),
+            format!("I/O queue size {depth} is outside 2..={max}"),
         ));
     }
     let generation = {
@@ -434,6 +459,11 @@ fn admit_queue(limits: &Limits, permit: Option<Permit>) -> Result<Permit, Refusa
 }
 
 impl Controller {
+    /// What the transport of the admin queue serves.
+    pub fn caps(&self) -> TransportCaps {
+        self.caps
+    }
+
     /// Whether the association is still alive (no keep-alive expiry, no
     /// admin queue loss).
     pub fn is_live(&self) -> bool {
@@ -534,7 +564,7 @@ impl Controller {
         let mqes = if self.subsys.is_discovery() {
             ADMIN_QUEUE_SIZE - 1
         } else {
-            MAX_IO_QUEUE_SIZE - 1
+            self.caps.max_queue_entries - 1
         } as u64;
         // MQES, CQR (contiguous queues required), TO = 7.5 s, CSS = NVM command set.
         mqes | 1 << 16 | 15 << 24 | 1 << 37
@@ -682,7 +712,7 @@ impl Controller {
             firmware: env!("CARGO_PKG_VERSION").into(),
             // Multiple controllers per subsystem.
             cmic: if disc { 0 } else { 1 << 1 },
-            mdts: MDTS,
+            mdts: self.caps.mdts,
             cntlid: self.cntlid,
             ver: VERSION,
             oaes: 0,
@@ -704,7 +734,7 @@ impl Controller {
             maxcmd: if disc {
                 ADMIN_QUEUE_SIZE
             } else {
-                MAX_IO_QUEUE_SIZE
+                self.caps.max_queue_entries
             },
             nn: self.subsys.max_nsid(),
             oncs: if disc {
@@ -716,7 +746,7 @@ impl Controller {
             sgls: self.caps.sgls,
             mnan: 0,
             subnqn: self.subsys.nqn.clone(),
-            ioccsz: self.caps.ioccsz,
+            ioccsz: self.caps.ioccsz(),
             iorcsz: 1,
             icdoff: 0,
             fcatt: 0,
@@ -731,7 +761,7 @@ impl Controller {
         }
         let page = match req.lid {
             lid::DISCOVERY if self.subsys.is_discovery() => {
-                self.registry.discovery_log(&self.hostnqn)
+                self.registry.discovery_log(&self.hostnqn, self.local)
             }
             _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
             lid::ERROR => vec![0; 64],

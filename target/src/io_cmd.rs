@@ -1,7 +1,6 @@
 //! NVM command set I/O commands: decoding and validation against the
 //! namespace, before any data moves. Transport independent.
 
-use crate::controller::MAX_TRANSFER;
 use crate::subsystem::{Namespace, Subsystem};
 use rdmablk_common::bytes::{get_u32, get_u64};
 use rdmablk_common::nvme::{nvm, Sqe, Status};
@@ -60,7 +59,12 @@ impl IoRequest {
 }
 
 /// Decodes an I/O command; `sgl_len` is the length the data pointer describes.
-pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, Status> {
+pub fn decode(
+    subsys: &Subsystem,
+    sqe: &Sqe,
+    sgl_len: u32,
+    max_transfer: usize,
+) -> Result<IoRequest, Status> {
     // The opcode first: an admin command on an I/O queue (Keep Alive) is an
     // Invalid Opcode, whatever its namespace field.
     if !matches!(
@@ -99,7 +103,7 @@ pub fn decode(subsys: &Subsystem, sqe: &Sqe, sgl_len: u32) -> Result<IoRequest, 
     let (kind, offset, len) = match sqe.opcode() {
         nvm::READ | nvm::WRITE => {
             let (offset, len) = rw_range(&ns)?;
-            if len > MAX_TRANSFER as u64 {
+            if len > max_transfer as u64 {
                 return Err(Status::INVALID_FIELD);
             }
             if sgl_len as u64 != len {

@@ -11,6 +11,7 @@ mod error;
 mod io_cmd;
 mod notify;
 mod poller;
+mod binding;
 mod queue;
 mod stats;
 mod subsystem;
@@ -19,11 +20,10 @@ mod testing;
 mod transport;
 
 use clap::Parser;
-use config::{Config, ConfigError, QuickArgs, Transport};
+use config::{Config, ConfigError, QuickArgs};
 use error::{starting, DaemonError};
 use nix::sys::signal::{SigSet, Signal};
 use poller::{PollerLink, Shared};
-use std::net::TcpListener;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -210,25 +210,8 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
     let pollers = Arc::new(links);
 
     for l in &cfg.listeners {
-        match l.transport {
-            Transport::Tcp => {
-                let listener =
-                    TcpListener::bind(l.address).map_err(|source| DaemonError::Listen {
-                        url: format!("tcp://{}", l.address),
-                        source,
-                        hint: "",
-                    })?;
-                let pollers = pollers.clone();
-                let registry = registry.clone();
-                std::thread::Builder::new()
-                    .name(format!("accept-{}", l.address))
-                    .spawn(move || accept_loop(listener, &pollers, &registry))
-                    .map_err(starting("the acceptor"))?;
-            }
-            Transport::Rdma => {
-                transport::rdma::listen(l.address, pollers.clone(), registry.clone())?
-            }
-        }
+        let (ep, transport) = transport::of(l.transport);
+        transport.listen(l.address, ep, pollers.clone(), registry.clone())?;
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
             tracing::warn!(
@@ -312,25 +295,5 @@ fn raise_open_files_limit() {
         }
         Ok(_) => {}
         Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
-    }
-}
-
-fn accept_loop(listener: TcpListener, pollers: &[PollerLink], registry: &Registry) {
-    let mut next = 0;
-    loop {
-        match listener.accept() {
-            Ok((sock, peer)) => {
-                // Past limits.pending_connections the socket is closed at once.
-                let Some(pending) = registry.admission.pending_connection(&peer) else {
-                    continue;
-                };
-                pollers[next % pollers.len()].adopt(sock, peer, pending);
-                next += 1;
-            }
-            Err(e) => {
-                tracing::warn!("accept failed: {e}");
-                std::thread::sleep(std::time::Duration::from_millis(100));
-            }
-        }
     }
 }

@@ -2,16 +2,13 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
-use crate::admission::Permit;
 use crate::budget::PollerBudget;
 use crate::subsystem::Registry;
-use crate::transport::rdma::{self, Endpoint};
-use crate::transport::tcp::TcpConn;
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::{Op, Ring, Wakeup};
+use std::any::Any;
 use std::io;
-use std::net::TcpStream;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -19,15 +16,13 @@ use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 /// How often connections are checked for timeouts.
-const TICK: Duration = Duration::from_millis(100);
+pub const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping poller waits for in-flight commands.
 const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 const RING_ENTRIES: u32 = 1024;
-/// What the pollers submit besides the rings' common operations: socket
-/// I/O, the backends' I/O, and polls of RDMA completion and CM channels.
-const RING_OPS: [Op; 6] = [
-    Op(opcode::Recv::CODE, "RECV"),
-    Op(opcode::SendMsg::CODE, "SENDMSG"),
+/// What the backends submit besides the rings' common operations (the
+/// transports add theirs).
+const BACKEND_OPS: [Op; 4] = [
     Op(opcode::ReadFixed::CODE, "READ_FIXED"),
     Op(opcode::WriteFixed::CODE, "WRITE_FIXED"),
     Op(opcode::Fsync::CODE, "FSYNC"),
@@ -39,54 +34,74 @@ const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 /// What a completion belongs to, packed into the 64-bit user data.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Token {
-    Recv(usize),
-    Send(usize),
-    /// A backend operation of command slot `.1` on connection `.0`.
-    Backend(usize, u16),
     Tick,
     Wake,
-    /// The completion channel of RDMA device `.0` is readable.
-    RdmaCq(usize),
-    /// The RDMA CM channel is readable.
-    RdmaCm,
-    /// A backend operation of command slot `.1` on RDMA queue `.0`.
-    RdmaBackend(usize, u16),
-    /// A cancellation of a closed connection's socket operation.
+    /// A cancellation of a closed queue's operation.
     Cancel,
+    /// A backend operation of command `slot` of queue `queue` on endpoint `ep`.
+    Backend { ep: u8, queue: u32, slot: u16 },
+    /// An endpoint's own operation (socket I/O, a channel poll): `what`
+    /// and `queue` are the endpoint's to interpret.
+    Endpoint { ep: u8, queue: u32, what: u16 },
 }
 
 impl Token {
     pub fn encode(self) -> u64 {
-        let (kind, conn, slot) = match self {
-            Token::Recv(c) => (1u64, c, 0),
-            Token::Send(c) => (2, c, 0),
-            Token::Backend(c, s) => (3, c, s),
-            Token::Tick => (4, 0, 0),
-            Token::Wake => (5, 0, 0),
-            Token::RdmaCq(d) => (6, d, 0),
-            Token::RdmaCm => (7, 0, 0),
-            Token::RdmaBackend(c, s) => (8, c, s),
-            Token::Cancel => (9, 0, 0),
+        let (kind, ep, queue, low) = match self {
+            Token::Tick => (1u64, 0, 0, 0),
+            Token::Wake => (2, 0, 0, 0),
+            Token::Cancel => (3, 0, 0, 0),
+            Token::Backend { ep, queue, slot } => (4, ep, queue, slot),
+            Token::Endpoint { ep, queue, what } => (5, ep, queue, what),
         };
-        kind << 56 | (conn as u64) << 16 | slot as u64
+        kind << 56 | (ep as u64) << 48 | (queue as u64) << 16 | low as u64
     }
 
     fn decode(v: u64) -> Option<Token> {
-        let conn = ((v >> 16) & 0xff_ffff_ffff) as usize;
-        let slot = v as u16;
+        let ep = (v >> 48) as u8;
+        let queue = (v >> 16) as u32;
+        let low = v as u16;
         Some(match v >> 56 {
-            1 => Token::Recv(conn),
-            2 => Token::Send(conn),
-            3 => Token::Backend(conn, slot),
-            4 => Token::Tick,
-            5 => Token::Wake,
-            6 => Token::RdmaCq(conn),
-            7 => Token::RdmaCm,
-            8 => Token::RdmaBackend(conn, slot),
-            9 => Token::Cancel,
+            1 => Token::Tick,
+            2 => Token::Wake,
+            3 => Token::Cancel,
+            4 => Token::Backend {
+                ep,
+                queue,
+                slot: low,
+            },
+            5 => Token::Endpoint { ep, queue, what: low },
             _ => return None,
         })
     }
+}
+
+/// A transport's side of one poller: the queues it keeps there and what
+/// it shares among them. The poller drives every endpoint the same way.
+pub trait Endpoint {
+    /// Takes a new queue its transport's listener handed over; returns
+    /// whether one was added.
+    fn adopt(&mut self, conn: Box<dyn Any + Send>, io: &mut Io) -> bool;
+    /// One of the endpoint's own operations completed with `res`.
+    fn on_completion(&mut self, queue: u32, what: u16, res: i32, io: &mut Io);
+    /// A backend operation of command `slot` of `queue` completed.
+    fn on_backend(&mut self, queue: u32, slot: u16, res: i32, io: &mut Io);
+    /// Checks deadlines (every [`TICK`]).
+    fn on_tick(&mut self, io: &mut Io);
+    /// Lets queues make progress, arms what must be polled, and frees
+    /// closed queues; returns how many were freed.
+    fn pump(&mut self, io: &mut Io) -> usize;
+    /// Busy polling: takes completions that arrive without a ring event.
+    fn poll(&mut self, _io: &mut Io) {}
+    /// Queues alive.
+    fn queues(&self) -> usize;
+    /// Arena buffers the endpoint holds itself (standing receive buffers),
+    /// not for commands.
+    fn standing_buffers(&self) -> usize {
+        0
+    }
+    /// Starts closing every queue.
+    fn close_all(&mut self, why: &str);
 }
 
 /// Operations to push to the poller's ring at its next submit. Queueing one
@@ -129,31 +144,23 @@ pub struct Shared {
     pub buffers_in_use: Vec<AtomicUsize>,
 }
 
-/// A new connection for a poller.
-enum Incoming {
-    Tcp(TcpStream, std::net::SocketAddr, Permit),
-    Rdma(rdma::Incoming),
+/// A new queue for a poller, from the listener of the transport whose
+/// endpoint index is `ep`.
+struct Incoming {
+    ep: u8,
+    conn: Box<dyn Any + Send>,
 }
 
-/// How other threads reach a poller: hand it connections, wake it.
+/// How other threads reach a poller: hand it queues, wake it.
 pub struct PollerLink {
     sender: Sender<Incoming>,
     wakeup: Wakeup,
 }
 
 impl PollerLink {
-    /// Hands a new NVMe/TCP connection (holding a pending place) to the poller.
-    pub fn adopt(&self, sock: TcpStream, peer: std::net::SocketAddr, pending: Permit) {
-        self.send(Incoming::Tcp(sock, peer, pending));
-    }
-
-    /// Hands an NVMe/RDMA connect request to the poller.
-    pub fn adopt_rdma(&self, inc: rdma::Incoming) {
-        self.send(Incoming::Rdma(inc));
-    }
-
-    fn send(&self, inc: Incoming) {
-        if self.sender.send(inc).is_ok() {
+    /// Hands a new queue to the poller's endpoint `ep`, which knows its type.
+    pub fn adopt(&self, ep: u8, conn: Box<dyn Any + Send>) {
+        if self.sender.send(Incoming { ep, conn }).is_ok() {
             self.wakeup.wake();
         }
     }
@@ -164,14 +171,19 @@ impl PollerLink {
     }
 }
 
-/// Creates a poller (ring, arena, registration) and starts its thread.
+/// Creates a poller (ring, arena, registration) and starts its thread,
+/// with an endpoint of every transport.
 pub fn spawn(
     id: usize,
     shared: Arc<Shared>,
     arena_bytes: usize,
     busy_poll: bool,
 ) -> io::Result<(PollerLink, JoinHandle<()>)> {
-    let ring = Ring::new(RING_ENTRIES, arena_bytes, &RING_OPS)?;
+    let ops: Vec<Op> = BACKEND_OPS
+        .into_iter()
+        .chain(crate::transport::ring_ops())
+        .collect();
+    let ring = Ring::new(RING_ENTRIES, arena_bytes, &ops)?;
     let wakeup = Wakeup::new()?;
     let (sender, incoming) = mpsc::channel();
     tracing::debug!(
@@ -183,14 +195,13 @@ pub fn spawn(
     let poller_wakeup = wakeup.clone();
     let discovery_limit = shared.registry.admission.limits.discovery_buffer as usize;
     let make = move || Poller {
+        endpoints: crate::transport::endpoints(id),
         budget: PollerBudget::new(discovery_limit),
         freed: 0,
         trimmed: Instant::now(),
-        rdma: Endpoint::new(id),
         ring,
         busy_poll,
         id,
-        conns: Vec::new(),
         incoming,
         wakeup: poller_wakeup,
         tick: types::Timespec::from(TICK),
@@ -204,17 +215,17 @@ pub fn spawn(
 }
 
 struct Poller {
-    /// Declared before the ring: its memory registrations go before the arena.
-    rdma: Endpoint,
+    /// One per transport, indexed as `Token`s name them. Declared before
+    /// the ring: their memory registrations go before the arena.
+    endpoints: Vec<Box<dyn Endpoint>>,
     ring: Ring,
     budget: PollerBudget,
-    /// Connections freed since the heap was last trimmed, and when that was.
+    /// Queues freed since the heap was last trimmed, and when that was.
     freed: usize,
     trimmed: Instant,
     /// Spin instead of sleeping in io_uring_enter (a dedicated core).
     busy_poll: bool,
     id: usize,
-    conns: Vec<Option<Box<TcpConn>>>,
     incoming: Receiver<Incoming>,
     wakeup: Wakeup,
     tick: types::Timespec,
@@ -230,8 +241,8 @@ impl Poller {
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
         loop {
             // SAFETY: every pending operation was queued through
-            // `Submissions::push` (or `arm_tick`/`arm_wake`), where its caller
-            // argued that its memory stays valid until its completion.
+            // `Submissions::push`, where its caller argued that its memory
+            // stays valid until its completion.
             let submitted = if self.busy_poll {
                 // SAFETY: as above.
                 unsafe { self.ring.submit() }
@@ -252,29 +263,21 @@ impl Poller {
                 self.dispatch(ud, res);
             }
             if self.busy_poll {
-                let (mut io, _, _, rdma) = self.split();
-                rdma.poll_all(&mut io);
+                let (mut io, endpoints, _) = self.split();
+                for e in endpoints.iter_mut() {
+                    e.poll(&mut io);
+                }
             }
             self.pump_all();
-            if self.stop_at.is_some()
-                && self.conns.iter().all(Option::is_none)
-                && self.rdma.connections() == 0
-            {
+            if self.stop_at.is_some() && self.endpoints.iter().all(|e| e.queues() == 0) {
                 break;
             }
         }
         tracing::debug!(poller = self.id, "poller stopped");
     }
 
-    /// Splits the poller into what connection handlers need and the connections.
-    fn split(
-        &mut self,
-    ) -> (
-        Io<'_>,
-        &mut Vec<Option<Box<TcpConn>>>,
-        &Shared,
-        &mut Endpoint,
-    ) {
+    /// Splits the poller into what endpoints need and the endpoints.
+    fn split(&mut self) -> (Io<'_>, &mut Vec<Box<dyn Endpoint>>, &Shared) {
         (
             Io {
                 arena: &mut self.ring.arena,
@@ -283,9 +286,8 @@ impl Poller {
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
             },
-            &mut self.conns,
+            &mut self.endpoints,
             &self.shared,
-            &mut self.rdma,
         )
     }
 
@@ -299,83 +301,55 @@ impl Poller {
                 self.on_wake();
                 self.arm_wake();
             }
-            Some(Token::Recv(c)) => {
-                if let Some(conn) = self.conns.get_mut(c).and_then(Option::as_mut) {
-                    conn.on_recv(res);
-                }
-            }
-            Some(Token::Send(c)) => {
-                let (mut io, conns, _, _) = self.split();
-                if let Some(conn) = conns.get_mut(c).and_then(Option::as_mut) {
-                    conn.on_send(res, &mut io);
-                }
-            }
-            Some(Token::Backend(c, slot)) => {
-                let (mut io, conns, _, _) = self.split();
-                if let Some(conn) = conns.get_mut(c).and_then(Option::as_mut) {
-                    conn.on_backend(slot, res, &mut io);
-                }
-            }
-            Some(Token::RdmaCq(d)) => {
-                let (mut io, _, _, rdma) = self.split();
-                rdma.on_cq(d, &mut io);
-            }
-            Some(Token::RdmaCm) => self.rdma.on_cm(),
-            Some(Token::RdmaBackend(c, slot)) => {
-                let (mut io, _, _, rdma) = self.split();
-                rdma.on_backend(c, slot, res, &mut io);
-            }
             Some(Token::Cancel) => {}
+            Some(Token::Backend { ep, queue, slot }) => {
+                let (mut io, endpoints, _) = self.split();
+                if let Some(e) = endpoints.get_mut(ep as usize) {
+                    e.on_backend(queue, slot, res, &mut io);
+                }
+            }
+            Some(Token::Endpoint { ep, queue, what }) => {
+                let (mut io, endpoints, _) = self.split();
+                if let Some(e) = endpoints.get_mut(ep as usize) {
+                    e.on_completion(queue, what, res, &mut io);
+                }
+            }
             None => tracing::error!(poller = self.id, ud, "completion with unknown user data"),
         }
     }
 
-    /// Lets every connection make progress, and frees the finished ones.
+    /// Lets every queue make progress, and frees the finished ones.
     fn pump_all(&mut self) {
         let stop_at = self.stop_at;
         let id = self.id;
-        let (mut io, conns, shared, rdma) = self.split();
-        let rdma_before = rdma.connections();
-        rdma.pump(&mut io);
-        rdma.arm(&mut io.sq);
-        let rdma_closed = rdma_before - rdma.connections();
-        shared.connections.fetch_sub(rdma_closed, Ordering::AcqRel);
-        let mut freed = rdma_closed;
-        for slot in conns.iter_mut() {
-            let Some(conn) = slot else { continue };
-            conn.pump(&mut io);
-            if conn.can_free() {
-                conn.teardown(&mut io);
-                *slot = None;
-                shared.connections.fetch_sub(1, Ordering::AcqRel);
-                freed += 1;
-            }
+        let (mut io, endpoints, shared) = self.split();
+        let mut freed = 0;
+        for e in endpoints.iter_mut() {
+            freed += e.pump(&mut io);
         }
-        // Buffers held by commands: the SRQs' standing receive buffers aside.
-        let in_use = io.arena.buffers_in_use() - rdma.recv_buffers();
+        shared.connections.fetch_sub(freed, Ordering::AcqRel);
+        // Buffers held by commands: the endpoints' standing ones aside.
+        let standing: usize = endpoints.iter().map(|e| e.standing_buffers()).sum();
+        let in_use = io.arena.buffers_in_use() - standing;
         shared.buffers_in_use[id].store(in_use, Ordering::Relaxed);
-        if let Some(t) = stop_at {
-            if t.elapsed() > DRAIN_TIMEOUT {
-                for c in conns.iter_mut().flatten() {
-                    c.close("drain timeout at shutdown");
-                }
-                rdma.close_all("drain timeout at shutdown");
+        if stop_at.is_some_and(|t| t.elapsed() > DRAIN_TIMEOUT) {
+            for e in endpoints.iter_mut() {
+                e.close_all("drain timeout at shutdown");
             }
         }
         self.freed += freed;
     }
 
     fn on_tick(&mut self) {
-        let (mut io, conns, _, rdma) = self.split();
-        for c in conns.iter_mut().flatten() {
-            c.on_tick(&mut io);
+        let (mut io, endpoints, _) = self.split();
+        for e in endpoints.iter_mut() {
+            e.on_tick(&mut io);
         }
-        rdma.on_tick(&mut io);
         self.trim_heap();
     }
 
-    /// After connections went (a flood, a storm of reconnects), gives the
-    /// heap pages they used back to the system, at most once a second.
+    /// After queues went (a flood, a storm of reconnects), gives the heap
+    /// pages they used back to the system, at most once a second.
     fn trim_heap(&mut self) {
         if self.freed == 0 || self.trimmed.elapsed() < TRIM_INTERVAL {
             return;
@@ -393,32 +367,18 @@ impl Poller {
             self.stop_at = Some(Instant::now());
             tracing::debug!(
                 poller = self.id,
-                connections = self.conns.iter().flatten().count(),
+                queues = self.endpoints.iter().map(|e| e.queues()).sum::<usize>(),
                 "draining"
             );
         }
         while let Ok(inc) = self.incoming.try_recv() {
-            match inc {
-                Incoming::Tcp(sock, peer, pending) => {
-                    if self.stop_at.is_some() {
-                        continue; // dropping the socket closes it
-                    }
-                    let idx = crate::queue::vacant(&mut self.conns);
-                    match TcpConn::new(sock, peer, idx, pending) {
-                        Ok(c) => {
-                            tracing::debug!(poller = self.id, %peer, "connection accepted");
-                            self.conns[idx] = Some(Box::new(c));
-                            self.shared.connections.fetch_add(1, Ordering::AcqRel);
-                        }
-                        Err(e) => tracing::warn!(%peer, "connection refused: {e}"),
-                    }
-                }
-                Incoming::Rdma(inc) => {
-                    let (mut io, _, shared, rdma) = self.split();
-                    if rdma.adopt(inc, &mut io) {
-                        shared.connections.fetch_add(1, Ordering::AcqRel);
-                    }
-                }
+            let (mut io, endpoints, shared) = self.split();
+            let Some(e) = endpoints.get_mut(inc.ep as usize) else {
+                continue;
+            };
+            // While stopping, endpoints refuse what arrives.
+            if e.adopt(inc.conn, &mut io) {
+                shared.connections.fetch_add(1, Ordering::AcqRel);
             }
         }
     }
@@ -436,5 +396,31 @@ impl Poller {
         let e = self.wakeup.poll(Token::Wake.encode());
         // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
         unsafe { Submissions(&mut self.ring.pending).push(e) };
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::Token;
+
+    #[test]
+    fn tokens_survive_the_user_data() {
+        for t in [
+            Token::Tick,
+            Token::Wake,
+            Token::Cancel,
+            Token::Backend {
+                ep: 1,
+                queue: u32::MAX,
+                slot: 255,
+            },
+            Token::Endpoint {
+                ep: 255,
+                queue: 7,
+                what: u16::MAX,
+            },
+        ] {
+            assert_eq!(Token::decode(t.encode()), Some(t));
+        }
     }
 }

@@ -1,202 +1,570 @@
-//! What every transport's queue does the same way around a command: run it
-//! (Connect or execute), feed backend completions back to it, build its
-//! response, watch the association and the queue's deadlines on ticks, and
-//! end the association when the queue goes.
+//! A queue's commands, whatever its transport: the one state machine that
+//! takes each command from its capsule to its response ([`State`]), the
+//! rules every capsule meets on arrival, a queue's deadlines, and what it
+//! gives back when it goes. A transport contributes a [`Wire`]: how data is
+//! asked of the host, and how data and responses go back to it.
 
-use crate::admission::Permit;
-use crate::budget::{Ledger, Staged};
-use crate::command::{Command, Connected, Entries, Progress, Work};
+use crate::binding::{self, end_association, Binding};
+use crate::budget::Staged;
+use crate::command::{self, Command, Connected, Entries, Progress, State, Work};
 use crate::config::Limits;
-use crate::controller::{Association, TransportCaps, SQHD_FLOW_DISABLED};
+use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::poller::{Io, Token};
-use io_uring::squeue;
+use rdmablk_common::fabrics::ConnectCmd;
 use rdmablk_common::mem::ArenaBuf;
-use rdmablk_common::nvme::{Cqe, Status};
+use rdmablk_common::nvme::identify::sgls;
+use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use std::collections::VecDeque;
+use std::net::IpAddr;
 use std::time::{Duration, Instant};
 
-/// What a queue may hold before its Connect: the Connect's 1 KiB of data,
-/// in one page.
-const CONNECT_BUDGET: usize = rdmablk_common::mem::MIN_BUF;
+/// The transport's half of a queue, as the state machine uses it.
+pub trait Wire {
+    /// Why a queue closes whose host did not deliver the data asked of it
+    /// within `limits.data_timeout`.
+    const DATA_OVERDUE: &'static str;
 
-/// What running a command led to.
-pub enum Ran {
-    /// The response can be sent now.
-    Complete,
-    /// A Fabrics Disconnect deleted this I/O queue: its response is the
-    /// last; the queue id is free again and nothing more executes here
-    /// until a new Connect.
-    Disconnected,
-    /// An AER to hold: its slot can be freed, its CID answered later.
-    Held,
-    /// Backend operations to submit; their completions finish the command.
-    Waiting(Entries),
+    /// What the transport serves; capsules are checked against it.
+    fn caps(&self) -> TransportCaps;
+
+    /// The local address the host reached, when the transport knows it.
+    fn local_addr(&self) -> Option<IpAddr>;
+
+    /// Asks the host for (more of) the data of the command in `slot`, which
+    /// has its buffer (R2T, RDMA READ); its arrival comes back through
+    /// [`Queue::data_arrived`]. `cmd.requested` counts what was asked.
+    fn fetch(&mut self, slot: u16, cmd: &mut Command, io: &mut Io);
+
+    /// Sends a command's data (when it returns any) and its response. The
+    /// slot comes back through [`Queue::sent`] once all of it is sent.
+    fn respond(&mut self, r: Response<'_>, io: &mut Io);
 }
 
-/// What every transport's queue holds of the target: its association, the
-/// arena space it uses, and, until its Connect, its place among pending
-/// connections.
-pub struct Binding {
-    pub assoc: Option<Association>,
-    ledger: Ledger,
-    pending: Option<Permit>,
-    /// The last Connect disabled SQ flow control (SQHD FFFFh); kept past a
-    /// Disconnect for its own response.
-    sq_flow_disabled: bool,
+/// A command's data and response, for the wire to send.
+pub struct Response<'a> {
+    /// The command's slot; `None` for a command refused before it had one.
+    pub slot: Option<u16>,
+    pub sqe: &'a Sqe,
+    pub cqe: Cqe,
+    /// Data to return before the response: the command's buffer, and how
+    /// many of its bytes.
+    pub data: Option<(&'a ArenaBuf, usize)>,
 }
 
-impl Binding {
-    /// A new connection holding one of the pending places.
-    pub fn new(pending: Permit) -> Binding {
-        Binding {
-            assoc: None,
-            // Before its Connect a queue may hold the Connect's data only.
-            ledger: Ledger::new(CONNECT_BUDGET),
-            pending: Some(pending),
-            sq_flow_disabled: false,
+/// In-capsule data, as a transport received it.
+pub enum InCapsule<'a> {
+    /// Bytes in a receive buffer, copied to the command's buffer (NVMe/TCP),
+    /// and whether their digest matched.
+    Bytes { data: &'a [u8], digest_ok: bool },
+    /// `len` bytes in an arena buffer the command takes over (a shared
+    /// receive queue's buffer, which then gets a new one).
+    Buffer {
+        buf: &'a mut Option<ArenaBuf>,
+        len: usize,
+    },
+}
+
+impl InCapsule<'_> {
+    fn len(&self) -> usize {
+        match self {
+            InCapsule::Bytes { data, .. } => data.len(),
+            InCapsule::Buffer { len, .. } => *len,
         }
-    }
-
-    /// Whether the queue waits for a Connect without a pending place (after
-    /// a Disconnect when none was free): it closes once its responses are out.
-    pub fn must_close(&self) -> bool {
-        self.assoc.is_none() && self.pending.is_none()
-    }
-
-    /// An arena buffer of `len` bytes within the queue's budgets, or `None`
-    /// to wait for one.
-    pub fn alloc(&mut self, len: usize, io: &mut Io) -> Option<ArenaBuf> {
-        self.ledger.alloc(len, io.arena, io.budget)
-    }
-
-    /// Stages in-capsule data that has no buffer yet, within the poller's
-    /// bounds (see [`Ledger::stage`] for `must`).
-    pub fn stage(&mut self, data: &[u8], must: bool, io: &mut Io) -> Staged {
-        self.ledger.stage(data, must, io.budget)
-    }
-
-    /// The status of a command refused for lack of staging room: one a host
-    /// retries (Command Interrupted once it enabled ACRE, as the
-    /// specification allows only then; Transient Transport Error before).
-    pub fn retry_later(&self) -> Status {
-        match &self.assoc {
-            Some(a) if a.ctrl.acre() => Status::COMMAND_INTERRUPTED,
-            _ => Status::TRANSIENT_TRANSPORT_ERROR,
-        }
-    }
-
-    /// Copies staged data into the command's buffer, which it now has.
-    pub fn unstage_into(&mut self, cmd: &mut Command, io: &mut Io) {
-        if let (Some(d), Some(b)) = (cmd.staged.take(), cmd.buf.as_ref()) {
-            io.arena.bytes_mut(b, d.len()).copy_from_slice(&d);
-            self.ledger.unstage(d, io.budget);
-        }
-    }
-
-    /// Charges a buffer received for the queue (in-capsule data) to it.
-    pub fn adopt(&mut self, buf: &ArenaBuf, io: &mut Io) {
-        self.ledger.adopt(buf, io.budget);
-    }
-
-    /// Gives a command's buffer back.
-    pub fn release(&mut self, cmd: &mut Command, io: &mut Io) {
-        cmd.release(&mut self.ledger, io.arena, io.budget);
-    }
-
-    fn connected(&mut self, a: Association, io: &mut Io) {
-        let limits = &io.registry.admission.limits;
-        self.ledger.associate(
-            a.ctrl.buffers.clone(),
-            limits.queue_buffer as usize,
-            limits.association_buffer as usize,
-            a.ctrl.subsys.is_discovery(),
-            io.budget,
-        );
-        self.pending = None;
-        self.sq_flow_disabled = a.sq_flow_disabled;
-        self.assoc = Some(a);
     }
 }
 
-/// Runs a command whose data (if any) has arrived. A Connect that succeeds
-/// binds the queue to its association; `held_aers` is how many AERs the
-/// queue holds.
-pub fn run(
-    cmd: &mut Command,
-    bind: &mut Binding,
-    io: &mut Io,
-    caps: TransportCaps,
-    peer: &str,
-    held_aers: usize,
-) -> Ran {
-    if !cmd.status.is_success() {
-        return Ran::Complete;
-    }
-    if matches!(cmd.work, Work::Connect) {
-        if let Connected::Yes(a) = cmd.connect(io.registry, io.arena, caps, peer) {
-            bind.connected(a, io);
-        }
-        return Ran::Complete;
-    }
-    let assoc = &mut bind.assoc;
-    // A command planned before its queue was deleted (by a Disconnect, or a
-    // controller reset) does not execute: it is aborted.
-    let Some(a) = assoc.as_ref().filter(|a| !a.is_deleted()) else {
-        cmd.status = Status::ABORTED_SQ_DELETION;
-        return Ran::Complete;
-    };
-    match cmd.execute(a, io.arena, held_aers) {
-        Progress::Complete if cmd.is_disconnect() && cmd.status.is_success() => {
-            end_association(assoc.take(), false);
-            bind.ledger.dissociate(io.budget);
-            // The connection stays, waiting for a Connect again: as such it
-            // needs a pending place, or it closes once this response is out.
-            bind.pending = io.registry.admission.pending_connection(&peer);
-            Ran::Disconnected
-        }
-        Progress::Complete => Ran::Complete,
-        Progress::Held => Ran::Held,
-        Progress::Waiting(entries) => Ran::Waiting(entries),
-    }
+/// What became of a capsule.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Intake {
+    /// Taken: planned, refused with a status, or on its way.
+    Taken,
+    /// Not taken for now: no room to hold it (staging at the poller's
+    /// bound, or as many refusals unsent as the queue has entries). A
+    /// transport that can leave it in its stream does; others close.
+    Stall,
+    /// The host sent more commands than its queue holds: the queue closes.
+    Overrun,
 }
 
-/// The response to a command: SQHD FFFFh where the host disabled SQ flow
-/// control, and DNR and the Command Retry Delay as the status and the
-/// controller's Host Behavior Support call for.
-pub fn response(
-    bind: &Binding,
-    (cid, status): (u16, Status),
-    (dw0, dw1): (u32, u32),
+/// Queue entries before a Connect says how many (the admin maximum).
+const INITIAL_DEPTH: u16 = ADMIN_QUEUE_SIZE;
+
+/// The commands of one queue and what they hold.
+pub struct Queue {
+    pub bind: Binding,
+    pub peer: String,
+    /// Endpoint and queue index, for the tokens of backend operations.
+    token: (u8, u32),
+    /// The queue id: from the transport's handshake, then its Connect.
+    pub qid: u16,
+    /// Since when the queue waits for a Connect (its start or a Disconnect).
+    since: Instant,
+    /// Command slots: twice the queue's depth at most, as a response's
+    /// send may complete here after the host already reused its entry.
+    cmds: Vec<Option<Command>>,
+    /// CIDs of held Asynchronous Event Requests.
+    held_aers: Vec<u16>,
+    /// Submission queue head reported in responses.
     sq_head: u16,
-    sqid: u16,
-) -> Cqe {
-    let sqhd = if bind.sq_flow_disabled {
-        SQHD_FLOW_DISABLED
-    } else {
-        sq_head
-    };
-    let crd = bind.assoc.as_ref().map_or(0, |a| a.ctrl.crd(status));
-    Cqe {
-        dw0,
-        dw1,
-        sqhd,
-        sqid,
-        cid,
-        status: status.to_field(crd),
+    /// Commands waiting for arena space, in arrival order.
+    awaiting_buffer: VecDeque<u16>,
+    /// Backend operations in flight.
+    backend_ops: usize,
+    /// Responses to commands refused before they had a slot, not yet sent.
+    unslotted: usize,
+}
+
+impl Queue {
+    /// A queue on endpoint `ep` at index `idx`, with queue id `qid` as far
+    /// as the transport knows it before Connect.
+    pub fn new(binding: Binding, peer: String, ep: u8, idx: u32, qid: u16) -> Queue {
+        Queue {
+            bind: binding,
+            peer,
+            token: (ep, idx),
+            qid,
+            since: Instant::now(),
+            cmds: Vec::new(),
+            held_aers: Vec::new(),
+            sq_head: 0,
+            awaiting_buffer: VecDeque::new(),
+            backend_ops: 0,
+            unslotted: 0,
+        }
+    }
+
+    /// Queue entries: what Connect negotiated, or the admin maximum before.
+    pub fn depth(&self) -> u16 {
+        self.bind
+            .assoc
+            .as_ref()
+            .map_or(INITIAL_DEPTH, |a| a.depth)
+    }
+
+    /// Commands in progress (held AERs excluded).
+    pub fn busy(&self) -> usize {
+        self.cmds.iter().filter(|c| c.is_some()).count()
+    }
+
+    /// Whether no backend operation refers to the queue's commands.
+    pub fn idle_backend(&self) -> bool {
+        self.backend_ops == 0
+    }
+
+    /// The command in `slot`, if live.
+    pub fn command(&self, slot: u16) -> Option<&Command> {
+        self.cmds.get(slot as usize).and_then(Option::as_ref)
+    }
+
+    /// Whether a command holding a buffer still waits for data that may
+    /// follow in the stream (so the stream must not stop).
+    pub fn awaits_stream_data(&self) -> bool {
+        self.cmds
+            .iter()
+            .flatten()
+            .any(|c| c.buf.is_some() && !c.to_host && c.received < c.len)
+    }
+
+    /// Logs why the queue closes.
+    pub fn log_close(&self, why: &str) {
+        match &self.bind.assoc {
+            Some(a) => {
+                tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}")
+            }
+            // A connection that never connected a queue: a flood of them
+            // would flood the log too.
+            None => tracing::debug!(peer = %self.peer, qid = self.qid, "connection closed: {why}"),
+        }
+    }
+
+    /// A command capsule arrived: the rules of NVMe over Fabrics 1.1 and
+    /// NVMe Base 2.1 on its SGL and in-capsule data, then the command's
+    /// plan, then its slot.
+    pub fn receive<W: Wire>(
+        &mut self,
+        sqe: &Sqe,
+        mut data: InCapsule<'_>,
+        io: &mut Io,
+        w: &mut W,
+    ) -> Intake {
+        let cid = sqe.cid();
+        if self.unslotted >= self.depth() as usize {
+            // As many refusals unsent as the queue has entries: a host that
+            // keeps sending bad capsules without taking them waits for them.
+            return Intake::Stall;
+        }
+        let caps = w.caps();
+        let sgl = sqe.sgl();
+        let arrived = data.len();
+        // Descriptors the transport does not take, SGL Descriptor Type
+        // Invalid (NVMe Base 2.1, Figure 102: 11h); in-capsule data is at
+        // offset 0 (ICDOFF 0; SGL Offset Invalid, 16h) and is exactly what
+        // arrived, within IOCCSZ (Data SGL Length Invalid, 0Fh).
+        let status = match sgl {
+            Sgl::InCapsule { offset, .. } if offset != 0 => Some(Status::SGL_OFFSET_INVALID),
+            Sgl::InCapsule { len, .. }
+                if len as usize != arrived || len > caps.in_capsule_data =>
+            {
+                Some(Status::SGL_DATA_LENGTH_INVALID)
+            }
+            Sgl::InCapsule { .. } => None,
+            Sgl::Keyed { .. } if !caps.takes(sgls::KEYED) => {
+                Some(Status::SGL_DESCRIPTOR_TYPE_INVALID)
+            }
+            Sgl::Transport { .. } if !caps.takes(sgls::TRANSPORT) => {
+                Some(Status::SGL_DESCRIPTOR_TYPE_INVALID)
+            }
+            Sgl::Unsupported(_) => Some(Status::SGL_DESCRIPTOR_TYPE_INVALID),
+            _ if arrived > 0 => Some(Status::SGL_DATA_LENGTH_INVALID),
+            _ => None,
+        };
+        if let Some(st) = status {
+            return self.refuse(sqe, st, io, w);
+        }
+        let mut cmd = match command::plan(self.bind.assoc.as_ref(), sqe, sgl.len()) {
+            Ok(c) => c,
+            Err(st) => return self.refuse(sqe, st, io, w),
+        };
+        // The SGL covers what the command moves (a longer one is allowed
+        // where the command says so: Dataset Management, Set Features);
+        // data to the host never travels in the capsule.
+        let in_capsule = matches!(sgl, Sgl::InCapsule { .. });
+        if (sgl.len() as usize) < cmd.len || in_capsule && cmd.to_host {
+            return self.refuse(sqe, Status::SGL_DATA_LENGTH_INVALID, io, w);
+        }
+        let Some(slot) = self.vacant() else {
+            return Intake::Overrun;
+        };
+        if in_capsule && cmd.len > 0 {
+            match &mut data {
+                InCapsule::Buffer { buf, .. } => {
+                    // The data is used in place: the receive gets a new buffer.
+                    cmd.buf = buf.take();
+                    if let Some(b) = &cmd.buf {
+                        self.bind.adopt(b, io);
+                    }
+                }
+                InCapsule::Bytes { data, digest_ok } => {
+                    let data = &data[..cmd.len];
+                    cmd.buf = self.bind.alloc(cmd.len, io);
+                    match &cmd.buf {
+                        Some(b) => io.arena.write(b, 0, data),
+                        None => {
+                            // Commands holding buffers while their data is
+                            // still to come: it may be behind this capsule,
+                            // so the stream must not stop here.
+                            let must = self.awaits_stream_data();
+                            match self.bind.stage(data, must, io) {
+                                Staged::Copy(d) => cmd.staged = Some(d),
+                                Staged::Stall => return Intake::Stall,
+                                Staged::Refuse => {
+                                    let st = self.bind.retry_later();
+                                    return self.refuse(sqe, st, io, w);
+                                }
+                            }
+                        }
+                    }
+                    if !*digest_ok {
+                        cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
+                    }
+                }
+            }
+            cmd.received = cmd.len;
+            cmd.requested = cmd.len;
+        }
+        self.sq_head = (self.sq_head + 1) % self.depth();
+        tracing::trace!(peer = %self.peer, cid, slot, opcode = sqe.opcode(), len = cmd.len, "command received");
+        self.cmds[slot as usize] = Some(cmd);
+        self.advance(slot, io, w);
+        Intake::Taken
+    }
+
+    /// A free slot, the table growing up to twice the depth.
+    fn vacant(&mut self) -> Option<u16> {
+        if let Some(i) = self.cmds.iter().position(Option::is_none) {
+            return Some(i as u16);
+        }
+        if self.cmds.len() >= 2 * self.depth() as usize {
+            return None;
+        }
+        self.cmds.push(None);
+        Some(self.cmds.len() as u16 - 1)
+    }
+
+    /// Answers a command that never got a slot.
+    fn refuse<W: Wire>(&mut self, sqe: &Sqe, status: Status, io: &mut Io, w: &mut W) -> Intake {
+        tracing::debug!(peer = %self.peer, cid = sqe.cid(), %status, "command refused before it ran");
+        self.sq_head = (self.sq_head + 1) % self.depth();
+        self.unslotted += 1;
+        let cqe = binding::response(
+            &self.bind,
+            (sqe.cid(), status),
+            (0, 0),
+            self.sq_head,
+            self.qid,
+        );
+        w.respond(
+            Response {
+                slot: None,
+                sqe,
+                cqe,
+                data: None,
+            },
+            io,
+        );
+        Intake::Taken
+    }
+
+    /// Moves a command on as far as it goes now: a buffer for its data,
+    /// the data from the host, then execution. The one place where
+    /// commands before the backend change state.
+    pub fn advance<W: Wire>(&mut self, slot: u16, io: &mut Io, w: &mut W) {
+        let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if matches!(cmd.state, State::Received | State::AwaitingBuffer) {
+            if cmd.len > 0 && cmd.buf.is_none() {
+                cmd.buf = self.bind.alloc(cmd.len, io);
+            }
+            if cmd.len > 0 && cmd.buf.is_none() {
+                // The arena is full: wait without blocking the stream,
+                // which carries the data that lets other commands finish.
+                if cmd.state == State::Received {
+                    enter(cmd, State::AwaitingBuffer, &self.peer);
+                    self.awaiting_buffer.push_back(slot);
+                }
+                return;
+            }
+            self.bind.unstage_into(cmd, io);
+            if !cmd.to_host && cmd.received < cmd.len {
+                enter(cmd, State::FetchingData, &self.peer);
+            }
+        }
+        if cmd.state == State::FetchingData && cmd.received < cmd.len {
+            if cmd.requested == cmd.received {
+                w.fetch(slot, cmd, io);
+                cmd.since = Instant::now();
+            }
+            return;
+        }
+        self.run(slot, io, w);
+    }
+
+    /// Gives freed arena space to the commands waiting for it, in order.
+    pub fn grant_buffers<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
+        while let Some(&slot) = self.awaiting_buffer.front() {
+            let waiting = self
+                .cmds
+                .get(slot as usize)
+                .and_then(Option::as_ref)
+                .filter(|c| c.state == State::AwaitingBuffer);
+            let Some(cmd) = waiting else {
+                self.awaiting_buffer.pop_front();
+                continue;
+            };
+            match self.bind.alloc(cmd.len, io) {
+                Some(b) => {
+                    self.awaiting_buffer.pop_front();
+                    let cmd = self.cmds[slot as usize].as_mut().expect("checked above");
+                    cmd.buf = Some(b);
+                    self.advance(slot, io, w);
+                }
+                None => return,
+            }
+        }
+    }
+
+    /// Data of the command in `slot` arrived up to byte `end`; `digest_ok`
+    /// says whether its digest matched. The transport checked `end` against
+    /// what was asked.
+    pub fn data_arrived<W: Wire>(
+        &mut self,
+        slot: u16,
+        end: usize,
+        digest_ok: bool,
+        io: &mut Io,
+        w: &mut W,
+    ) {
+        let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        cmd.received = end;
+        if !digest_ok {
+            tracing::warn!(peer = %self.peer, cid = cmd.sqe.cid(), "data digest mismatch");
+            cmd.status = Status::TRANSIENT_TRANSPORT_ERROR;
+        }
+        self.advance(slot, io, w);
+    }
+
+    /// Executes a command whose data (if any) has arrived.
+    fn run<W: Wire>(&mut self, slot: u16, io: &mut Io, w: &mut W) {
+        let cmd = self.cmds[slot as usize]
+            .as_mut()
+            .expect("running a live slot");
+        if !cmd.status.is_success() {
+            return self.complete(slot, io, w);
+        }
+        if matches!(cmd.work, Work::Connect) {
+            if let Connected::Yes(a) = cmd.connect(io.registry, io.arena, w.caps(), w.local_addr(), &self.peer) {
+                self.qid = a.qid;
+                self.bind.connected(a, io);
+            }
+            return self.complete(slot, io, w);
+        }
+        // A command planned before its queue was deleted (by a Disconnect, or
+        // a controller reset) does not execute: it is aborted.
+        let Some(a) = self.bind.assoc.as_ref().filter(|a| !a.is_deleted()) else {
+            cmd.status = Status::ABORTED_SQ_DELETION;
+            return self.complete(slot, io, w);
+        };
+        match cmd.execute(a, io.arena, self.held_aers.len()) {
+            Progress::Complete if cmd.is_disconnect() && cmd.status.is_success() => {
+                // The connection stays (NVMe Base 2.1, 6.4) but has no queue:
+                // it gets the Connect deadline again.
+                self.bind.disconnected(io, &self.peer);
+                self.since = Instant::now();
+                self.complete(slot, io, w);
+            }
+            Progress::Complete => self.complete(slot, io, w),
+            Progress::Held => {
+                self.held_aers.push(cmd.sqe.cid());
+                self.free(slot, io);
+            }
+            Progress::Waiting(entries) => {
+                enter(cmd, State::OnBackend, &self.peer);
+                self.submit_backend(slot, entries, io);
+            }
+        }
+    }
+
+    /// Queues a command's backend operations.
+    fn submit_backend(&mut self, slot: u16, entries: Entries, io: &mut Io) {
+        let token = Token::Backend {
+            ep: self.token.0,
+            queue: self.token.1,
+            slot,
+        };
+        for e in entries {
+            // SAFETY: a backend operation reads or writes the command's arena
+            // buffer (fixed buffer 0, mapped as long as the poller's ring),
+            // which the command keeps until its operations have completed:
+            // its slot is freed only after `on_backend` saw the last one,
+            // and the queue only once `backend_ops` is zero. Or it touches no
+            // memory (fsync, fallocate).
+            unsafe { io.sq.push(e.user_data(token.encode())) };
+            self.backend_ops += 1;
+        }
+    }
+
+    /// A backend operation of the command in `slot` completed with `res`.
+    pub fn on_backend<W: Wire>(&mut self, slot: u16, res: i32, io: &mut Io, w: &mut W) {
+        self.backend_ops -= 1;
+        let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if let Some(next) = cmd.on_backend_done(res, io.arena) {
+            // The rest of a short transfer, or the other way of zeroing.
+            let mut more = Entries::new();
+            more.push(next);
+            self.submit_backend(slot, more, io);
+        } else if cmd.ops_in_flight == 0 {
+            self.complete(slot, io, w);
+        }
+    }
+
+    /// Hands a finished command's data (for reads) and response to the wire.
+    fn complete<W: Wire>(&mut self, slot: u16, io: &mut Io, w: &mut W) {
+        let cmd = self.cmds[slot as usize]
+            .as_mut()
+            .expect("completing a live slot");
+        // A Connect answers for the queue it asked for.
+        let sqid = match &cmd.work {
+            Work::Connect => ConnectCmd::from_sqe(&cmd.sqe).qid,
+            _ => self.qid,
+        };
+        if !cmd.status.is_success() {
+            tracing::debug!(peer = %self.peer, cid = cmd.sqe.cid(), status = %cmd.status, "command failed");
+        }
+        let cqe = binding::response(
+            &self.bind,
+            (cmd.sqe.cid(), cmd.status),
+            (cmd.dw0, cmd.dw1),
+            self.sq_head,
+            sqid,
+        );
+        let returns_data =
+            cmd.to_host && cmd.status.is_success() && cmd.len > 0 && cmd.buf.is_some();
+        let to = if returns_data {
+            State::ReturningData
+        } else {
+            State::Responding
+        };
+        enter(cmd, to, &self.peer);
+        let cmd = &*cmd;
+        let data = match &cmd.buf {
+            Some(b) if returns_data => Some((b, cmd.len)),
+            _ => None,
+        };
+        w.respond(
+            Response {
+                slot: Some(slot),
+                sqe: &cmd.sqe,
+                cqe,
+                data,
+            },
+            io,
+        );
+    }
+
+    /// The wire sent all of a response: the command in `slot` is done
+    /// (`None`: a refusal of a command that had no slot).
+    pub fn sent(&mut self, slot: Option<u16>, io: &mut Io) {
+        match slot {
+            Some(s) => self.free(s, io),
+            None => self.unslotted -= 1,
+        }
+    }
+
+    /// Frees a slot and what its command holds.
+    fn free(&mut self, slot: u16, io: &mut Io) {
+        if let Some(mut c) = self.cmds.get_mut(slot as usize).and_then(Option::take) {
+            tracing::trace!(peer = %self.peer, cid = c.sqe.cid(), from = ?c.state, "command free");
+            self.bind.release(&mut c, io);
+        }
+    }
+
+    /// Why the queue must close now, if a deadline passed: its Connect
+    /// (`limits.handshake_timeout` from its start or a Disconnect), its
+    /// association's keep-alive and enable, data asked of the host.
+    pub fn overdue<W: Wire>(&self, limits: &Limits) -> Option<&'static str> {
+        if self.bind.assoc.is_none() && self.since.elapsed() > limits.handshake_timeout {
+            return Some("no Connect within limits.handshake_timeout of the connection");
+        }
+        if let Some(why) = binding::check_association(self.bind.assoc.as_ref(), limits) {
+            return Some(why);
+        }
+        let stuck = self.cmds.iter().flatten().any(|c| {
+            c.state == State::FetchingData
+                && c.received < c.requested
+                && c.since.elapsed() > limits.data_timeout
+        });
+        stuck.then_some(W::DATA_OVERDUE)
+    }
+
+    /// Frees every command and ends the queue's part in its association;
+    /// call once nothing refers to the queue any more.
+    pub fn teardown(&mut self, io: &mut Io) {
+        for mut c in self.cmds.iter_mut().filter_map(Option::take) {
+            self.bind.release(&mut c, io);
+        }
+        end_association(self.bind.assoc.take(), io.stopping);
     }
 }
 
-/// Queues a command's backend operations under `token`; returns how many.
-pub fn submit_backend(entries: Entries, token: Token, io: &mut Io) -> usize {
-    let n = entries.len();
-    for e in entries {
-        // SAFETY: a backend operation reads or writes the command's arena
-        // buffer (fixed buffer 0, mapped as long as the poller's ring), which
-        // the command keeps until `ops_in_flight` is back to zero, and its
-        // slot is not freed before (completions arrive through `token`); or
-        // it touches no memory (fsync, fallocate).
-        unsafe { io.sq.push(e.user_data(token.encode())) };
-    }
-    n
+/// Moves a command to its next state, traced.
+fn enter(cmd: &mut Command, to: State, peer: &str) {
+    tracing::trace!(peer, cid = cmd.sqe.cid(), from = ?cmd.state, ?to, "command");
+    cmd.state = to;
 }
 
 /// Index of a free entry of `slots`, growing it when none is.
@@ -205,58 +573,6 @@ pub fn vacant<T>(slots: &mut Vec<Option<T>>) -> usize {
         slots.push(None);
         slots.len() - 1
     })
-}
-
-/// Feeds a backend completion to a command: a follow-up operation to
-/// submit, or whether the command is now complete.
-pub enum BackendStep {
-    Submit(squeue::Entry),
-    Complete,
-    Pending,
-}
-
-pub fn on_backend(cmd: &mut Command, res: i32, io: &Io) -> BackendStep {
-    match cmd.on_backend_done(res, io.arena) {
-        Some(next) => BackendStep::Submit(next),
-        None if cmd.ops_in_flight == 0 => BackendStep::Complete,
-        None => BackendStep::Pending,
-    }
-}
-
-/// Periodic check of a live queue's association: why it must close, if so.
-pub fn check_association(assoc: Option<&Association>, limits: &Limits) -> Option<&'static str> {
-    let a = assoc?;
-    if a.qid == 0 && a.ctrl.keep_alive_expired() {
-        a.ctrl
-            .kill("keep-alive timeout (no Keep Alive within KATO)");
-    }
-    if a.qid == 0 && a.ctrl.enable_overdue(limits.enable_timeout) {
-        a.ctrl
-            .kill("the host did not enable the controller (CC.EN) within limits.enable_timeout");
-    }
-    if a.is_deleted() {
-        return Some("controller reset: I/O queue deleted");
-    }
-    (!a.ctrl.is_live()).then_some("controller ended")
-}
-
-/// Ends a closed queue's part in its association: losing the admin queue
-/// ends the controller (unless the daemon drains, when the I/O queues
-/// finish their commands and close on their own).
-pub fn end_association(assoc: Option<Association>, stopping: bool) {
-    if let Some(a) = assoc {
-        if a.qid == 0 && !stopping {
-            a.ctrl.kill("admin queue closed");
-        } else {
-            a.ctrl.release(&a);
-        }
-    }
-}
-
-/// Whether a queue waiting for its handshake or Connect since `since` has
-/// waited too long.
-pub fn handshake_overdue(since: Instant, limits: &Limits) -> bool {
-    since.elapsed() > limits.handshake_timeout
 }
 
 /// Progress of a queue's sends: since when it has had sends outstanding
@@ -286,29 +602,4 @@ impl SendWatch {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    /// Sends stuck past the limit count from the first send with none
-    /// completing since; any completion restarts the clock, and a queue
-    /// with nothing outstanding is never stuck.
-    #[test]
-    fn send_watch_counts_from_the_last_progress() {
-        let mut w = SendWatch::default();
-        assert!(!w.stalled(Duration::ZERO), "nothing sent");
-        w.posted();
-        std::thread::sleep(Duration::from_millis(2));
-        assert!(w.stalled(Duration::ZERO));
-        assert!(!w.stalled(Duration::from_secs(60)));
-        let first = w.since;
-        w.posted();
-        assert_eq!(w.since, first, "a second send does not restart the clock");
-        w.progressed(true);
-        assert!(
-            w.since > first,
-            "a completion with more outstanding restarts it"
-        );
-        w.progressed(false);
-        assert!(!w.stalled(Duration::ZERO), "nothing outstanding");
-    }
-}
+mod tests;

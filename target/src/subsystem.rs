@@ -3,10 +3,11 @@
 
 use crate::admission::Admission;
 use crate::backend::{Backend, FileBackend, MemoryBackend};
-use crate::config::{self, Config, Listener, Transport};
+use crate::config::{self, Config, Listener};
 use crate::controller::Controller;
 use crate::error::DaemonError;
-use rdmablk_common::fabrics::discovery::{self, adrfam, subtype, treq, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
+use std::net::IpAddr;
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, Weak};
@@ -188,33 +189,17 @@ impl Registry {
     }
 
     /// The discovery log page as `hostnqn` may see it: one entry per
-    /// (subsystem it is allowed on, listener).
-    pub fn discovery_log(&self, hostnqn: &str) -> Vec<u8> {
+    /// (subsystem it is allowed on, listener), as seen by a host whose
+    /// discovery queue reached us at `local`.
+    pub fn discovery_log(&self, hostnqn: &str, local: Option<IpAddr>) -> Vec<u8> {
         let mut entries = Vec::new();
         for s in self.subsystems.iter().filter(|s| s.admits(hostnqn)) {
             for (port, l) in self.listeners.iter().enumerate() {
+                let (_, transport) = crate::transport::of(l.transport);
                 entries.push(DiscoveryEntry {
-                    trtype: match l.transport {
-                        Transport::Tcp => trtype::TCP,
-                        Transport::Rdma => trtype::RDMA,
-                    },
-                    adrfam: if l.address.is_ipv4() {
-                        adrfam::IPV4
-                    } else {
-                        adrfam::IPV6
-                    },
-                    subtype: subtype::NVME,
-                    // As nvmet: no secure channel requirement stated, and
-                    // hosts may disable SQ flow control (NVMe over Fabrics
-                    // 1.1, Figure 40).
-                    treq: treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE,
                     portid: port as u16 + 1,
-                    cntlid: 0xffff,
-                    asqsz: crate::controller::ADMIN_QUEUE_SIZE,
-                    trsvcid: l.address.port().to_string(),
                     subnqn: s.nqn.clone(),
-                    traddr: l.address.ip().to_string(),
-                    tsas: transport_specific(l.transport),
+                    ..transport.discovery_entry(l.address, local)
                 });
             }
         }
@@ -270,14 +255,4 @@ fn id128(key: &str, seed: u8) -> [u8; 16] {
     out[..8].copy_from_slice(&stable_hash(key, seed).to_be_bytes());
     out[8..].copy_from_slice(&stable_hash(key, seed.wrapping_add(1)).to_be_bytes());
     out
-}
-
-/// The transport specific address subtype of a discovery log entry: for
-/// RDMA, a reliable connected QP, no particular provider, RDMA CM.
-fn transport_specific(t: Transport) -> [u8; 32] {
-    let mut tsas = [0u8; 32];
-    if t == Transport::Rdma {
-        tsas[..3].copy_from_slice(&[1, 1, 1]);
-    }
-    tsas
 }

@@ -5,13 +5,16 @@ use crate::config::{self, Limits, QuickArgs};
 use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
 use crate::subsystem::Registry;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
-use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status, SQE_LEN};
+use rdmablk_common::nvme::identify::sgls;
+use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status};
 use std::sync::Arc;
 
 pub const HOST: &str = "nqn.2026-11.io.rdmablk:unit-host";
 pub const CAPS: TransportCaps = TransportCaps {
-    ioccsz: ((SQE_LEN + 8192) / 16) as u32,
-    sgls: 1,
+    mdts: 8,
+    max_queue_entries: 128,
+    in_capsule_data: 8192,
+    sgls: sgls::SUPPORTED | sgls::TRANSPORT | sgls::OFFSET,
 };
 
 /// A registry with one 16 MiB memory namespace any host may use.
@@ -58,6 +61,7 @@ pub fn admin_connect(reg: &Arc<Registry>, subnqn: &str, kato: u32) -> Result<Ass
         &connect_sqe(0, 0, kato),
         &connect_data(subnqn, HOST, 0xffff),
         CAPS,
+        None,
     )
 }
 
@@ -67,6 +71,7 @@ pub fn io_connect(reg: &Arc<Registry>, a: &Association, qid: u16) -> Result<Asso
         &connect_sqe(qid, 0, 0),
         &connect_data(&a.ctrl.subsys.nqn, HOST, a.ctrl.cntlid),
         CAPS,
+        None,
     )
 }
 

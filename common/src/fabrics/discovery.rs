@@ -38,6 +38,24 @@ pub mod treq {
     pub const SQ_FLOW_CONTROL_DISABLE: u8 = 1 << 2;
 }
 
+/// The RDMA transport specific address subtype (TSAS), NVMe over Fabrics
+/// 1.1 Figure 41: queue pair type, provider type, connection management.
+pub mod rdma_tsas {
+    /// RDMA_QPTYPE: reliable connected.
+    pub const QPTYPE_CONNECTED: u8 = 1;
+    /// RDMA_PRTYPE: no particular provider.
+    pub const PRTYPE_NOT_SPECIFIED: u8 = 1;
+    /// RDMA_CMS: the RDMA connection manager.
+    pub const CMS_RDMA_CM: u8 = 1;
+
+    /// The TSAS of a reliable connected queue pair set up through RDMA CM.
+    pub fn rdma_cm() -> [u8; 32] {
+        let mut tsas = [0u8; 32];
+        tsas[..3].copy_from_slice(&[QPTYPE_CONNECTED, PRTYPE_NOT_SPECIFIED, CMS_RDMA_CM]);
+        tsas
+    }
+}
+
 /// One entry of the discovery log: where and how to reach a subsystem.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct DiscoveryEntry {

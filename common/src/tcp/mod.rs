@@ -531,6 +531,26 @@ pub fn data_digest_append(crc: u32, piece: &[u8]) -> u32 {
     crc32c::crc32c_append(crc, piece)
 }
 
+/// Appends a whole PDU with its data to `out`: the header part as
+/// [`encode_header`] writes it, the data, and the data digest when
+/// `digests.data` and there is data. Anything already in `out` is kept, so
+/// a send queue's recycled vector can take it without allocating.
+pub fn encode_into(
+    out: &mut Vec<u8>,
+    header: &Header,
+    extra_flags: u8,
+    data: &[u8],
+    digests: Digests,
+    data_align: usize,
+) {
+    encode_header(out, header, extra_flags, data.len(), digests, data_align);
+    out.extend_from_slice(data);
+    let is_term = matches!(header, Header::TermReq { .. });
+    if digests.data && !data.is_empty() && !is_term {
+        out.extend_from_slice(&data_digest(data));
+    }
+}
+
 /// Encodes a whole PDU with its data into a new vector (convenience for
 /// small PDUs and tests; the data path appends data itself).
 pub fn encode(
@@ -541,19 +561,7 @@ pub fn encode(
     data_align: usize,
 ) -> Vec<u8> {
     let mut out = Vec::with_capacity(SHORT_HLEN * 4 + data.len());
-    encode_header(
-        &mut out,
-        header,
-        extra_flags,
-        data.len(),
-        digests,
-        data_align,
-    );
-    out.extend_from_slice(data);
-    let is_term = matches!(header, Header::TermReq { .. });
-    if digests.data && !data.is_empty() && !is_term {
-        out.extend_from_slice(&data_digest(data));
-    }
+    encode_into(&mut out, header, extra_flags, data, digests, data_align);
     out
 }
 

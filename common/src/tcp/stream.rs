@@ -80,36 +80,60 @@ impl RxBuf {
 }
 
 /// One PDU waiting to be sent.
+///
+/// Pointer stability: `message` hands the kernel pointers into `head`'s heap
+/// buffer (header and digest) and to `body`. The item itself may move while
+/// a send is in flight (the deque grows when PDUs are pushed meanwhile), but
+/// moving a `Vec` moves only its pointer, length and capacity, not the heap
+/// buffer; and `head` is never changed (so never reallocated) between being
+/// queued and being popped by `advance`, which happens only after the bytes
+/// were sent.
 struct TxItem {
+    /// The PDU's leading bytes (`head_len` of them), then its data digest
+    /// when it has one: the digest is sent after the body.
     head: Vec<u8>,
+    head_len: usize,
     body: *const u8,
     body_len: usize,
-    /// Boxed: a send in flight points at it while the deque may reallocate.
-    digest: Option<Box<[u8; 4]>>,
     token: Option<u64>,
 }
 
 impl TxItem {
     fn len(&self) -> usize {
-        self.head.len() + self.body_len + if self.digest.is_some() { 4 } else { 0 }
+        // `head` holds the digest (if any) after the leading bytes.
+        self.head.len() + self.body_len
     }
 }
 
 /// PDUs gathered into one sendmsg at most.
 const MAX_BATCH: usize = 32;
+/// Capacity of a new head vector.
+const HEAD_CAPACITY: usize = 256;
+/// Recycled head vectors kept at most.
+const POOL_MAX: usize = 256;
+/// Head vectors that grew beyond this are freed rather than recycled, so the
+/// pool does not pin memory for a rare large PDU.
+const POOL_MAX_CAPACITY: usize = 16 << 10;
 
 /// PDUs queued for sending, in order.
+///
+/// In the steady state queuing allocates nothing: heads are taken from
+/// [`TxQueue::buf`], which recycles the heads of PDUs already sent, and a
+/// data digest travels in its PDU's head vector.
 pub struct TxQueue {
     items: VecDeque<TxItem>,
     /// Bytes of the front item already sent.
     sent: usize,
     iov: Vec<libc::iovec>,
     msg: Box<libc::msghdr>,
+    /// Cleared head vectors of sent PDUs, for [`TxQueue::buf`].
+    pool: Vec<Vec<u8>>,
 }
 
 // SAFETY: the raw pointers are payload addresses in memory the owner keeps
-// valid until the item is sent, and the msghdr points into `iov`; nothing is
-// tied to the creating thread.
+// valid until the item is sent, pointers into the items' own head vectors,
+// and the msghdr's pointer into `iov`; nothing is tied to the creating
+// thread.
 unsafe impl Send for TxQueue {}
 
 impl Default for TxQueue {
@@ -120,6 +144,7 @@ impl Default for TxQueue {
             iov: Vec::with_capacity(MAX_BATCH * 3),
             // SAFETY: msghdr is plain old data; all zeroes is an empty header.
             msg: Box::new(unsafe { std::mem::zeroed() }),
+            pool: Vec::new(),
         }
     }
 }
@@ -127,6 +152,16 @@ impl Default for TxQueue {
 impl TxQueue {
     pub fn is_empty(&self) -> bool {
         self.items.is_empty()
+    }
+
+    /// An empty vector to encode a PDU's head into and hand to
+    /// [`TxQueue::push`] / [`TxQueue::push_with_body`]: the head of a PDU
+    /// already sent when there is one (no allocation), else a new vector with
+    /// room for 256 bytes.
+    pub fn buf(&mut self) -> Vec<u8> {
+        self.pool
+            .pop()
+            .unwrap_or_else(|| Vec::with_capacity(HEAD_CAPACITY))
     }
 
     /// Queues a PDU that is all in `head`. `token` is handed back by
@@ -140,38 +175,49 @@ impl TxQueue {
     ///
     /// The caller keeps the payload alive and unchanged until the token of
     /// this PDU, or of a later one, comes back from [`TxQueue::advance`].
+    ///
+    /// The digest is stored after the header bytes in `head`'s own heap
+    /// buffer (grown here, before anything points at it), which stays where
+    /// it is while the PDU is queued: see `TxItem`.
     pub fn push_with_body(
         &mut self,
-        head: Vec<u8>,
+        mut head: Vec<u8>,
         body: *const u8,
         body_len: usize,
         digest: Option<[u8; 4]>,
         token: Option<u64>,
     ) {
+        let head_len = head.len();
+        if let Some(d) = digest {
+            // May reallocate: nothing points into `head` before `message`.
+            head.extend_from_slice(&d);
+        }
         self.items.push_back(TxItem {
             head,
+            head_len,
             body,
             body_len,
-            digest: digest.map(Box::new),
             token,
         });
     }
 
     /// Builds the message header for the next sendmsg over the queued PDUs.
-    /// The pointer is valid until the queue is next changed.
+    ///
+    /// The header and the iovecs it points to stay valid, and every address
+    /// in them stays valid and unchanged, until the next call of `message` or
+    /// [`TxQueue::advance`] (or the queue drops): pushing more PDUs meanwhile
+    /// does not disturb them (it touches neither the iovec array nor the
+    /// head vectors of queued PDUs), so PDUs may be queued while a send is in
+    /// flight.
     pub fn message(&mut self) -> *const libc::msghdr {
         self.iov.clear();
         let mut skip = self.sent;
         for item in self.items.iter().take(MAX_BATCH) {
-            let digest = item
-                .digest
-                .as_ref()
-                .map_or(std::ptr::null(), |d| d.as_ptr());
-            let digest_len = if item.digest.is_some() { 4 } else { 0 };
+            let (head, digest) = item.head.split_at(item.head_len);
             for (ptr, len) in [
-                (item.head.as_ptr(), item.head.len()),
+                (head.as_ptr(), head.len()),
                 (item.body, item.body_len),
-                (digest, digest_len),
+                (digest.as_ptr(), digest.len()),
             ] {
                 if len <= skip {
                     skip -= len;
@@ -184,13 +230,16 @@ impl TxQueue {
                 skip = 0;
             }
         }
+        // At most MAX_BATCH * 3 entries: `iov` never reallocates, so the
+        // pointer below stays put.
         self.msg.msg_iov = self.iov.as_mut_ptr();
         self.msg.msg_iovlen = self.iov.len();
         &*self.msg
     }
 
     /// Records that `n` bytes were sent; tokens of the PDUs now fully sent
-    /// are appended to `done`.
+    /// are appended to `done`, and their heads go back to the pool of
+    /// [`TxQueue::buf`].
     pub fn advance(&mut self, n: usize, done: &mut Vec<u64>) {
         let mut n = n + self.sent;
         while let Some(front) = self.items.front() {
@@ -199,11 +248,22 @@ impl TxQueue {
                 break;
             }
             n -= len;
-            if let Some(t) = self.items.pop_front().and_then(|i| i.token) {
+            let Some(item) = self.items.pop_front() else {
+                break;
+            };
+            if let Some(t) = item.token {
                 done.push(t);
             }
+            self.recycle(item.head);
         }
         self.sent = n;
+    }
+
+    fn recycle(&mut self, mut head: Vec<u8>) {
+        if self.pool.len() < POOL_MAX && head.capacity() <= POOL_MAX_CAPACITY {
+            head.clear();
+            self.pool.push(head);
+        }
     }
 }
 
@@ -241,6 +301,112 @@ mod tests {
         assert_eq!(first.iov_len, 9); // one byte of the body sent
         tx.advance(13, &mut done);
         assert_eq!(done, vec![42]);
+        assert!(tx.is_empty());
+    }
+
+    /// The bytes an iovec points at.
+    fn iov_bytes(v: &libc::iovec) -> Vec<u8> {
+        // SAFETY: the tests only look at iovecs of a message whose memory
+        // (queue heads and the test's own bodies) is still alive.
+        unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, v.iov_len) }.to_vec()
+    }
+
+    /// The iovecs of the message header.
+    fn iovs(msg: *const libc::msghdr) -> Vec<libc::iovec> {
+        // SAFETY: `msg` comes from `TxQueue::message`, and the queue has not
+        // been advanced or asked for another message since.
+        unsafe { std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen) }.to_vec()
+    }
+
+    #[test]
+    fn tx_recycles_heads_of_sent_pdus() {
+        let mut tx = TxQueue::default();
+        let fresh = tx.buf();
+        assert!(fresh.is_empty());
+        assert_eq!(fresh.capacity(), HEAD_CAPACITY);
+        let mut a = fresh;
+        a.extend_from_slice(b"first");
+        let a_ptr = a.as_ptr();
+        let mut b = tx.buf();
+        b.extend_from_slice(b"second");
+        let b_ptr = b.as_ptr();
+        tx.push(a, Some(1));
+        tx.push_with_body(b, std::ptr::null(), 0, Some([1, 2, 3, 4]), Some(2));
+        let mut done = Vec::new();
+        tx.advance(5, &mut done);
+        assert_eq!(done, vec![1]);
+        // The first head is back, empty, with its heap buffer.
+        let again = tx.buf();
+        assert!(again.is_empty());
+        assert_eq!(again.as_ptr(), a_ptr);
+        // The second is still queued: the pool is empty again.
+        let other = tx.buf();
+        assert_ne!(other.as_ptr(), b_ptr);
+        tx.advance(10, &mut done);
+        assert_eq!(done, vec![1, 2]);
+        let recycled = tx.buf();
+        assert_eq!(recycled.as_ptr(), b_ptr);
+        // A head that grew large is not kept.
+        tx.push(vec![0; POOL_MAX_CAPACITY + 1], None);
+        tx.advance(POOL_MAX_CAPACITY + 1, &mut done);
+        assert!(tx.pool.is_empty());
+    }
+
+    #[test]
+    fn tx_pool_is_bounded() {
+        let mut tx = TxQueue::default();
+        for _ in 0..POOL_MAX + 10 {
+            let mut h = tx.buf();
+            h.push(0);
+            tx.push(h, None);
+        }
+        // Fresh vectors were made for all of them; all are sent.
+        tx.advance(POOL_MAX + 10, &mut Vec::new());
+        assert!(tx.is_empty());
+        assert_eq!(tx.pool.len(), POOL_MAX);
+    }
+
+    #[test]
+    fn tx_digest_survives_the_deque_growing_under_a_message() {
+        let body = [5u8; 100];
+        let mut tx = TxQueue::default();
+        let mut head = tx.buf();
+        head.extend_from_slice(&[0xaa; 24]);
+        // A full head: the digest makes it grow before anything points at it.
+        head.resize(HEAD_CAPACITY, 0xbb);
+        tx.push_with_body(head, body.as_ptr(), body.len(), Some(*b"dgst"), Some(7));
+        let msg = tx.message();
+        let before = iovs(msg);
+        assert_eq!(before.len(), 3);
+        assert_eq!(iov_bytes(&before[0]).len(), HEAD_CAPACITY);
+        assert_eq!(iov_bytes(&before[2]), b"dgst");
+        // Queue many more PDUs while that send is "in flight": the deque
+        // reallocates several times and moves the first item.
+        for i in 0..1000u32 {
+            let mut h = tx.buf();
+            h.extend_from_slice(&i.to_le_bytes());
+            tx.push_with_body(h, body.as_ptr(), 1, Some((!i).to_le_bytes()), None);
+        }
+        let after = iovs(msg);
+        assert_eq!(after.len(), 3, "the outstanding message is unchanged");
+        assert_eq!(after[2].iov_base, before[2].iov_base);
+        assert_eq!(iov_bytes(&after[2]), b"dgst");
+        assert_eq!(iov_bytes(&after[0]), {
+            let mut h = vec![0xaa; 24];
+            h.resize(HEAD_CAPACITY, 0xbb);
+            h
+        });
+        assert_eq!(iov_bytes(&after[1]), body);
+        // Sending it and the next PDU: the digest of that one follows its body.
+        let mut done = Vec::new();
+        tx.advance(HEAD_CAPACITY + body.len() + 4, &mut done);
+        assert_eq!(done, vec![7]);
+        let next = iovs(tx.message());
+        assert_eq!(iov_bytes(&next[0]), 0u32.to_le_bytes());
+        assert_eq!(iov_bytes(&next[1]), [5]);
+        assert_eq!(iov_bytes(&next[2]), (!0u32).to_le_bytes());
+        assert_eq!(next.len(), MAX_BATCH * 3);
+        tx.advance(9 * 1000, &mut done);
         assert!(tx.is_empty());
     }
 }

@@ -41,6 +41,35 @@ fn capsule_with_in_capsule_data_and_digests() {
 }
 
 #[test]
+fn encode_into_appends_a_whole_pdu() {
+    let sqe = Sqe::new(0x02, 9);
+    let data = [0x11u8; 100];
+    let mut out = Vec::with_capacity(512);
+    out.extend_from_slice(b"prev");
+    let ptr = out.as_ptr();
+    encode_into(&mut out, &Header::CapsuleCmd(sqe), 0, &data, BOTH, 1);
+    assert_eq!(out.as_ptr(), ptr, "fits: no reallocation");
+    assert_eq!(&out[..4], b"prev");
+    let pdu = &out[4..];
+    assert_eq!(
+        pdu,
+        &encode(&Header::CapsuleCmd(sqe), 0, &data, BOTH, 1)[..]
+    );
+    assert_eq!(pdu.len(), 76 + 100 + 4);
+    assert_eq!(&pdu[76 + 100..], &data_digest(&data));
+    // A second PDU after the first; a TermReq never gets a data digest.
+    let term = Header::TermReq {
+        from_host: true,
+        fes: fes::PDU_SEQUENCE_ERROR,
+        fei: 0,
+    };
+    let before = out.len();
+    encode_into(&mut out, &term, 0, &[1, 2, 3], BOTH, 1);
+    assert_eq!(&out[before..], &encode(&term, 0, &[1, 2, 3], BOTH, 1)[..]);
+    assert_eq!(out.len() - before, SHORT_HLEN + 3);
+}
+
+#[test]
 fn c2h_data_honours_host_alignment() {
     let t = Transfer {
         cccid: 3,
@@ -178,6 +207,11 @@ proptest! {
             h => h,
         };
         let b = encode(&header, 0, &data, digests, align);
+        // Appending to a used vector writes the same bytes after what is there.
+        let mut appended = vec![0x5a; 3];
+        encode_into(&mut appended, &header, 0, &data, digests, align);
+        prop_assert_eq!(&appended[..3], &[0x5a; 3]);
+        prop_assert_eq!(&appended[3..], &b[..]);
         let (p, n) = decode(&b, digests, 1 << 20).unwrap().unwrap();
         prop_assert_eq!(n, b.len());
         prop_assert_eq!(p.header, header);

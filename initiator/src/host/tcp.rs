@@ -138,7 +138,7 @@ impl TcpQueue {
             _ => Sgl::Transport { len: len as u32 },
         };
         sqe.set_sgl(&sgl);
-        let mut head = Vec::with_capacity(96);
+        let mut head = self.tx.buf();
         let data_len = if inline { len } else { 0 };
         tcp::encode_header(
             &mut head,
@@ -494,7 +494,7 @@ impl TcpQueue {
         let buf = c.buf;
         for (t, fl) in tcp::split_transfer(r2t, self.limits.max_h2c) {
             let (at, n) = (t.offset as usize, t.len as usize);
-            let mut head = Vec::with_capacity(32);
+            let mut head = self.tx.buf();
             tcp::encode_header(
                 &mut head,
                 &Header::H2CData(t),

@@ -217,6 +217,7 @@ fn limits_answer_controller_busy() {
             &connect_sqe(0, 0, 5000),
             &connect_data(config::DEFAULT_NQN, "nqn.2026-11.io.rdmablk:other", 0xffff),
             CAPS,
+            None,
         )
     };
     let a = enabled(&reg, 1);

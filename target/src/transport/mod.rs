@@ -1,5 +1,126 @@
-//! Transports: how capsules, data and responses travel. Each connection
-//! lives on one poller for its whole life.
+//! Transports: how capsules, data and responses travel. A transport tells
+//! controllers what it serves and discovery how to reach it, listens, and
+//! keeps an endpoint on every poller; its queues run the command state
+//! machine of `queue.rs` through a `queue::Wire`. Each queue lives on one
+//! poller for its whole life.
+//!
+//! Adding a transport: a module here implementing [`Transport`] (with its
+//! endpoint and wire), an entry in [`ALL`], and its listener scheme in
+//! `config::Transport`.
 
 pub mod rdma;
 pub mod tcp;
+
+use crate::config;
+use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::error::DaemonError;
+use crate::poller::{Endpoint, PollerLink};
+use crate::subsystem::Registry;
+use rdmablk_common::fabrics::discovery::{adrfam, subtype, DiscoveryEntry};
+use rdmablk_common::ring::Op;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+
+/// A fabric transport, as the daemon and discovery see it.
+pub trait Transport: Sync {
+    /// The listener scheme it serves.
+    fn kind(&self) -> config::Transport;
+
+    /// What its queues serve (MDTS, queue entries, in-capsule data, SGLs).
+    fn caps(&self) -> TransportCaps;
+
+    /// The io_uring operations its endpoints submit (probed at start).
+    fn ring_ops(&self) -> &'static [Op];
+
+    /// TRTYPE, TREQ and TSAS of its discovery log entries.
+    fn discovery_fields(&self) -> (u8, u8, [u8; 32]);
+
+    /// Starts taking connections on `addr` and handing them to the
+    /// pollers' endpoints `ep`, round robin.
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        ep: u8,
+        pollers: Arc<Vec<PollerLink>>,
+        registry: Arc<Registry>,
+    ) -> Result<(), DaemonError>;
+
+    /// Its endpoint on poller `poller`, at endpoint index `ep`.
+    fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint>;
+
+    /// The discovery log entry of a listener on `addr` for a host whose
+    /// discovery queue reached us at `local` (as nvmet's `disc_traddr`: a
+    /// wildcard listener reports the address the host connected to).
+    /// Subsystem and port fields are left for the caller.
+    fn discovery_entry(&self, addr: SocketAddr, local: Option<IpAddr>) -> DiscoveryEntry {
+        let (trtype, treq, tsas) = self.discovery_fields();
+        let ip = match local {
+            Some(l) if addr.ip().is_unspecified() => l,
+            _ => addr.ip(),
+        };
+        DiscoveryEntry {
+            trtype,
+            adrfam: if ip.is_ipv4() {
+                adrfam::IPV4
+            } else {
+                adrfam::IPV6
+            },
+            subtype: subtype::NVME,
+            treq,
+            portid: 0,
+            cntlid: 0xffff,
+            asqsz: ADMIN_QUEUE_SIZE,
+            trsvcid: addr.port().to_string(),
+            subnqn: String::new(),
+            traddr: ip.to_string(),
+            tsas,
+        }
+    }
+}
+
+/// Every transport; a transport's index here is its endpoint index.
+pub const ALL: [&dyn Transport; 2] = [&tcp::NvmeTcp, &rdma::NvmeRdma];
+
+/// The transport of a listener scheme, and its endpoint index.
+pub fn of(kind: config::Transport) -> (u8, &'static dyn Transport) {
+    let i = ALL
+        .iter()
+        .position(|t| t.kind() == kind)
+        .expect("every listener scheme has a transport");
+    (i as u8, ALL[i])
+}
+
+/// The endpoints of poller `poller`, one per transport, in [`ALL`]'s order.
+pub fn endpoints(poller: usize) -> Vec<Box<dyn Endpoint>> {
+    ALL.iter()
+        .enumerate()
+        .map(|(i, t)| t.endpoint(i as u8, poller))
+        .collect()
+}
+
+/// The io_uring operations of every transport.
+pub fn ring_ops() -> impl Iterator<Item = Op> {
+    ALL.into_iter().flat_map(|t| t.ring_ops().iter().copied())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A wildcard listener is reported at the address the host reached; a
+    /// listener on one address at that address (NVMe over Fabrics 1.1,
+    /// 5.3: TRADDR is where the host connects).
+    #[test]
+    fn discovery_reports_the_address_the_host_reached() {
+        let local: IpAddr = "192.0.2.7".parse().unwrap();
+        for (_, t) in [config::Transport::Tcp, config::Transport::Rdma].map(of) {
+            let wild = t.discovery_entry("0.0.0.0:4420".parse().unwrap(), Some(local));
+            assert_eq!((wild.traddr.as_str(), wild.adrfam), ("192.0.2.7", adrfam::IPV4));
+            let fixed = t.discovery_entry("[::1]:4421".parse().unwrap(), Some(local));
+            assert_eq!((fixed.traddr.as_str(), fixed.adrfam), ("::1", adrfam::IPV6));
+            assert_eq!(fixed.trsvcid, "4421");
+            let unknown = t.discovery_entry("0.0.0.0:4420".parse().unwrap(), None);
+            assert_eq!(unknown.traddr, "0.0.0.0");
+        }
+    }
+}

@@ -1,23 +1,27 @@
-//! NVMe/RDMA queues. A listener thread takes RDMA CM connect requests and
-//! hands them to pollers; each poller keeps, per device, one protection
-//! domain, one CQ on a completion channel that its io_uring polls, and one
-//! SRQ whose receives hold a 64-byte command capsule and an arena buffer for
+//! NVMe/RDMA. A listener thread takes RDMA CM connect requests and hands
+//! them to pollers; each poller keeps, per device, one protection domain,
+//! one CQ on a completion channel that its io_uring polls, and one SRQ
+//! whose receives hold a 64-byte command capsule and an arena buffer for
 //! in-capsule data. Reads go disk → arena (READ_FIXED) → RDMA WRITE chained
 //! to the response SEND; writes go RDMA READ → arena → WRITE_FIXED → SEND.
 //! The arena is registered once with io_uring and once per device: no copy
-//! between disk and NIC.
+//! between disk and NIC. Commands go through the shared state machine
+//! (`queue.rs`), to which [`RdmaWire`] brings RDMA READs and responses.
 
 use crate::admission::Permit;
-use crate::command::{self, Command};
-use crate::config::Limits;
-use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE, MAX_IO_QUEUE_SIZE};
+use crate::binding::Binding;
+use crate::command::Command;
+use crate::config;
+use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::error::{starting, DaemonError};
-use crate::poller::{Io, PollerLink, Submissions, Token};
-use crate::queue::{self, BackendStep, Binding, Ran, SendWatch};
+use crate::transport::Transport;
+use crate::poller::{Endpoint, Io, PollerLink, Token};
+use crate::queue::{self, InCapsule, Intake, Queue, Response, SendWatch, Wire};
 use crate::subsystem::Registry;
-use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::fabrics::discovery::{rdma_tsas, treq, trtype};
 use rdmablk_common::nvme::identify::sgls;
-use rdmablk_common::nvme::{Sgl, Sqe, Status, SQE_LEN};
+use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::nvme::{Sgl, Sqe, SQE_LEN};
 use rdmablk_common::rdma::private_data::{
     encode_reject, ConnectReply, ConnectRequest, RejectStatus,
 };
@@ -25,14 +29,16 @@ use rdmablk_common::rdma::{
     access, CmChannel, CmEventKind, CmId, CompChannel, Completion, ConnParam, Cq, Device, Mr,
     NewId, Pd, QpConfig, SendOp, SendWr, Sge, Srq,
 };
+use rdmablk_common::ring::Op;
+use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// In-capsule data the target accepts (beyond the 64-byte command).
-pub const IN_CAPSULE_DATA: usize = 8192;
+const IN_CAPSULE_DATA: usize = 8192;
 /// Receives posted on each SRQ (shared by all queues of a poller on a device;
 /// RNR retry covers bursts beyond it).
 const SRQ_DEPTH: u32 = 256;
@@ -44,17 +50,60 @@ const CQ_ENTRIES: u32 = 65536;
 /// is freed anyway (a removed device may never deliver them): destroying
 /// the QP ends the device's access to its buffers.
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
+/// Pending connect requests the listener queues.
+const LISTEN_BACKLOG: i32 = 128;
+/// What an endpoint's own tokens stand for: its CM channel, a device's CQ.
+const CM: u16 = 0;
+const CQ: u16 = 1;
 
-/// What NVMe/RDMA contributes to Identify Controller.
-pub fn caps() -> TransportCaps {
-    TransportCaps {
-        ioccsz: ((SQE_LEN + IN_CAPSULE_DATA) / 16) as u32,
-        sgls: sgls::SUPPORTED | sgls::KEYED | sgls::OFFSET,
+/// What NVMe/RDMA queues serve.
+const CAPS: TransportCaps = TransportCaps {
+    // 1 MiB.
+    mdts: 8,
+    max_queue_entries: 128,
+    in_capsule_data: IN_CAPSULE_DATA as u32,
+    sgls: sgls::SUPPORTED | sgls::KEYED | sgls::OFFSET,
+};
+
+/// The NVMe/RDMA transport.
+pub struct NvmeRdma;
+
+impl Transport for NvmeRdma {
+    fn kind(&self) -> config::Transport {
+        config::Transport::Rdma
+    }
+
+    fn caps(&self) -> TransportCaps {
+        CAPS
+    }
+
+    fn ring_ops(&self) -> &'static [Op] {
+        // Completion and CM channels are polled (a common operation).
+        &[]
+    }
+
+    fn discovery_fields(&self) -> (u8, u8, [u8; 32]) {
+        let treq = treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE;
+        (trtype::RDMA, treq, rdma_tsas::rdma_cm())
+    }
+
+    fn listen(
+        &self,
+        addr: SocketAddr,
+        ep: u8,
+        pollers: Arc<Vec<PollerLink>>,
+        registry: Arc<Registry>,
+    ) -> Result<(), DaemonError> {
+        listen(addr, ep, pollers, registry)
+    }
+
+    fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint> {
+        Box::new(RdmaEndpoint::new(ep, poller))
     }
 }
 
 /// A connect request on its way from the listener to a poller.
-pub struct Incoming {
+struct Incoming {
     id: NewId,
     req: ConnectRequest,
     /// RDMA READs the host lets us have outstanding (its responder resources).
@@ -69,7 +118,7 @@ fn check_request(private_data: &[u8]) -> Result<ConnectRequest, RejectStatus> {
     let max = if req.qid == 0 {
         ADMIN_QUEUE_SIZE
     } else {
-        MAX_IO_QUEUE_SIZE
+        CAPS.max_queue_entries
     };
     // HSQSIZE is 0's based; HRQSIZE is not.
     if req.hsqsize == 0 || req.hsqsize >= max {
@@ -83,8 +132,9 @@ fn check_request(private_data: &[u8]) -> Result<ConnectRequest, RejectStatus> {
 
 /// Binds an RDMA CM listener on `addr` and starts the thread that hands its
 /// connect requests to the pollers, round robin.
-pub fn listen(
+fn listen(
     addr: SocketAddr,
+    ep: u8,
     pollers: Arc<Vec<PollerLink>>,
     registry: Arc<Registry>,
 ) -> Result<(), DaemonError> {
@@ -96,7 +146,7 @@ pub fn listen(
     rdmablk_common::rdma::require_device().map_err(failed(""))?;
     let chan = CmChannel::new().map_err(failed(""))?;
     let mut id = CmId::new(&chan).map_err(failed(""))?;
-    id.listen(addr, 128).map_err(failed(
+    id.listen(addr, LISTEN_BACKLOG).map_err(failed(
         " (is an RDMA device bound to that address? `rdma link` shows them)",
     ))?;
     if let Some(d) = id.device() {
@@ -140,12 +190,13 @@ pub fn listen(
                             let _ = new_id.reject(&encode_reject(RejectStatus::NoResources));
                             continue;
                         };
-                        pollers[next % pollers.len()].adopt_rdma(Incoming {
+                        let inc = Incoming {
                             id: new_id,
                             req,
                             host_responder_resources: ev.responder_resources,
                             pending,
-                        });
+                        };
+                        pollers[next % pollers.len()].adopt(ep, Box::new(inc));
                         next += 1;
                     }
                     Err(st) => {
@@ -285,20 +336,6 @@ enum Phase {
     Closing,
 }
 
-/// Where a command's data lives on the host.
-#[derive(Clone, Copy)]
-struct Remote {
-    addr: u64,
-    key: u32,
-    invalidate: bool,
-}
-
-/// A command and its transport state.
-struct Slot {
-    cmd: Command,
-    remote: Option<Remote>,
-}
-
 /// Marks SRQ receives in the wr_id: a completion's opcode is not valid
 /// when its status is an error, its wr_id always is.
 const RECV_BIT: u64 = 1 << 63;
@@ -309,55 +346,408 @@ const WR_RESPONSE_NO_SLOT: u64 = 2;
 const WR_READ: u64 = 3;
 const WR_WRITE: u64 = 4;
 
-fn wr_id(conn: usize, kind: u64, slot: u16) -> u64 {
+fn wr_id(conn: u32, kind: u64, slot: u16) -> u64 {
     (conn as u64) << 24 | kind << 16 | slot as u64
 }
 
+/// Where a queue's work requests go: its queue pair, or a recorder in
+/// unit tests.
+pub trait QueuePair {
+    /// Posts a chain of send work requests with one doorbell.
+    ///
+    /// # Safety
+    /// As `verbs::post_send`: local memory in the requests is registered
+    /// and left to the device until the requests complete (inline data
+    /// excepted: it is copied during the call).
+    unsafe fn post(&mut self, wrs: &[SendWr]) -> io::Result<()>;
+
+    /// Moves the queue pair to the error state: what is posted completes
+    /// as flushed.
+    fn disconnect(&mut self);
+}
+
+impl QueuePair for CmId {
+    unsafe fn post(&mut self, wrs: &[SendWr]) -> io::Result<()> {
+        // SAFETY: the QP lives as long as this CM id; the caller vouches
+        // for the memory.
+        unsafe { rdmablk_common::rdma::verbs::post_send(self.qp(), wrs) }
+    }
+
+    fn disconnect(&mut self) {
+        CmId::disconnect(self);
+    }
+}
+
+/// An RDMA READ waiting for one of the queue's READ credits.
+struct PendingRead {
+    slot: u16,
+    /// The command's arena buffer, and how many bytes to read into it.
+    local: *mut u8,
+    len: u32,
+    remote_addr: u64,
+    rkey: u32,
+}
+
 /// One NVMe/RDMA queue pair: one queue of a controller.
-struct RdmaConn {
-    id: CmId,
+struct RdmaQueue<P> {
+    q: Queue,
+    w: RdmaWire<P>,
     dev: usize,
     qp_num: u32,
-    idx: usize,
-    peer: String,
+    /// Send queue size (its share of the device's CQ).
+    send_wr: u32,
+}
+
+/// A queue pair, as the state machine uses it.
+struct RdmaWire<P> {
+    qp: P,
+    /// Local key of the poller's arena on the queue's device.
+    lkey: u32,
+    idx: u32,
     phase: Phase,
     since: Instant,
-    qid: u16,
-    /// Entries of the queue (HSQSIZE + 1).
-    depth: u16,
     /// RDMA READs we may have outstanding, and how many are.
     read_credits: u8,
     reads: u8,
-    bind: Binding,
-    /// Whether the host takes what is sent (limits.send_timeout).
-    sends: SendWatch,
-    cmds: Vec<Option<Slot>>,
-    held_aers: Vec<u16>,
-    sq_head: u16,
-    awaiting_buffer: VecDeque<u16>,
-    awaiting_read: VecDeque<u16>,
+    awaiting_read: VecDeque<PendingRead>,
     /// Signaled work requests posted and not completed.
     signaled: usize,
-    /// Send queue size (its share of the device's CQ).
-    send_wr: u32,
-    backend_ops: usize,
+    /// Whether the host takes what is sent (limits.send_timeout).
+    sends: SendWatch,
+}
+
+impl<P: QueuePair> Wire for RdmaWire<P> {
+    const DATA_OVERDUE: &'static str =
+        "an RDMA READ of the host's data did not complete within limits.data_timeout";
+
+    fn caps(&self) -> TransportCaps {
+        NvmeRdma.caps()
+    }
+
+    fn local_addr(&self) -> Option<IpAddr> {
+        None
+    }
+
+    /// One RDMA READ of all the data, when a credit is free.
+    fn fetch(&mut self, slot: u16, cmd: &mut Command, io: &mut Io) {
+        let (Sgl::Keyed { addr, key, .. }, Some(buf)) = (cmd.sqe.sgl(), cmd.buf.as_ref()) else {
+            unreachable!("only keyed data is fetched, into a buffer")
+        };
+        self.awaiting_read.push_back(PendingRead {
+            slot,
+            local: io.arena.addr(buf, 0),
+            len: cmd.len as u32,
+            remote_addr: addr,
+            rkey: key,
+        });
+        cmd.requested = cmd.len;
+        self.start_reads();
+    }
+
+    /// The data (an RDMA WRITE, unsignaled) chained to the response SEND.
+    fn respond(&mut self, r: Response<'_>, io: &mut Io) {
+        let (slot, kind) = match r.slot {
+            Some(s) => (s, WR_RESPONSE),
+            None => (0, WR_RESPONSE_NO_SLOT),
+        };
+        let sgl = r.sqe.sgl();
+        let invalidate = match sgl {
+            Sgl::Keyed {
+                key,
+                invalidate: true,
+                ..
+            } => Some(key),
+            _ => None,
+        };
+        let write_sge = match (r.data, sgl) {
+            (Some((buf, len)), Sgl::Keyed { addr, key, .. }) => Some((
+                [Sge {
+                    addr: io.arena.addr(buf, 0),
+                    len: len as u32,
+                    lkey: self.lkey,
+                }],
+                addr,
+                key,
+            )),
+            _ => None,
+        };
+        let cqe = r.cqe.to_bytes();
+        let send_sge = [Sge {
+            addr: cqe.as_ptr(),
+            len: cqe.len() as u32,
+            lkey: 0,
+        }];
+        let mut wrs: smallvec::SmallVec<[SendWr; 2]> = smallvec::SmallVec::new();
+        if let Some((sge, remote_addr, rkey)) = &write_sge {
+            wrs.push(SendWr {
+                wr_id: wr_id(self.idx, WR_WRITE, slot),
+                op: SendOp::RdmaWrite {
+                    remote_addr: *remote_addr,
+                    rkey: *rkey,
+                },
+                sges: sge,
+                signaled: false,
+                inline: false,
+            });
+        }
+        wrs.push(SendWr {
+            wr_id: wr_id(self.idx, kind, slot),
+            op: SendOp::Send { invalidate },
+            sges: &send_sge,
+            signaled: true,
+            inline: true,
+        });
+        // SAFETY: the WRITE's source is the command's arena buffer,
+        // registered on this device (`lkey`), which the command keeps until
+        // the SEND chained after it completes (`Queue::sent`), and the queue
+        // is freed only once every signaled request has completed or the QP
+        // is destroyed; the response is inline (copied during the call).
+        match unsafe { self.qp.post(&wrs) } {
+            Ok(()) => {
+                self.signaled += 1;
+                self.sends.posted();
+            }
+            // Nothing was posted: the slot is freed at teardown.
+            Err(e) => self.fail(&format!("posting a response: {e}")),
+        }
+    }
+}
+
+impl<P: QueuePair> RdmaWire<P> {
+    /// Posts RDMA READs for waiting commands, as far as the credits allow.
+    fn start_reads(&mut self) {
+        while self.reads < self.read_credits && self.phase != Phase::Closing {
+            let Some(r) = self.awaiting_read.pop_front() else {
+                return;
+            };
+            let sge = [Sge {
+                addr: r.local,
+                len: r.len,
+                lkey: self.lkey,
+            }];
+            let wr = SendWr {
+                wr_id: wr_id(self.idx, WR_READ, r.slot),
+                op: SendOp::RdmaRead {
+                    remote_addr: r.remote_addr,
+                    rkey: r.rkey,
+                },
+                sges: &sge,
+                signaled: true,
+                inline: false,
+            };
+            // SAFETY: the READ lands in the command's registered arena
+            // buffer, which the command keeps until its data has arrived (it
+            // cannot run before), and the queue is freed only once every
+            // signaled request has completed or the QP is destroyed.
+            match unsafe { self.qp.post(&[wr]) } {
+                Ok(()) => {
+                    self.reads += 1;
+                    self.signaled += 1;
+                    self.sends.posted();
+                }
+                Err(e) => return self.fail(&format!("posting an RDMA READ: {e}")),
+            }
+        }
+    }
+
+    /// The queue pair failed under us: close it.
+    fn fail(&mut self, why: &str) {
+        if self.phase != Phase::Closing {
+            tracing::warn!(queue = self.idx, "NVMe/RDMA queue closed: {why}");
+            self.shut();
+        }
+    }
+
+    /// The queue pair goes to the error state: what is posted completes as
+    /// flushed, and the endpoint frees the queue once all has.
+    fn shut(&mut self) {
+        self.phase = Phase::Closing;
+        self.since = Instant::now();
+        self.qp.disconnect();
+    }
+}
+
+impl<P: QueuePair> RdmaQueue<P> {
+    fn close(&mut self, why: &str) {
+        if self.w.phase == Phase::Closing {
+            return;
+        }
+        self.q.log_close(why);
+        self.w.shut();
+    }
+
+    /// Periodic checks of every deadline: Connect, keep-alive and enable,
+    /// RDMA READs (through the queue), and the progress of the work
+    /// requests posted.
+    fn on_tick(&mut self, io: &Io) {
+        if self.w.phase == Phase::Closing {
+            return;
+        }
+        let limits = &io.registry.admission.limits;
+        if let Some(why) = self.q.overdue::<RdmaWire<P>>(limits) {
+            self.close(why);
+        } else if self.w.sends.stalled(limits.send_timeout) {
+            self.close("the host did not take what was sent to it (no send completed) within limits.send_timeout");
+        }
+    }
+
+    /// A command capsule arrived with `data_len` bytes of in-capsule data in
+    /// the receive's buffer `recv_data` (which the command may take).
+    fn on_capsule(
+        &mut self,
+        sqe: &Sqe,
+        data_len: usize,
+        recv_data: &mut Option<ArenaBuf>,
+        io: &mut Io,
+    ) {
+        tracing::trace!(peer = %self.q.peer, cid = sqe.cid(), opcode = sqe.opcode(), sgl = ?sqe.sgl(), data_len, "capsule");
+        let data = InCapsule::Buffer {
+            buf: recv_data,
+            len: data_len,
+        };
+        match self.q.receive(sqe, data, io, &mut self.w) {
+            Intake::Taken => {}
+            // A receive is consumed whatever we do: no stream to leave it in.
+            Intake::Stall | Intake::Overrun => {
+                self.close("the host sent more commands than its queue holds")
+            }
+        }
+    }
+
+    /// A send work request of this queue completed.
+    fn on_send_done(&mut self, kind: u64, slot: u16, wc: &Completion, io: &mut Io) {
+        if kind == WR_WRITE {
+            // Unsignaled: only a failure (or flush) completes alone.
+            if !wc.is_flush() {
+                self.close(&format!("RDMA WRITE failed: {}", wc.status_str()));
+            }
+            return;
+        }
+        self.w.signaled -= 1;
+        self.w.sends.progressed(self.w.signaled > 0);
+        if kind == WR_READ {
+            self.w.reads -= 1;
+        }
+        if !wc.ok() && !wc.is_flush() {
+            let what = if kind == WR_READ {
+                "RDMA READ"
+            } else {
+                "response SEND"
+            };
+            self.close(&format!("{what} failed: {}", wc.status_str()));
+        }
+        match kind {
+            WR_RESPONSE => self.q.sent(Some(slot), io),
+            WR_RESPONSE_NO_SLOT => self.q.sent(None, io),
+            WR_READ if wc.ok() => {
+                let len = self.q.command(slot).map_or(0, |c| c.len);
+                self.q.data_arrived(slot, len, true, io, &mut self.w);
+                self.w.start_reads();
+            }
+            _ => {}
+        }
+    }
+
+    /// Lets the queue move on (arena space freed, a drain).
+    fn pump(&mut self, io: &mut Io) {
+        if self.w.phase == Phase::Closing {
+            return;
+        }
+        self.q.grant_buffers(io, &mut self.w);
+        if io.stopping && self.q.busy() == 0 {
+            self.close("target shutting down");
+        }
+        if self.q.bind.must_close() && self.w.signaled == 0 {
+            self.close("disconnected, and no place for a connection waiting for its Connect");
+        }
+    }
 }
 
 /// The RDMA side of one poller.
-pub struct Endpoint {
+struct RdmaEndpoint {
+    ep: u8,
     poller: usize,
     cm: Option<Arc<CmChannel>>,
     cm_armed: bool,
     devices: Vec<DeviceRes>,
-    conns: Vec<Option<Box<RdmaConn>>>,
+    conns: Vec<Option<Box<RdmaQueue<CmId>>>>,
     /// Queue of each (device, QP number): QP numbers are per device.
     by_qp: HashMap<(usize, u32), usize>,
     completions: Vec<Completion>,
 }
 
-impl Endpoint {
-    pub fn new(poller: usize) -> Endpoint {
-        Endpoint {
+impl Endpoint for RdmaEndpoint {
+    fn adopt(&mut self, conn: Box<dyn Any + Send>, io: &mut Io) -> bool {
+        let Ok(inc) = conn.downcast::<Incoming>() else {
+            return false;
+        };
+        if io.stopping {
+            let _ = inc.id.reject(&encode_reject(RejectStatus::NoResources));
+            return false;
+        }
+        match self.try_adopt(*inc, io) {
+            Ok(()) => true,
+            Err(e) => {
+                tracing::error!(
+                    poller = self.poller,
+                    "cannot accept an NVMe/RDMA queue: {e}"
+                );
+                false
+            }
+        }
+    }
+
+    fn on_completion(&mut self, queue: u32, what: u16, _res: i32, io: &mut Io) {
+        match what {
+            CM => self.on_cm(),
+            _ => self.on_cq(queue as usize, io),
+        }
+    }
+
+    fn on_backend(&mut self, queue: u32, slot: u16, res: i32, io: &mut Io) {
+        let conn = self.conns.get_mut(queue as usize).and_then(Option::as_mut);
+        if let Some(c) = conn {
+            c.q.on_backend(slot, res, io, &mut c.w);
+        }
+    }
+
+    fn on_tick(&mut self, io: &mut Io) {
+        for c in self.conns.iter_mut().flatten() {
+            c.on_tick(io);
+        }
+    }
+
+    fn pump(&mut self, io: &mut Io) -> usize {
+        let freed = self.pump_queues(io);
+        self.arm(io);
+        freed
+    }
+
+    fn poll(&mut self, io: &mut Io) {
+        for dev in 0..self.devices.len() {
+            self.drain_cq(dev, io);
+        }
+    }
+
+    fn queues(&self) -> usize {
+        self.conns.iter().flatten().count()
+    }
+
+    fn standing_buffers(&self) -> usize {
+        self.devices.iter().map(DeviceRes::recv_buffers).sum()
+    }
+
+    fn close_all(&mut self, why: &str) {
+        for c in self.conns.iter_mut().flatten() {
+            c.close(why);
+        }
+    }
+}
+
+impl RdmaEndpoint {
+    fn new(ep: u8, poller: usize) -> RdmaEndpoint {
+        RdmaEndpoint {
+            ep,
             poller,
             cm: None,
             cm_armed: false,
@@ -368,16 +758,6 @@ impl Endpoint {
         }
     }
 
-    /// Queues alive on this poller.
-    pub fn connections(&self) -> usize {
-        self.conns.iter().flatten().count()
-    }
-
-    /// Arena buffers the SRQs hold for in-capsule data (not commands').
-    pub fn recv_buffers(&self) -> usize {
-        self.devices.iter().map(DeviceRes::recv_buffers).sum()
-    }
-
     fn device_index(&mut self, device: Device, io: &mut Io) -> io::Result<usize> {
         if let Some(i) = self.devices.iter().position(|d| d.device == device) {
             return Ok(i);
@@ -386,22 +766,11 @@ impl Endpoint {
         Ok(self.devices.len() - 1)
     }
 
-    /// Takes a connect request: queue pair on the poller's SRQ and CQ, accept.
-    /// Returns whether a connection was added.
-    pub fn adopt(&mut self, inc: Incoming, io: &mut Io) -> bool {
-        if io.stopping {
-            let _ = inc.id.reject(&encode_reject(RejectStatus::NoResources));
-            return false;
-        }
-        match self.try_adopt(inc, io) {
-            Ok(()) => true,
-            Err(e) => {
-                tracing::error!(
-                    poller = self.poller,
-                    "cannot accept an NVMe/RDMA queue: {e}"
-                );
-                false
-            }
+    fn token(&self, queue: u32, what: u16) -> Token {
+        Token::Endpoint {
+            ep: self.ep,
+            queue,
+            what,
         }
     }
 
@@ -456,6 +825,7 @@ impl Endpoint {
             return Err(e);
         }
         let idx = queue::vacant(&mut self.conns);
+        let lkey = d.arena_mr.lkey();
         id.set_context(idx as u64);
         let read_credits = d.max_rd_atom.min(inc.host_responder_resources).max(1);
         let reply = ConnectReply {
@@ -478,57 +848,55 @@ impl Endpoint {
         tracing::debug!(poller = self.poller, %peer, qid = inc.req.qid, depth, read_credits, qp_num, "NVMe/RDMA queue accepted");
         self.by_qp.insert((dev, qp_num), idx);
         self.devices[dev].cq_committed += send_wr;
-        self.conns[idx] = Some(Box::new(RdmaConn {
-            send_wr,
-            id,
+        let binding = Binding::new(inc.pending);
+        self.conns[idx] = Some(Box::new(RdmaQueue {
+            q: Queue::new(binding, peer, self.ep, idx as u32, inc.req.qid),
+            w: RdmaWire {
+                qp: id,
+                lkey,
+                idx: idx as u32,
+                phase: Phase::Accepting,
+                since: Instant::now(),
+                read_credits,
+                reads: 0,
+                awaiting_read: VecDeque::new(),
+                signaled: 0,
+                sends: SendWatch::default(),
+            },
             dev,
             qp_num,
-            idx,
-            peer,
-            phase: Phase::Accepting,
-            since: Instant::now(),
-            qid: inc.req.qid,
-            depth,
-            read_credits,
-            reads: 0,
-            bind: Binding::new(inc.pending),
-            sends: SendWatch::default(),
-            cmds: (0..2 * depth).map(|_| None).collect(),
-            held_aers: Vec::new(),
-            sq_head: 0,
-            awaiting_buffer: VecDeque::new(),
-            awaiting_read: VecDeque::new(),
-            signaled: 0,
-            backend_ops: 0,
+            send_wr,
         }));
         Ok(())
     }
 
     /// Polls to put in the ring: the CM channel and each device's CQ channel.
-    pub fn arm(&mut self, sq: &mut Submissions) {
+    fn arm(&mut self, io: &mut Io) {
         use io_uring::{opcode, types};
         if let (Some(cm), false) = (&self.cm, self.cm_armed) {
             let poll = opcode::PollAdd::new(types::Fd(cm.fd()), libc::POLLIN as u32)
                 .build()
-                .user_data(Token::RdmaCm.encode());
+                .user_data(self.token(0, CM).encode());
             // SAFETY: a poll points at no memory (the ring holds the file).
-            unsafe { sq.push(poll) };
+            unsafe { io.sq.push(poll) };
             self.cm_armed = true;
         }
+        let ep = self.ep;
+        let token = |queue, what| Token::Endpoint { ep, queue, what };
         for (i, d) in self.devices.iter_mut().enumerate() {
             if !d.armed {
                 let poll = opcode::PollAdd::new(types::Fd(d.cq.fd()), libc::POLLIN as u32)
                     .build()
-                    .user_data(Token::RdmaCq(i).encode());
+                    .user_data(token(i as u32, CQ).encode());
                 // SAFETY: as above.
-                unsafe { sq.push(poll) };
+                unsafe { io.sq.push(poll) };
                 d.armed = true;
             }
         }
     }
 
     /// The CM channel is readable: connection state changes.
-    pub fn on_cm(&mut self) {
+    fn on_cm(&mut self) {
         self.cm_armed = false;
         let Some(cm) = self.cm.clone() else { return };
         loop {
@@ -549,21 +917,21 @@ impl Endpoint {
             };
             match ev.kind {
                 CmEventKind::Established => {
-                    if conn.phase == Phase::Accepting {
-                        conn.phase = Phase::Live;
+                    if conn.w.phase == Phase::Accepting {
+                        conn.w.phase = Phase::Live;
                     }
-                    tracing::debug!(peer = %conn.peer, qid = conn.qid, "NVMe/RDMA queue established");
+                    tracing::debug!(peer = %conn.q.peer, qid = conn.q.qid, "NVMe/RDMA queue established");
                 }
                 CmEventKind::Disconnected => conn.close("host disconnected"),
                 CmEventKind::DeviceRemoval => conn.close("RDMA device removed"),
                 CmEventKind::Error => conn.close(&format!("{} (status {})", ev.name, ev.status)),
-                _ => tracing::debug!(peer = %conn.peer, event = %ev.name, "RDMA CM event"),
+                _ => tracing::debug!(peer = %conn.q.peer, event = %ev.name, "RDMA CM event"),
             }
         }
     }
 
     /// A device's completion channel is readable.
-    pub fn on_cq(&mut self, dev: usize, io: &mut Io) {
+    fn on_cq(&mut self, dev: usize, io: &mut Io) {
         let Some(d) = self.devices.get_mut(dev) else {
             return;
         };
@@ -572,13 +940,6 @@ impl Endpoint {
             tracing::error!(poller = self.poller, "re-arming the RDMA CQ: {e}");
         }
         self.drain_cq(dev, io);
-    }
-
-    /// Busy polling: takes whatever completions every device has.
-    pub fn poll_all(&mut self, io: &mut Io) {
-        for dev in 0..self.devices.len() {
-            self.drain_cq(dev, io);
-        }
     }
 
     /// Handles every completion the device's CQ holds, then reposts receives.
@@ -628,7 +989,7 @@ impl Endpoint {
             .get(&(dev, wc.qp_num))
             .and_then(|&i| self.conns[i].as_mut());
         let Some(conn) = conn else { return };
-        if conn.phase == Phase::Closing {
+        if conn.w.phase == Phase::Closing {
             return;
         }
         let len = wc.byte_len as usize;
@@ -638,7 +999,7 @@ impl Endpoint {
         }
         let sqe = Sqe::from_bytes(&d.capsules.mem[slot as usize]);
         let data = &mut d.recvs[slot as usize].data;
-        conn.on_capsule(&sqe, len - SQE_LEN, data, &d.arena_mr, io);
+        conn.on_capsule(&sqe, len - SQE_LEN, data, io);
     }
 
     fn on_send_done(&mut self, wc: &Completion, io: &mut Io) {
@@ -648,101 +1009,23 @@ impl Endpoint {
         let Some(conn) = self.conns.get_mut(idx).and_then(Option::as_mut) else {
             return;
         };
-        if conn.qp_num != wc.qp_num {
-            return;
-        }
-        if kind == WR_WRITE {
-            // Unsignaled: only a failure (or flush) completes alone.
-            if !wc.is_flush() {
-                conn.close(&format!("RDMA WRITE failed: {}", wc.status_str()));
-            }
-            return;
-        }
-        conn.signaled -= 1;
-        conn.sends.progressed(conn.signaled > 0);
-        if !wc.ok() {
-            if !wc.is_flush() {
-                let what = if kind == WR_READ {
-                    "RDMA READ"
-                } else {
-                    "response SEND"
-                };
-                conn.close(&format!("{what} failed: {}", wc.status_str()));
-            }
-            if kind == WR_READ {
-                conn.reads -= 1;
-            }
-            if kind == WR_RESPONSE {
-                conn.free_slot(slot, io);
-            }
-            return;
-        }
-        let d = &self.devices[conn.dev];
-        match kind {
-            WR_RESPONSE => conn.free_slot(slot, io),
-            WR_READ => {
-                conn.reads -= 1;
-                if let Some(s) = conn.cmds.get_mut(slot as usize).and_then(Option::as_mut) {
-                    s.cmd.received = s.cmd.len;
-                    conn.run(slot, &d.arena_mr, io);
-                }
-                conn.start_reads(&d.arena_mr, io);
-            }
-            _ => {}
+        if conn.qp_num == wc.qp_num {
+            conn.on_send_done(kind, slot, wc, io);
         }
     }
 
-    pub fn on_backend(&mut self, c: usize, slot: u16, res: i32, io: &mut Io) {
-        let Some(conn) = self.conns.get_mut(c).and_then(Option::as_mut) else {
-            return;
-        };
-        conn.backend_ops -= 1;
-        let Some(s) = conn.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
-            return;
-        };
-        match queue::on_backend(&mut s.cmd, res, io) {
-            BackendStep::Submit(e) => {
-                let e = e.user_data(Token::RdmaBackend(c, slot).encode());
-                // SAFETY: as `queue::submit_backend`: the rest of a short
-                // transfer, in the command's arena buffer.
-                unsafe { io.sq.push(e) };
-                conn.backend_ops += 1;
-            }
-            BackendStep::Complete => {
-                let mr = &self.devices[conn.dev].arena_mr;
-                conn.complete(slot, mr, io);
-            }
-            BackendStep::Pending => {}
-        }
-    }
-
-    pub fn on_tick(&mut self, io: &mut Io) {
-        for c in self.conns.iter_mut().flatten() {
-            c.on_tick(&io.registry.admission.limits);
-        }
-    }
-
-    /// Lets queues move on (arena space freed, a drain) and frees closed ones.
-    pub fn pump(&mut self, io: &mut Io) {
+    /// Lets queues move on (arena space freed, a drain) and frees closed
+    /// ones; returns how many.
+    fn pump_queues(&mut self, io: &mut Io) -> usize {
         let mut done = Vec::new();
+        let mut freed = 0;
         for (i, slot) in self.conns.iter_mut().enumerate() {
             let Some(conn) = slot else { continue };
-            if conn.phase != Phase::Closing {
-                let mr = &self.devices[conn.dev].arena_mr;
-                conn.grant_buffers(mr, io);
-                if io.stopping && conn.busy() == 0 {
-                    conn.close("target shutting down");
-                }
-                if conn.bind.must_close() && conn.signaled == 0 {
-                    conn.close(
-                        "disconnected, and no place for a connection waiting for its Connect",
-                    );
-                }
-            }
-            if conn.phase == Phase::Closing && conn.backend_ops == 0 {
-                if conn.signaled == 0 {
+            conn.pump(io);
+            if conn.w.phase == Phase::Closing && conn.q.idle_backend() {
+                if conn.w.signaled == 0 {
                     done.push((i, false));
-                } else if conn.since.elapsed() > FLUSH_TIMEOUT {
+                } else if conn.w.since.elapsed() > FLUSH_TIMEOUT {
                     done.push((i, true));
                 }
             }
@@ -755,19 +1038,20 @@ impl Endpoint {
             let Some(mut conn) = self.conns[i].take() else {
                 continue;
             };
-            if conn.backend_ops > 0 || conn.signaled > 0 && !forced {
+            if !conn.q.idle_backend() || conn.w.signaled > 0 && !forced {
                 self.conns[i] = Some(conn); // the drain started more work
                 continue;
             }
-            if conn.signaled > 0 {
+            if conn.w.signaled > 0 {
                 // A device that never flushes (removed, or broken): destroying
                 // the QP ends its access to the buffers before they are reused.
-                tracing::warn!(peer = %conn.peer, pending = conn.signaled, "freeing an RDMA queue whose work requests never flushed");
+                tracing::warn!(peer = %conn.q.peer, pending = conn.w.signaled, "freeing an RDMA queue whose work requests never flushed");
             }
             self.by_qp.remove(&(dev, conn.qp_num));
             self.devices[dev].cq_committed -= conn.send_wr;
-            conn.teardown(io);
+            conn.q.teardown(io);
             drop(conn);
+            freed += 1;
         }
         for d in &mut self.devices {
             if !d.unposted.is_empty() {
@@ -776,360 +1060,9 @@ impl Endpoint {
                 }
             }
         }
-    }
-
-    /// Closes every queue (drain timeout at shutdown).
-    pub fn close_all(&mut self, why: &str) {
-        for c in self.conns.iter_mut().flatten() {
-            c.close(why);
-        }
+        freed
     }
 }
 
-impl RdmaConn {
-    fn close(&mut self, why: &str) {
-        if self.phase == Phase::Closing {
-            return;
-        }
-        match &self.bind.assoc {
-            Some(a) => {
-                tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "NVMe/RDMA queue closed: {why}")
-            }
-            None => {
-                tracing::debug!(peer = %self.peer, qid = self.qid, "NVMe/RDMA connection closed: {why}")
-            }
-        }
-        self.phase = Phase::Closing;
-        self.since = Instant::now();
-        // The queue pair goes to the error state: what is posted completes
-        // as flushed, and the pump frees the queue once all has.
-        self.id.disconnect();
-    }
-
-    fn busy(&self) -> usize {
-        self.cmds.iter().flatten().count()
-    }
-
-    fn teardown(&mut self, io: &mut Io) {
-        for mut s in self.cmds.iter_mut().filter_map(Option::take) {
-            self.bind.release(&mut s.cmd, io);
-        }
-        queue::end_association(self.bind.assoc.take(), io.stopping);
-    }
-
-    /// Periodic checks of every deadline: establishment and Connect,
-    /// keep-alive and enable (through the association), RDMA READs, and
-    /// the progress of the work requests posted.
-    fn on_tick(&mut self, limits: &Limits) {
-        if self.phase == Phase::Closing {
-            return;
-        }
-        if self.bind.assoc.is_none() && queue::handshake_overdue(self.since, limits) {
-            self.close("no Connect within limits.handshake_timeout of the connection");
-            return;
-        }
-        if let Some(why) = queue::check_association(self.bind.assoc.as_ref(), limits) {
-            self.close(why);
-            return;
-        }
-        let stuck = self.cmds.iter().flatten().any(|s| {
-            s.cmd.received < s.cmd.requested && s.cmd.since.elapsed() > limits.data_timeout
-        });
-        if stuck {
-            self.close(
-                "an RDMA READ of the host's data did not complete within limits.data_timeout",
-            );
-        } else if self.sends.stalled(limits.send_timeout) {
-            self.close("the host did not take what was sent to it (no send completed) within limits.send_timeout");
-        }
-    }
-
-    /// A command capsule arrived with `data_len` bytes of in-capsule data in
-    /// the receive's buffer `recv_data` (which the command may take).
-    fn on_capsule(
-        &mut self,
-        sqe: &Sqe,
-        data_len: usize,
-        recv_data: &mut Option<ArenaBuf>,
-        mr: &Mr,
-        io: &mut Io,
-    ) {
-        let cid = sqe.cid();
-        let sgl = sqe.sgl();
-        tracing::trace!(peer = %self.peer, cid, opcode = sqe.opcode(), ?sgl, data_len, "capsule");
-        let mut remote = None;
-        let in_capsule = match sgl {
-            Sgl::InCapsule { offset, len } => {
-                if offset != 0 {
-                    return self.respond_now(cid, Status::SGL_OFFSET_INVALID, None);
-                }
-                if len as usize > data_len {
-                    return self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID, None);
-                }
-                true
-            }
-            Sgl::Keyed {
-                addr,
-                key,
-                invalidate,
-                ..
-            } => {
-                remote = Some(Remote {
-                    addr,
-                    key,
-                    invalidate,
-                });
-                false
-            }
-            Sgl::Null => false,
-            Sgl::Transport { .. } | Sgl::Unsupported(_) => {
-                return self.respond_now(cid, Status::SGL_DESCRIPTOR_TYPE_INVALID, None);
-            }
-        };
-        let mut cmd = match command::plan(self.bind.assoc.as_ref(), sqe, sgl.len()) {
-            Ok(c) => c,
-            Err(st) => return self.respond_now(cid, st, remote),
-        };
-        // In-capsule data must cover what the command moves (the Linux host
-        // sends a whole page of Dataset Management ranges).
-        if in_capsule && (cmd.to_host || (sgl.len() as usize) < cmd.len) {
-            return self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID, remote);
-        }
-        if remote.is_some() && (sgl.len() as usize) < cmd.len {
-            return self.respond_now(cid, Status::SGL_DATA_LENGTH_INVALID, remote);
-        }
-        let Some(slot) = self.cmds.iter().position(Option::is_none) else {
-            self.close("the host sent more commands than its queue holds");
-            return;
-        };
-        self.sq_head = (self.sq_head + 1) % self.depth;
-        if in_capsule && cmd.len > 0 {
-            // The data is used in place: the receive gets a new buffer.
-            cmd.buf = recv_data.take();
-            if let Some(b) = &cmd.buf {
-                self.bind.adopt(b, io);
-            }
-            cmd.received = cmd.len;
-        }
-        self.cmds[slot] = Some(Slot { cmd, remote });
-        self.advance(slot as u16, mr, io);
-    }
-
-    /// Moves a command on: it waits for an arena buffer, reads its data from
-    /// the host, or runs.
-    fn advance(&mut self, slot: u16, mr: &Mr, io: &mut Io) {
-        let s = self.cmds[slot as usize]
-            .as_mut()
-            .expect("advancing a live slot");
-        if s.cmd.len > 0 && s.cmd.buf.is_none() {
-            match self.bind.alloc(s.cmd.len, io) {
-                Some(b) => s.cmd.buf = Some(b),
-                None => {
-                    if !self.awaiting_buffer.contains(&slot) {
-                        self.awaiting_buffer.push_back(slot);
-                    }
-                    return;
-                }
-            }
-        }
-        if !s.cmd.to_host && s.cmd.received < s.cmd.len {
-            self.awaiting_read.push_back(slot);
-            self.start_reads(mr, io);
-            return;
-        }
-        self.run(slot, mr, io);
-    }
-
-    /// Posts RDMA READs for waiting commands, as far as the credits allow.
-    fn start_reads(&mut self, mr: &Mr, io: &mut Io) {
-        while self.reads < self.read_credits && self.phase != Phase::Closing {
-            let Some(slot) = self.awaiting_read.pop_front() else {
-                return;
-            };
-            let Some(s) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
-                continue;
-            };
-            let (Some(remote), Some(buf)) = (s.remote, s.cmd.buf.as_ref()) else {
-                continue;
-            };
-            let sge = [Sge {
-                addr: io.arena.addr(buf, 0),
-                len: s.cmd.len as u32,
-                lkey: mr.lkey(),
-            }];
-            let wr = SendWr {
-                wr_id: wr_id(self.idx, WR_READ, slot),
-                op: SendOp::RdmaRead {
-                    remote_addr: remote.addr,
-                    rkey: remote.key,
-                },
-                sges: &sge,
-                signaled: true,
-                inline: false,
-            };
-            s.cmd.requested = s.cmd.len;
-            s.cmd.since = Instant::now();
-            // SAFETY: the QP is alive; the command's arena buffer is registered
-            // and stays with the command until the READ completes.
-            match unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &[wr]) } {
-                Ok(()) => {
-                    self.reads += 1;
-                    self.signaled += 1;
-                    self.sends.posted();
-                }
-                Err(e) => {
-                    self.close(&format!("posting an RDMA READ: {e}"));
-                    return;
-                }
-            }
-        }
-    }
-
-    fn grant_buffers(&mut self, mr: &Mr, io: &mut Io) {
-        while let Some(&slot) = self.awaiting_buffer.front() {
-            let Some(s) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
-                self.awaiting_buffer.pop_front();
-                continue;
-            };
-            match self.bind.alloc(s.cmd.len, io) {
-                Some(b) => {
-                    s.cmd.buf = Some(b);
-                    self.awaiting_buffer.pop_front();
-                    self.advance(slot, mr, io);
-                }
-                None => return,
-            }
-        }
-    }
-
-    fn run(&mut self, slot: u16, mr: &Mr, io: &mut Io) {
-        let s = self.cmds[slot as usize]
-            .as_mut()
-            .expect("running a live slot");
-        match queue::run(
-            &mut s.cmd,
-            &mut self.bind,
-            io,
-            caps(),
-            &self.peer,
-            self.held_aers.len(),
-        ) {
-            Ran::Complete => self.complete(slot, mr, io),
-            Ran::Disconnected => {
-                // The queue pair stays (NVMe Base 2.1, 6.4) but has no
-                // queue: it gets the Connect deadline again.
-                self.complete(slot, mr, io);
-                self.since = Instant::now();
-            }
-            Ran::Held => {
-                self.held_aers.push(s.cmd.sqe.cid());
-                self.free_slot(slot, io);
-            }
-            Ran::Waiting(entries) => {
-                self.backend_ops +=
-                    queue::submit_backend(entries, Token::RdmaBackend(self.idx, slot), io);
-            }
-        }
-    }
-
-    /// Sends the data (reads) and the response of a finished command.
-    fn complete(&mut self, slot: u16, mr: &Mr, io: &mut Io) {
-        let s = self.cmds[slot as usize]
-            .as_ref()
-            .expect("completing a live slot");
-        let c = &s.cmd;
-        let mut write_sge = None;
-        if c.to_host && c.status.is_success() && c.len > 0 {
-            if let (Some(buf), Some(r)) = (c.buf.as_ref(), s.remote) {
-                write_sge = Some((
-                    [Sge {
-                        addr: io.arena.addr(buf, 0),
-                        len: c.len as u32,
-                        lkey: mr.lkey(),
-                    }],
-                    r,
-                ));
-            }
-        }
-        let sqid = match &c.work {
-            command::Work::Connect => rdmablk_common::fabrics::ConnectCmd::from_sqe(&c.sqe).qid,
-            _ => self.qid,
-        };
-        let cqe = self.cqe(c.sqe.cid(), c.status, (c.dw0, c.dw1), sqid);
-        let invalidate = s.remote.filter(|r| r.invalidate).map(|r| r.key);
-        let write = write_sge.as_ref().map(|(sge, r)| SendWr {
-            wr_id: wr_id(self.idx, WR_WRITE, slot),
-            op: SendOp::RdmaWrite {
-                remote_addr: r.addr,
-                rkey: r.key,
-            },
-            sges: sge,
-            signaled: false,
-            inline: false,
-        });
-        self.post_response(write, &cqe, wr_id(self.idx, WR_RESPONSE, slot), invalidate);
-    }
-
-    fn cqe(&self, cid: u16, status: Status, dws: (u32, u32), sqid: u16) -> [u8; 16] {
-        if !status.is_success() {
-            tracing::debug!(peer = %self.peer, cid, %status, "command failed");
-        }
-        queue::response(&self.bind, (cid, status), dws, self.sq_head, sqid).to_bytes()
-    }
-
-    /// Posts `wrs` followed by the signaled SEND of `cqe` (inline).
-    fn post_response(
-        &mut self,
-        before: Option<SendWr>,
-        cqe: &[u8; 16],
-        id: u64,
-        invalidate: Option<u32>,
-    ) {
-        let sge = [Sge {
-            addr: cqe.as_ptr(),
-            len: cqe.len() as u32,
-            lkey: 0,
-        }];
-        let mut wrs: smallvec::SmallVec<[SendWr; 2]> = before.into_iter().collect();
-        wrs.push(SendWr {
-            wr_id: id,
-            op: SendOp::Send { invalidate },
-            sges: &sge,
-            signaled: true,
-            inline: true,
-        });
-        // SAFETY: the QP is alive; the WRITE's source is the command's
-        // registered arena buffer, held until the SEND completes; the
-        // response is inline (copied during the call).
-        match unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &wrs) } {
-            Ok(()) => {
-                self.signaled += 1;
-                self.sends.posted();
-            }
-            Err(e) => {
-                self.close(&format!("posting a response: {e}"));
-                // Nothing was posted: the slot is freed at teardown.
-            }
-        }
-    }
-
-    /// Answers a command that never got a slot.
-    fn respond_now(&mut self, cid: u16, status: Status, remote: Option<Remote>) {
-        tracing::debug!(peer = %self.peer, cid, %status, "command refused before it ran");
-        self.sq_head = (self.sq_head + 1) % self.depth;
-        let cqe = self.cqe(cid, status, (0, 0), self.qid);
-        let invalidate = remote.filter(|r| r.invalidate).map(|r| r.key);
-        self.post_response(
-            None,
-            &cqe,
-            wr_id(self.idx, WR_RESPONSE_NO_SLOT, 0),
-            invalidate,
-        );
-    }
-
-    fn free_slot(&mut self, slot: u16, io: &mut Io) {
-        if let Some(mut s) = self.cmds.get_mut(slot as usize).and_then(Option::take) {
-            self.bind.release(&mut s.cmd, io);
-        }
-    }
-}
+#[cfg(test)]
+mod tests;

@@ -11,7 +11,7 @@ use crate::host::engine::{Cx, Driver};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
 use io_uring::{opcode, types};
-use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{nvm, Status};
 use rdmablk_common::tcp::stream::TxQueue;
 use std::collections::VecDeque;
@@ -347,7 +347,7 @@ impl NbdDriver {
             };
             if r.command == Command::WriteZeroes {
                 let at = (r.offset - base) as usize;
-                cx.arena.bytes_mut(&b, span)[at..at + r.length as usize].fill(0);
+                cx.arena.fill(&b, at, r.length as usize, 0);
             }
             req.buf = Some(b);
         }
@@ -566,9 +566,9 @@ impl NbdDriver {
                     }
                     nvm::DSM => {
                         let b = buf.expect("allocated above");
-                        let ranges = cx.arena.bytes_mut(b, DSM_RANGE_LEN * plan.len());
-                        let range = &mut ranges[i * DSM_RANGE_LEN..(i + 1) * DSM_RANGE_LEN];
-                        block::dsm_range(range, lba, (len / block) as u32);
+                        let mut range = [0u8; DSM_RANGE_LEN];
+                        block::dsm_range(&mut range, lba, (len / block) as u32);
+                        cx.arena.write(b, i * DSM_RANGE_LEN, &range);
                         (cx.arena.addr(b, i * DSM_RANGE_LEN), DSM_RANGE_LEN, false)
                     }
                     _ => (std::ptr::null_mut(), 0, false),
@@ -586,24 +586,23 @@ impl NbdDriver {
     fn merge_edges(&self, req: &Req, cx: &mut Cx) {
         let block = self.block() as usize;
         let b = req.buf.as_ref().expect("write buffer");
-        let data = cx.arena.bytes_mut(b, req.span + 2 * block);
+        // The edge blocks were read after the span, at `req.span` (head) and
+        // `req.span + block` (tail).
         let head = (req.r.offset - req.base) as usize;
         let end = head + req.r.length as usize;
         if !head.is_multiple_of(block) {
-            let (span, spare) = data.split_at_mut(req.span);
-            span[..head].copy_from_slice(&spare[..head]);
+            copy_within(cx.arena, b, req.span, 0, head);
         }
         if !end.is_multiple_of(block) {
             let tail = end / block * block;
-            let from = req.span + block + (end - tail);
-            let (span, spare) = data.split_at_mut(req.span);
             let n = req.span - end;
-            if tail == 0 && !head.is_multiple_of(block) {
+            let from = if tail == 0 && !head.is_multiple_of(block) {
                 // Head and tail are the same block: it was read once, into the head slot.
-                span[end..].copy_from_slice(&spare[end..end + n]);
+                req.span + end
             } else {
-                span[end..].copy_from_slice(&spare[from - req.span..from - req.span + n]);
-            }
+                req.span + block + (end - tail)
+            };
+            copy_within(cx.arena, b, from, end, n);
         }
     }
 
@@ -655,23 +654,34 @@ impl NbdDriver {
             let bytes = if c.neg.structured_replies {
                 proto::structured_error(cookie, req.error, &msg)
             } else {
-                proto::simple_reply(req.error, cookie).to_vec()
+                let mut head = c.tx.buf();
+                head.extend_from_slice(&proto::simple_reply(req.error, cookie));
+                head
             };
             c.tx.push(bytes, t);
         } else if req.r.command == Command::Read && req.r.length > 0 {
             let b = req.buf.as_ref().expect("read buffer");
             let body = cx.arena.addr(b, (req.r.offset - req.base) as usize);
-            let head = if c.neg.structured_replies {
-                proto::structured_offset_data_header(cookie, req.r.offset, req.r.length, true)
-                    .to_vec()
+            let mut head = c.tx.buf();
+            if c.neg.structured_replies {
+                head.extend_from_slice(&proto::structured_offset_data_header(
+                    cookie,
+                    req.r.offset,
+                    req.r.length,
+                    true,
+                ));
             } else {
-                proto::simple_reply(0, cookie).to_vec()
-            };
+                head.extend_from_slice(&proto::simple_reply(0, cookie));
+            }
             c.tx.push_with_body(head, body, req.r.length as usize, None, t);
-        } else if req.r.command == Command::Read && c.neg.structured_replies {
-            c.tx.push(proto::structured_done(cookie).to_vec(), t);
         } else {
-            c.tx.push(proto::simple_reply(0, cookie).to_vec(), t);
+            let mut head = c.tx.buf();
+            if req.r.command == Command::Read && c.neg.structured_replies {
+                head.extend_from_slice(&proto::structured_done(cookie));
+            } else {
+                head.extend_from_slice(&proto::simple_reply(0, cookie));
+            }
+            c.tx.push(head, t);
         }
     }
 
@@ -852,5 +862,18 @@ impl Driver for NbdDriver {
             .flatten()
             .map(|c| c.recv_busy as usize + c.send_busy as usize)
             .sum()
+    }
+}
+
+/// Copies `len` bytes of an arena buffer from byte `from` to byte `to`
+/// (ranges that do not overlap), through a stack chunk.
+fn copy_within(arena: &mut Arena, b: &ArenaBuf, from: usize, to: usize, len: usize) {
+    let mut chunk = [0u8; 4096];
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(chunk.len());
+        arena.read(b, from + done, &mut chunk[..n]);
+        arena.write(b, to + done, &chunk[..n]);
+        done += n;
     }
 }

@@ -211,8 +211,9 @@ impl UblkDriver {
                 sys::UBLK_IO_OP_FLUSH => (nvm::FLUSH, std::ptr::null_mut(), 0, false),
                 sys::UBLK_IO_OP_WRITE_ZEROES => (nvm::WRITE_ZEROES, std::ptr::null_mut(), 0, false),
                 _ => {
-                    let range = cx.arena.bytes_mut(buf, DSM_RANGE_LEN);
-                    block::dsm_range(range, lba, blocks as u32);
+                    let mut range = [0u8; DSM_RANGE_LEN];
+                    block::dsm_range(&mut range, lba, blocks as u32);
+                    cx.arena.write(buf, 0, &range);
                     (nvm::DSM, cx.arena.addr(buf, 0), DSM_RANGE_LEN, false)
                 }
             };
