@@ -110,7 +110,12 @@ pub trait Endpoint {
 /// memory stays valid and in place until then.
 pub struct Submissions<'a>(&'a mut Vec<squeue::Entry>);
 
-impl Submissions<'_> {
+impl<'a> Submissions<'a> {
+    /// Operations to be appended to `pending`.
+    pub fn new(pending: &'a mut Vec<squeue::Entry>) -> Self {
+        Submissions(pending)
+    }
+
     /// Queues `e`.
     ///
     /// # Safety

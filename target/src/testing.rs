@@ -1,5 +1,6 @@
-//! Fixtures for unit tests of the controller and of commands: a registry
-//! with a memory namespace, Connects, an enabled controller.
+//! Fixtures for unit tests of the controller, of commands and of queues: a
+//! registry with a memory namespace, Connects, an enabled controller, and
+//! what a queue needs of its poller without a ring.
 
 use crate::config::{self, Limits, QuickArgs};
 use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
@@ -7,6 +8,11 @@ use crate::subsystem::Registry;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status};
+use crate::admission::Permit;
+use crate::budget::PollerBudget;
+use crate::poller::{Io, Submissions};
+use io_uring::squeue;
+use rdmablk_common::mem::{Arena, ArenaBuf};
 use std::sync::Arc;
 
 pub const HOST: &str = "nqn.2026-11.io.rdmablk:unit-host";
@@ -108,4 +114,57 @@ pub fn status(r: &Reply) -> Status {
 pub fn assert_ok(r: Reply, what: &str) -> Reply {
     assert_eq!(status(&r), Status::SUCCESS, "{what}");
     r
+}
+
+/// What a queue needs of its poller, for tests without a ring: an arena,
+/// budgets, and the operations it would submit.
+pub struct Rig {
+    pub registry: Arc<Registry>,
+    pub arena: Arena,
+    pub budget: PollerBudget,
+    pub submitted: Vec<squeue::Entry>,
+}
+
+impl Rig {
+    /// A rig with a 16 MiB memory namespace and `limits`.
+    pub fn new(limits: Limits) -> Rig {
+        Rig::with_registry(registry(limits))
+    }
+
+    /// A rig serving `registry`.
+    pub fn with_registry(registry: Arc<Registry>) -> Rig {
+        let discovery = registry.admission.limits.discovery_buffer as usize;
+        Rig {
+            registry,
+            arena: Arena::new(16 << 20, false).expect("arena"),
+            budget: PollerBudget::new(discovery),
+            submitted: Vec::new(),
+        }
+    }
+
+    pub fn io(&mut self) -> Io<'_> {
+        Io {
+            arena: &mut self.arena,
+            budget: &mut self.budget,
+            sq: Submissions::new(&mut self.submitted),
+            registry: &self.registry,
+            stopping: false,
+        }
+    }
+
+    /// A place among connections waiting for their Connect.
+    pub fn pending(&self) -> Permit {
+        self.registry
+            .admission
+            .pending_connection(&"unit")
+            .expect("a pending place")
+    }
+
+    /// An arena buffer holding `data` (in-capsule data as a receive left it).
+    pub fn buffer(&mut self, data: &[u8]) -> ArenaBuf {
+        let b = self.arena.alloc(data.len().max(1)).expect("arena space");
+        self.arena.write(&b, 0, data);
+        b
+    }
+
 }

@@ -1,1 +1,397 @@
+//! The command state machine and the capsule rules through a fake wire: no
+//! socket, no queue pair, no ring (backend operations are collected, and
+//! their completions fed back by hand).
+
 use super::*;
+use crate::config::{self, Limits, QuickArgs};
+use crate::controller::CATTR_DISABLE_SQ_FLOW;
+use crate::subsystem::Registry;
+use crate::testing::*;
+use rdmablk_common::nvme::{nvm, Sgl};
+use std::sync::Arc;
+
+/// A transport that records what the state machine asks of it.
+struct FakeWire {
+    caps: TransportCaps,
+    /// (slot, bytes received when asked).
+    fetched: Vec<(u16, usize)>,
+    /// (slot, response, data returned before it).
+    responses: Vec<(Option<u16>, Cqe, Option<Vec<u8>>)>,
+}
+
+impl FakeWire {
+    fn new(caps: TransportCaps) -> FakeWire {
+        FakeWire {
+            caps,
+            fetched: Vec::new(),
+            responses: Vec::new(),
+        }
+    }
+
+    fn last(&self) -> &(Option<u16>, Cqe, Option<Vec<u8>>) {
+        self.responses.last().expect("a response")
+    }
+}
+
+impl Wire for FakeWire {
+    const DATA_OVERDUE: &'static str = "data overdue";
+
+    fn caps(&self) -> TransportCaps {
+        self.caps
+    }
+
+    fn local_addr(&self) -> Option<IpAddr> {
+        None
+    }
+
+    fn fetch(&mut self, slot: u16, cmd: &mut Command, _io: &mut Io) {
+        self.fetched.push((slot, cmd.received));
+        cmd.requested = cmd.len;
+    }
+
+    fn respond(&mut self, r: Response<'_>, io: &mut Io) {
+        let data = r.data.map(|(b, len)| {
+            let mut v = vec![0u8; len];
+            io.arena.read(b, 0, &mut v);
+            v
+        });
+        self.responses.push((r.slot, r.cqe, data));
+    }
+}
+
+/// NVMe/TCP's kind of SGLs (transport data blocks), and NVMe/RDMA's (keyed).
+const STREAM: TransportCaps = CAPS;
+const KEYED: TransportCaps = TransportCaps {
+    sgls: sgls::SUPPORTED | sgls::KEYED | sgls::OFFSET,
+    ..CAPS
+};
+
+/// A queue of `rig` with its fake wire.
+struct Fixture {
+    rig: Rig,
+    q: Queue,
+    w: FakeWire,
+}
+
+impl Fixture {
+    fn new(rig: Rig, caps: TransportCaps) -> Fixture {
+        let q = Queue::new(Binding::new(rig.pending()), "unit".into(), 0, 0, 0);
+        Fixture {
+            rig,
+            q,
+            w: FakeWire::new(caps),
+        }
+    }
+
+    fn receive(&mut self, sqe: &Sqe, data: &[u8]) -> Intake {
+        let data = InCapsule::Bytes {
+            data,
+            digest_ok: true,
+        };
+        self.q.receive(sqe, data, &mut self.rig.io(), &mut self.w)
+    }
+
+    /// Sends a capsule; returns its status once answered.
+    fn status(&mut self, sqe: &Sqe, data: &[u8]) -> Status {
+        assert_eq!(self.receive(sqe, data), Intake::Taken);
+        let (slot, cqe, _) = *self.w.last();
+        self.q.sent(slot, &mut self.rig.io());
+        cqe.status()
+    }
+
+    fn state(&self, slot: u16) -> Option<State> {
+        self.q.command(slot).map(|c| c.state)
+    }
+
+    /// Connects the queue as I/O queue 1 of `admin`'s controller.
+    fn connect_io(&mut self, admin: &crate::controller::Association, cattr: u8) -> Cqe {
+        let sqe = connect_sqe(1, cattr, 0);
+        let data = connect_data(&admin.ctrl.subsys.nqn, HOST, admin.ctrl.cntlid);
+        assert_eq!(self.status(&sqe, &data), Status::SUCCESS, "I/O Connect");
+        self.w.last().1
+    }
+
+    fn data_arrived(&mut self, slot: u16, end: usize) {
+        let io = &mut self.rig.io();
+        self.q.data_arrived(slot, end, true, io, &mut self.w);
+    }
+}
+
+fn rw(opcode: u8, cid: u16, slba: u64, len: usize, sgl: Sgl) -> Sqe {
+    let mut sqe = Sqe::new(opcode, cid);
+    sqe.set_nsid(1);
+    sqe.set_cdw(10, slba as u32);
+    sqe.set_cdw(11, (slba >> 32) as u32);
+    sqe.set_cdw(12, (len / 512) as u32 - 1);
+    sqe.set_sgl(&sgl);
+    sqe
+}
+
+fn transport(len: usize) -> Sgl {
+    Sgl::Transport { len: len as u32 }
+}
+
+fn in_capsule(len: usize) -> Sgl {
+    Sgl::InCapsule {
+        offset: 0,
+        len: len as u32,
+    }
+}
+
+/// A registry whose namespace is a 16 MiB file: its I/O goes to the ring.
+fn file_registry() -> Arc<Registry> {
+    let path = std::env::temp_dir().join(format!("rdmablk-unit-{}", std::process::id()));
+    std::fs::File::create(&path)
+        .and_then(|f| f.set_len(16 << 20))
+        .expect("namespace file");
+    let cfg = config::from_quick_args(&QuickArgs {
+        file: Some(path.clone()),
+        ..QuickArgs::default()
+    })
+    .expect("quick form");
+    let reg = Arc::new(Registry::open(&cfg).expect("registry"));
+    let _ = std::fs::remove_file(path);
+    reg
+}
+
+/// Received → fetching data → responding → free for a write whose data
+/// the host sends on request; received → returning data for the read of
+/// it, which carries the same bytes; a Connect and the Disconnect that
+/// unbinds the queue (NVMe Base 2.1, 6.4), after which I/O is a Command
+/// Sequence Error again.
+#[test]
+fn write_and_read_through_every_state() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    assert_eq!(f.connect_io(&admin, 0).dw0, admin.ctrl.cntlid as u32);
+    assert_eq!(f.q.qid, 1);
+
+    let write = rw(nvm::WRITE, 10, 8, 8192, transport(8192));
+    assert_eq!(f.receive(&write, &[]), Intake::Taken);
+    assert_eq!(f.state(0), Some(State::FetchingData));
+    assert_eq!(f.w.fetched, [(0, 0)]);
+    let pattern: Vec<u8> = (0..8192u32).map(|i| (i * 7) as u8).collect();
+    let buf = f.q.command(0).unwrap().buf.as_ref().unwrap();
+    f.rig.arena.write(buf, 0, &pattern);
+    f.data_arrived(0, 8192);
+    assert_eq!(f.state(0), Some(State::Responding));
+    let (slot, cqe, data) = f.w.last().clone();
+    assert_eq!((slot, cqe.status(), data), (Some(0), Status::SUCCESS, None));
+    f.q.sent(slot, &mut f.rig.io());
+    assert_eq!(f.state(0), None, "freed once sent");
+
+    let read = rw(nvm::READ, 11, 8, 8192, transport(8192));
+    assert_eq!(f.receive(&read, &[]), Intake::Taken);
+    assert_eq!(f.state(0), Some(State::ReturningData));
+    let (_, cqe, data) = f.w.last();
+    assert_eq!(cqe.status(), Status::SUCCESS);
+    assert!(data.as_deref() == Some(&pattern[..]), "the bytes written");
+    f.q.sent(Some(0), &mut f.rig.io());
+
+    let mut disconnect = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, 12);
+    // FCTYPE is the SQE's byte 4.
+    disconnect.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
+    disconnect.set_sgl(&transport(0));
+    assert_eq!(f.status(&disconnect, &[]), Status::SUCCESS);
+    assert!(f.q.bind.assoc.is_none(), "unbound");
+    assert_eq!(
+        f.status(&rw(nvm::READ, 13, 0, 512, transport(512)), &[]),
+        Status::COMMAND_SEQUENCE_ERROR
+    );
+    assert_eq!(f.q.busy(), 0);
+    f.q.teardown(&mut f.rig.io());
+    assert_eq!(f.rig.arena.buffers_in_use(), 0, "every buffer back");
+}
+
+/// A file namespace: commands wait on the backend, a short transfer
+/// continues where it stopped, and only the last completion responds.
+#[test]
+fn backend_completions_finish_commands() {
+    let rig = Rig::with_registry(file_registry());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    f.rig.submitted.clear();
+    let write = rw(nvm::WRITE, 20, 0, 4096, in_capsule(4096));
+    assert_eq!(f.receive(&write, &[5u8; 4096]), Intake::Taken);
+    assert_eq!(f.state(0), Some(State::OnBackend));
+    assert_eq!(f.rig.submitted.len(), 1, "one WRITE_FIXED");
+    let answered = f.w.responses.len();
+    f.q.on_backend(0, 1024, &mut f.rig.io(), &mut f.w);
+    assert_eq!(f.state(0), Some(State::OnBackend), "short: continues");
+    assert_eq!(f.rig.submitted.len(), 2, "the rest submitted");
+    assert_eq!(f.w.responses.len(), answered);
+    f.q.on_backend(0, 3072, &mut f.rig.io(), &mut f.w);
+    assert_eq!(f.state(0), Some(State::Responding));
+    assert_eq!(f.w.last().1.status(), Status::SUCCESS);
+
+    // A failed operation is an Internal Error (NVMe Base 2.1, Figure 101: 06h).
+    let read = rw(nvm::READ, 21, 0, 4096, transport(4096));
+    assert_eq!(f.receive(&read, &[]), Intake::Taken);
+    f.q.on_backend(1, -libc::EIO, &mut f.rig.io(), &mut f.w);
+    assert_eq!(f.state(1), Some(State::Responding), "no data returned");
+    let (_, cqe, data) = f.w.last();
+    assert_eq!((cqe.status(), data.is_none()), (Status::INTERNAL_ERROR, true));
+    assert!(f.q.idle_backend());
+}
+
+/// A queue over its buffer budget waits for its own buffers to come back,
+/// in arrival order, without stopping other commands.
+#[test]
+fn commands_wait_for_buffers_in_order() {
+    let limits = Limits {
+        queue_buffer: 8192,
+        ..Limits::default()
+    };
+    let rig = Rig::new(limits);
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    assert_eq!(f.receive(&rw(nvm::WRITE, 1, 0, 8192, transport(8192)), &[]), Intake::Taken);
+    assert_eq!(f.receive(&rw(nvm::WRITE, 2, 0, 4096, transport(4096)), &[]), Intake::Taken);
+    assert_eq!(f.receive(&rw(nvm::WRITE, 3, 0, 512, transport(512)), &[]), Intake::Taken);
+    assert_eq!(
+        [f.state(0), f.state(1), f.state(2)],
+        [Some(State::FetchingData), Some(State::AwaitingBuffer), Some(State::AwaitingBuffer)]
+    );
+    // A command without data goes by.
+    let mut flush = Sqe::new(nvm::FLUSH, 4);
+    flush.set_nsid(1);
+    flush.set_sgl(&transport(0));
+    assert_eq!(f.status(&flush, &[]), Status::SUCCESS);
+    f.data_arrived(0, 8192);
+    f.q.sent(Some(0), &mut f.rig.io());
+    f.q.grant_buffers(&mut f.rig.io(), &mut f.w);
+    assert_eq!(
+        [f.state(1), f.state(2)],
+        [Some(State::FetchingData), Some(State::FetchingData)]
+    );
+    assert_eq!(f.w.fetched.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2]);
+}
+
+/// One rule per status for every capsule, whatever the transport: the SGL
+/// descriptor types the transport takes (NVMe Base 2.1, Figure 102: 11h),
+/// in-capsule data at offset 0 (16h) and exactly as long as what arrived,
+/// within IOCCSZ (0Fh); no in-capsule data for reads or for descriptors
+/// that point elsewhere (0Fh); a data digest that does not match is a
+/// Transient Transport Error (NVMe/TCP 1.0, 3.6.2.3).
+#[test]
+fn capsule_rules() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 1);
+    let keyed = Sgl::Keyed {
+        addr: 0x1000,
+        len: 4096,
+        key: 9,
+        invalidate: false,
+    };
+    let cases: [(TransportCaps, Sgl, usize, Status, &str); 8] = [
+        (
+            STREAM,
+            Sgl::InCapsule {
+                offset: 16,
+                len: 4096,
+            },
+            4096,
+            Status::SGL_OFFSET_INVALID,
+            "in-capsule data at an offset",
+        ),
+        (STREAM, in_capsule(4096), 2048, Status::SGL_DATA_LENGTH_INVALID, "less data than the SGL"),
+        (STREAM, in_capsule(2048), 4096, Status::SGL_DATA_LENGTH_INVALID, "more data than the SGL"),
+        (KEYED, in_capsule(16384), 16384, Status::SGL_DATA_LENGTH_INVALID, "beyond IOCCSZ"),
+        (STREAM, keyed, 0, Status::SGL_DESCRIPTOR_TYPE_INVALID, "a keyed SGL on a stream"),
+        (KEYED, transport(4096), 0, Status::SGL_DESCRIPTOR_TYPE_INVALID, "a transport SGL on RDMA"),
+        (STREAM, transport(4096), 4096, Status::SGL_DATA_LENGTH_INVALID, "data beside a transport SGL"),
+        (KEYED, keyed, 512, Status::SGL_DATA_LENGTH_INVALID, "data beside a keyed SGL"),
+    ];
+    for (caps, sgl, arrived, want, what) in cases {
+        let mut f = Fixture::new(Rig::with_registry(rig.registry.clone()), caps);
+        f.connect_io(&admin, 0);
+        let sqe = rw(nvm::WRITE, 7, 0, 4096, sgl);
+        assert_eq!(f.status(&sqe, &vec![0u8; arrived]), want, "{what}");
+        assert_eq!(f.q.busy(), 0, "{what}: nothing held");
+        f.q.teardown(&mut f.rig.io());
+    }
+    let mut f = Fixture::new(Rig::with_registry(rig.registry.clone()), STREAM);
+    f.connect_io(&admin, 0);
+    let read = rw(nvm::READ, 8, 0, 512, in_capsule(512));
+    assert_eq!(f.status(&read, &[0u8; 512]), Status::SGL_DATA_LENGTH_INVALID, "a read with data");
+    let write = rw(nvm::WRITE, 9, 0, 512, in_capsule(512));
+    let data = InCapsule::Bytes {
+        data: &[0u8; 512],
+        digest_ok: false,
+    };
+    assert_eq!(f.q.receive(&write, data, &mut f.rig.io(), &mut f.w), Intake::Taken);
+    assert_eq!(f.w.last().1.status(), Status::TRANSIENT_TRANSPORT_ERROR, "digest");
+}
+
+/// Refusals not yet sent are bounded by the queue's depth (beyond, the
+/// capsule waits); commands by twice the depth (beyond, the host overran
+/// its queue and the queue closes, as nvmet's "out of commands").
+#[test]
+fn refusals_and_commands_are_bounded_by_the_depth() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    let depth = f.q.depth() as usize;
+    let bad = rw(nvm::WRITE, 1, 0, 512, in_capsule(1024));
+    for i in 0..depth {
+        assert_eq!(f.receive(&bad, &[0u8; 1024]), Intake::Taken, "refusal {i}");
+    }
+    assert_eq!(f.receive(&bad, &[0u8; 1024]), Intake::Stall);
+    f.q.sent(None, &mut f.rig.io());
+    assert_eq!(f.receive(&bad, &[0u8; 1024]), Intake::Taken);
+    for _ in 0..depth {
+        f.q.sent(None, &mut f.rig.io());
+    }
+    for i in 0..2 * depth {
+        let w = rw(nvm::WRITE, i as u16, 0, 512, transport(512));
+        assert_eq!(f.receive(&w, &[]), Intake::Taken, "command {i}");
+    }
+    let w = rw(nvm::WRITE, 999, 0, 512, transport(512));
+    assert_eq!(f.receive(&w, &[]), Intake::Overrun);
+}
+
+/// Responses report the SQ head, or FFFFh once the host disabled SQ flow
+/// control at Connect (NVMe over Fabrics 1.1, 3.3.2 and Figure 20).
+#[test]
+fn sq_head_or_flow_control_disabled() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 2);
+    for (cattr, heads) in [(0, [1u16, 2, 3]), (CATTR_DISABLE_SQ_FLOW, [0xffff; 3])] {
+        let mut f = Fixture::new(Rig::with_registry(rig.registry.clone()), STREAM);
+        let mut got = vec![f.connect_io(&admin, cattr).sqhd];
+        for cid in 0..2 {
+            f.status(&rw(nvm::READ, cid, 0, 512, transport(512)), &[]);
+            got.push(f.w.last().1.sqhd);
+        }
+        assert_eq!(got, heads, "CATTR {cattr:#x}");
+        f.q.teardown(&mut f.rig.io());
+    }
+}
+
+/// Deadlines: a queue without a Connect, and data asked of the host that
+/// does not come.
+#[test]
+fn overdue_connect_and_data() {
+    let limits = Limits {
+        handshake_timeout: Duration::ZERO,
+        data_timeout: Duration::ZERO,
+        ..Limits::default()
+    };
+    let rig = Rig::new(limits.clone());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    std::thread::sleep(Duration::from_millis(2));
+    assert_eq!(
+        f.q.overdue::<FakeWire>(&limits),
+        Some("no Connect within limits.handshake_timeout of the connection")
+    );
+    f.connect_io(&admin, 0);
+    assert_eq!(f.q.overdue::<FakeWire>(&limits), None);
+    f.receive(&rw(nvm::WRITE, 1, 0, 512, transport(512)), &[]);
+    std::thread::sleep(Duration::from_millis(2));
+    assert_eq!(f.q.overdue::<FakeWire>(&limits), Some(FakeWire::DATA_OVERDUE));
+}

@@ -514,6 +514,23 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
 }
 
 impl<P: QueuePair> RdmaWire<P> {
+    /// The wire of queue `idx` on `qp`, whose arena key is `lkey` and which
+    /// may have `read_credits` RDMA READs outstanding.
+    fn new(qp: P, lkey: u32, idx: u32, read_credits: u8) -> RdmaWire<P> {
+        RdmaWire {
+            qp,
+            lkey,
+            idx,
+            phase: Phase::Accepting,
+            since: Instant::now(),
+            read_credits,
+            reads: 0,
+            awaiting_read: VecDeque::new(),
+            signaled: 0,
+            sends: SendWatch::default(),
+        }
+    }
+
     /// Posts RDMA READs for waiting commands, as far as the credits allow.
     fn start_reads(&mut self) {
         while self.reads < self.read_credits && self.phase != Phase::Closing {
@@ -848,21 +865,11 @@ impl RdmaEndpoint {
         tracing::debug!(poller = self.poller, %peer, qid = inc.req.qid, depth, read_credits, qp_num, "NVMe/RDMA queue accepted");
         self.by_qp.insert((dev, qp_num), idx);
         self.devices[dev].cq_committed += send_wr;
-        let binding = Binding::new(inc.pending);
+        let q = Queue::new(Binding::new(inc.pending), peer, self.ep, idx as u32, inc.req.qid);
+        let wire = RdmaWire::new(id, lkey, idx as u32, read_credits);
         self.conns[idx] = Some(Box::new(RdmaQueue {
-            q: Queue::new(binding, peer, self.ep, idx as u32, inc.req.qid),
-            w: RdmaWire {
-                qp: id,
-                lkey,
-                idx: idx as u32,
-                phase: Phase::Accepting,
-                since: Instant::now(),
-                read_credits,
-                reads: 0,
-                awaiting_read: VecDeque::new(),
-                signaled: 0,
-                sends: SendWatch::default(),
-            },
+            q,
+            w: wire,
             dev,
             qp_num,
             send_wr,
