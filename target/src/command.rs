@@ -335,17 +335,16 @@ impl Command {
                 take(ns.backend.zero(offset, len, deallocate), &mut self.status)
             }
             IoKind::Dsm { deallocate: false } => {}
-            IoKind::Dsm { deallocate: true } => match io_cmd::dsm_ranges(
-                &ns,
-                self.copy_data(arena, &mut [0u8; MAX_DSM_DATA]),
-            ) {
-                Ok(ranges) => {
-                    for (o, l) in ranges {
-                        take(ns.backend.zero(o, l, true), &mut self.status);
+            IoKind::Dsm { deallocate: true } => {
+                match io_cmd::dsm_ranges(&ns, self.copy_data(arena, &mut [0u8; MAX_DSM_DATA])) {
+                    Ok(ranges) => {
+                        for (o, l) in ranges {
+                            take(ns.backend.zero(o, l, true), &mut self.status);
+                        }
                     }
+                    Err(st) => self.status = st,
                 }
-                Err(st) => self.status = st,
-            },
+            }
         }
         self.ops_in_flight = entries.len() as u32;
         if entries.is_empty() {

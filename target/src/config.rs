@@ -1674,6 +1674,107 @@ mod tests {
         }
     }
 
+    /// The exact reason texts: daemon error messages and operators' scripts
+    /// depend on these words.
+    #[test]
+    fn nqn_and_address_reason_texts() {
+        const FORMS: &str = "expected nqn.YYYY-MM.reverse.domain:name \
+                             (e.g. nqn.2026-11.io.example:disk0) \
+                             or nqn.2014-08.org.nvmexpress:uuid:<8-4-4-4-12 hex UUID>";
+        let too_long = format!("nqn.2026-11.io.example:{}", "x".repeat(201));
+        for (nqn, reason) in [
+            (
+                too_long.as_str(),
+                "it is 224 bytes long; an NQN may be at most 223 bytes".to_owned(),
+            ),
+            (
+                "nqn.2026-11.io.example:a\0b",
+                "it contains a control character".to_owned(),
+            ),
+            (
+                "nqn.2014-08.org.nvmexpress:uuid:xyz",
+                "\"xyz\" after \"uuid:\" is not a UUID in 8-4-4-4-12 hex form \
+                 (e.g. 3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15)"
+                    .to_owned(),
+            ),
+            (
+                "iqn.2026-11.io.example:a",
+                format!("it does not start with \"nqn.\"; {FORMS}"),
+            ),
+            (
+                "nqn.2026-13.io.example:a",
+                format!("\"2026-13\" after \"nqn.\" is not a year-month date YYYY-MM; {FORMS}"),
+            ),
+            (
+                "nqn.2026-11:a",
+                format!("the date must be followed by \".\" and a reverse domain name; {FORMS}"),
+            ),
+            (
+                "nqn.2026-11.io.example",
+                format!("there is no ':' followed by a name after the domain; {FORMS}"),
+            ),
+            (
+                "nqn.2026-11.IO.Example:a",
+                format!(
+                    "domain \"IO.Example\" is not a reverse domain name: it needs one or more \
+                     labels of lowercase letters, digits and '-' separated by single dots; \
+                     {FORMS}"
+                ),
+            ),
+            (
+                "nqn.2026-11.io.example:",
+                format!("the name after ':' is empty; {FORMS}"),
+            ),
+        ] {
+            assert_eq!(
+                validate_nqn(nqn).map_err(|e| e.to_string()),
+                Err(reason),
+                "{nqn:?}"
+            );
+        }
+
+        for (address, problem) in [
+            (
+                "127.0.0.1:0",
+                "port 0 is not allowed; give a fixed port, usually 4420 (e.g. \"127.0.0.1:4420\")",
+            ),
+            (
+                "[::1]:0",
+                "port 0 is not allowed; give a fixed port, usually 4420 (e.g. \"[::1]:4420\")",
+            ),
+            (
+                "10.0.0.1",
+                "\"10.0.0.1\" has no port; add one, e.g. \"10.0.0.1:4420\"",
+            ),
+            (
+                "[fe80::1]",
+                "\"[fe80::1]\" has no port; add one, e.g. \"[fe80::1]:4420\"",
+            ),
+            (
+                "::1:4420",
+                "\"::1:4420\" has no port; add one, e.g. \"[::1:4420]:4420\"",
+            ),
+            (
+                "localhost:4420",
+                "\"localhost:4420\" is not an IP address and port; use e.g. \
+                 \"0.0.0.0:4420\", or \"[::1]:4420\" for IPv6 (host names are not resolved)",
+            ),
+        ] {
+            assert_eq!(
+                parse_socket_addr(address).map_err(|e| e.to_string()),
+                Err(problem.to_owned()),
+                "{address:?}"
+            );
+        }
+        assert_eq!(
+            parse_socket_addr("[::]:4420"),
+            Ok(SocketAddr::new(
+                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
+                4420
+            ))
+        );
+    }
+
     // --- namespaces ---
 
     #[test]

@@ -14,9 +14,7 @@ use rdmablk_common::nvme::identify::{
     IDENTIFY_LEN,
 };
 use rdmablk_common::nvme::log::{lid, LogRequest};
-use rdmablk_common::nvme::{
-    admin, feature, nvm, property, Sqe, Status, FABRICS_OPCODE, SQE_LEN,
-};
+use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status, FABRICS_OPCODE, SQE_LEN};
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};

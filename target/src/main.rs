@@ -3,6 +3,7 @@
 
 mod admission;
 mod backend;
+mod binding;
 mod budget;
 mod command;
 mod config;
@@ -11,7 +12,6 @@ mod error;
 mod io_cmd;
 mod notify;
 mod poller;
-mod binding;
 mod queue;
 mod stats;
 mod subsystem;
@@ -211,7 +211,12 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
 
     for l in &cfg.listeners {
         let (ep, transport) = transport::of(l.transport);
-        transport.listen(l.address, ep, pollers.clone(), registry.clone())?;
+        transport.listen(transport::Listen {
+            addr: l.address,
+            ep,
+            pollers: pollers.clone(),
+            registry: registry.clone(),
+        })?;
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
             tracing::warn!(

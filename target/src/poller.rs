@@ -39,10 +39,18 @@ pub enum Token {
     /// A cancellation of a closed queue's operation.
     Cancel,
     /// A backend operation of command `slot` of queue `queue` on endpoint `ep`.
-    Backend { ep: u8, queue: u32, slot: u16 },
+    Backend {
+        ep: u8,
+        queue: u32,
+        slot: u16,
+    },
     /// An endpoint's own operation (socket I/O, a channel poll): `what`
     /// and `queue` are the endpoint's to interpret.
-    Endpoint { ep: u8, queue: u32, what: u16 },
+    Endpoint {
+        ep: u8,
+        queue: u32,
+        what: u16,
+    },
 }
 
 impl Token {
@@ -70,7 +78,11 @@ impl Token {
                 queue,
                 slot: low,
             },
-            5 => Token::Endpoint { ep, queue, what: low },
+            5 => Token::Endpoint {
+                ep,
+                queue,
+                what: low,
+            },
             _ => return None,
         })
     }

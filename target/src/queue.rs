@@ -38,6 +38,14 @@ pub trait Wire {
     /// Sends a command's data (when it returns any) and its response. The
     /// slot comes back through [`Queue::sent`] once all of it is sent.
     fn respond(&mut self, r: Response<'_>, io: &mut Io);
+
+    /// Whether the queue is closing (nothing new starts).
+    fn closing(&self) -> bool;
+
+    /// Starts closing: operations in flight are made to end (a socket shut
+    /// down, a queue pair moved to error); the endpoint frees the queue
+    /// once none is left.
+    fn shut(&mut self);
 }
 
 /// A command's data and response, for the wire to send.
@@ -135,10 +143,7 @@ impl Queue {
 
     /// Queue entries: what Connect negotiated, or the admin maximum before.
     pub fn depth(&self) -> u16 {
-        self.bind
-            .assoc
-            .as_ref()
-            .map_or(INITIAL_DEPTH, |a| a.depth)
+        self.bind.assoc.as_ref().map_or(INITIAL_DEPTH, |a| a.depth)
     }
 
     /// Commands in progress (held AERs excluded).
@@ -165,8 +170,11 @@ impl Queue {
             .any(|c| c.buf.is_some() && !c.to_host && c.received < c.len)
     }
 
-    /// Logs why the queue closes.
-    pub fn log_close(&self, why: &str) {
+    /// Starts closing the queue, saying why (once).
+    pub fn close<W: Wire>(&self, w: &mut W, why: &str) {
+        if w.closing() {
+            return;
+        }
         match &self.bind.assoc {
             Some(a) => {
                 tracing::info!(peer = %self.peer, cntlid = a.ctrl.cntlid, qid = a.qid, "queue closed: {why}")
@@ -175,6 +183,7 @@ impl Queue {
             // would flood the log too.
             None => tracing::debug!(peer = %self.peer, qid = self.qid, "connection closed: {why}"),
         }
+        w.shut();
     }
 
     /// A command capsule arrived: the rules of NVMe over Fabrics 1.1 and
@@ -202,9 +211,7 @@ impl Queue {
         // arrived, within IOCCSZ (Data SGL Length Invalid, 0Fh).
         let status = match sgl {
             Sgl::InCapsule { offset, .. } if offset != 0 => Some(Status::SGL_OFFSET_INVALID),
-            Sgl::InCapsule { len, .. }
-                if len as usize != arrived || len > caps.in_capsule_data =>
-            {
+            Sgl::InCapsule { len, .. } if len as usize != arrived || len > caps.in_capsule_data => {
                 Some(Status::SGL_DATA_LENGTH_INVALID)
             }
             Sgl::InCapsule { .. } => None,
@@ -405,7 +412,9 @@ impl Queue {
             return self.complete(slot, io, w);
         }
         if matches!(cmd.work, Work::Connect) {
-            if let Connected::Yes(a) = cmd.connect(io.registry, io.arena, w.caps(), w.local_addr(), &self.peer) {
+            if let Connected::Yes(a) =
+                cmd.connect(io.registry, io.arena, w.caps(), w.local_addr(), &self.peer)
+            {
                 self.qid = a.qid;
                 self.bind.connected(a, io);
             }

@@ -7,9 +7,9 @@ use crate::config::{self, Config, Listener};
 use crate::controller::Controller;
 use crate::error::DaemonError;
 use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
-use std::net::IpAddr;
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
+use std::net::IpAddr;
 use std::sync::{Arc, Mutex, Weak};
 
 /// An exported namespace.
@@ -199,7 +199,7 @@ impl Registry {
                 entries.push(DiscoveryEntry {
                     portid: port as u16 + 1,
                     subnqn: s.nqn.clone(),
-                    ..transport.discovery_entry(l.address, local)
+                    ..transport.profile().discovery_entry(l.address, local)
                 });
             }
         }

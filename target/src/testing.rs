@@ -2,17 +2,17 @@
 //! registry with a memory namespace, Connects, an enabled controller, and
 //! what a queue needs of its poller without a ring.
 
-use crate::config::{self, Limits, QuickArgs};
-use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
-use crate::subsystem::Registry;
-use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
-use rdmablk_common::nvme::identify::sgls;
-use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status};
 use crate::admission::Permit;
 use crate::budget::PollerBudget;
+use crate::config::{self, Limits, QuickArgs};
+use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
 use crate::poller::{Io, Submissions};
+use crate::subsystem::Registry;
 use io_uring::squeue;
+use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use rdmablk_common::mem::{Arena, ArenaBuf};
+use rdmablk_common::nvme::identify::sgls;
+use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status};
 use std::sync::Arc;
 
 pub const HOST: &str = "nqn.2026-11.io.rdmablk:unit-host";
@@ -166,5 +166,4 @@ impl Rig {
         self.arena.write(&b, 0, data);
         b
     }
-
 }

@@ -49,11 +49,13 @@ pub mod rdma_tsas {
     pub const CMS_RDMA_CM: u8 = 1;
 
     /// The TSAS of a reliable connected queue pair set up through RDMA CM.
-    pub fn rdma_cm() -> [u8; 32] {
+    pub const RDMA_CM: [u8; 32] = {
         let mut tsas = [0u8; 32];
-        tsas[..3].copy_from_slice(&[QPTYPE_CONNECTED, PRTYPE_NOT_SPECIFIED, CMS_RDMA_CM]);
+        tsas[0] = QPTYPE_CONNECTED;
+        tsas[1] = PRTYPE_NOT_SPECIFIED;
+        tsas[2] = CMS_RDMA_CM;
         tsas
-    }
+    };
 }
 
 /// One entry of the discovery log: where and how to reach a subsystem.

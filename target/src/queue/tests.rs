@@ -57,6 +57,12 @@ impl Wire for FakeWire {
         });
         self.responses.push((r.slot, r.cqe, data));
     }
+
+    fn closing(&self) -> bool {
+        false
+    }
+
+    fn shut(&mut self) {}
 }
 
 /// NVMe/TCP's kind of SGLs (transport data blocks), and NVMe/RDMA's (keyed).
@@ -232,7 +238,10 @@ fn backend_completions_finish_commands() {
     f.q.on_backend(1, -libc::EIO, &mut f.rig.io(), &mut f.w);
     assert_eq!(f.state(1), Some(State::Responding), "no data returned");
     let (_, cqe, data) = f.w.last();
-    assert_eq!((cqe.status(), data.is_none()), (Status::INTERNAL_ERROR, true));
+    assert_eq!(
+        (cqe.status(), data.is_none()),
+        (Status::INTERNAL_ERROR, true)
+    );
     assert!(f.q.idle_backend());
 }
 
@@ -248,12 +257,25 @@ fn commands_wait_for_buffers_in_order() {
     let admin = enabled(&rig.registry, 1);
     let mut f = Fixture::new(rig, STREAM);
     f.connect_io(&admin, 0);
-    assert_eq!(f.receive(&rw(nvm::WRITE, 1, 0, 8192, transport(8192)), &[]), Intake::Taken);
-    assert_eq!(f.receive(&rw(nvm::WRITE, 2, 0, 4096, transport(4096)), &[]), Intake::Taken);
-    assert_eq!(f.receive(&rw(nvm::WRITE, 3, 0, 512, transport(512)), &[]), Intake::Taken);
+    assert_eq!(
+        f.receive(&rw(nvm::WRITE, 1, 0, 8192, transport(8192)), &[]),
+        Intake::Taken
+    );
+    assert_eq!(
+        f.receive(&rw(nvm::WRITE, 2, 0, 4096, transport(4096)), &[]),
+        Intake::Taken
+    );
+    assert_eq!(
+        f.receive(&rw(nvm::WRITE, 3, 0, 512, transport(512)), &[]),
+        Intake::Taken
+    );
     assert_eq!(
         [f.state(0), f.state(1), f.state(2)],
-        [Some(State::FetchingData), Some(State::AwaitingBuffer), Some(State::AwaitingBuffer)]
+        [
+            Some(State::FetchingData),
+            Some(State::AwaitingBuffer),
+            Some(State::AwaitingBuffer)
+        ]
     );
     // A command without data goes by.
     let mut flush = Sqe::new(nvm::FLUSH, 4);
@@ -267,7 +289,10 @@ fn commands_wait_for_buffers_in_order() {
         [f.state(1), f.state(2)],
         [Some(State::FetchingData), Some(State::FetchingData)]
     );
-    assert_eq!(f.w.fetched.iter().map(|s| s.0).collect::<Vec<_>>(), [0, 1, 2]);
+    assert_eq!(
+        f.w.fetched.iter().map(|s| s.0).collect::<Vec<_>>(),
+        [0, 1, 2]
+    );
 }
 
 /// One rule per status for every capsule, whatever the transport: the SGL
@@ -297,13 +322,55 @@ fn capsule_rules() {
             Status::SGL_OFFSET_INVALID,
             "in-capsule data at an offset",
         ),
-        (STREAM, in_capsule(4096), 2048, Status::SGL_DATA_LENGTH_INVALID, "less data than the SGL"),
-        (STREAM, in_capsule(2048), 4096, Status::SGL_DATA_LENGTH_INVALID, "more data than the SGL"),
-        (KEYED, in_capsule(16384), 16384, Status::SGL_DATA_LENGTH_INVALID, "beyond IOCCSZ"),
-        (STREAM, keyed, 0, Status::SGL_DESCRIPTOR_TYPE_INVALID, "a keyed SGL on a stream"),
-        (KEYED, transport(4096), 0, Status::SGL_DESCRIPTOR_TYPE_INVALID, "a transport SGL on RDMA"),
-        (STREAM, transport(4096), 4096, Status::SGL_DATA_LENGTH_INVALID, "data beside a transport SGL"),
-        (KEYED, keyed, 512, Status::SGL_DATA_LENGTH_INVALID, "data beside a keyed SGL"),
+        (
+            STREAM,
+            in_capsule(4096),
+            2048,
+            Status::SGL_DATA_LENGTH_INVALID,
+            "less data than the SGL",
+        ),
+        (
+            STREAM,
+            in_capsule(2048),
+            4096,
+            Status::SGL_DATA_LENGTH_INVALID,
+            "more data than the SGL",
+        ),
+        (
+            KEYED,
+            in_capsule(16384),
+            16384,
+            Status::SGL_DATA_LENGTH_INVALID,
+            "beyond IOCCSZ",
+        ),
+        (
+            STREAM,
+            keyed,
+            0,
+            Status::SGL_DESCRIPTOR_TYPE_INVALID,
+            "a keyed SGL on a stream",
+        ),
+        (
+            KEYED,
+            transport(4096),
+            0,
+            Status::SGL_DESCRIPTOR_TYPE_INVALID,
+            "a transport SGL on RDMA",
+        ),
+        (
+            STREAM,
+            transport(4096),
+            4096,
+            Status::SGL_DATA_LENGTH_INVALID,
+            "data beside a transport SGL",
+        ),
+        (
+            KEYED,
+            keyed,
+            512,
+            Status::SGL_DATA_LENGTH_INVALID,
+            "data beside a keyed SGL",
+        ),
     ];
     for (caps, sgl, arrived, want, what) in cases {
         let mut f = Fixture::new(Rig::with_registry(rig.registry.clone()), caps);
@@ -316,14 +383,25 @@ fn capsule_rules() {
     let mut f = Fixture::new(Rig::with_registry(rig.registry.clone()), STREAM);
     f.connect_io(&admin, 0);
     let read = rw(nvm::READ, 8, 0, 512, in_capsule(512));
-    assert_eq!(f.status(&read, &[0u8; 512]), Status::SGL_DATA_LENGTH_INVALID, "a read with data");
+    assert_eq!(
+        f.status(&read, &[0u8; 512]),
+        Status::SGL_DATA_LENGTH_INVALID,
+        "a read with data"
+    );
     let write = rw(nvm::WRITE, 9, 0, 512, in_capsule(512));
     let data = InCapsule::Bytes {
         data: &[0u8; 512],
         digest_ok: false,
     };
-    assert_eq!(f.q.receive(&write, data, &mut f.rig.io(), &mut f.w), Intake::Taken);
-    assert_eq!(f.w.last().1.status(), Status::TRANSIENT_TRANSPORT_ERROR, "digest");
+    assert_eq!(
+        f.q.receive(&write, data, &mut f.rig.io(), &mut f.w),
+        Intake::Taken
+    );
+    assert_eq!(
+        f.w.last().1.status(),
+        Status::TRANSIENT_TRANSPORT_ERROR,
+        "digest"
+    );
 }
 
 /// Refusals not yet sent are bounded by the queue's depth (beyond, the
@@ -393,5 +471,8 @@ fn overdue_connect_and_data() {
     assert_eq!(f.q.overdue::<FakeWire>(&limits), None);
     f.receive(&rw(nvm::WRITE, 1, 0, 512, transport(512)), &[]);
     std::thread::sleep(Duration::from_millis(2));
-    assert_eq!(f.q.overdue::<FakeWire>(&limits), Some(FakeWire::DATA_OVERDUE));
+    assert_eq!(
+        f.q.overdue::<FakeWire>(&limits),
+        Some(FakeWire::DATA_OVERDUE)
+    );
 }

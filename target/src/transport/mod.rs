@@ -16,64 +16,87 @@ use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::error::DaemonError;
 use crate::poller::{Endpoint, PollerLink};
 use crate::subsystem::Registry;
-use rdmablk_common::fabrics::discovery::{adrfam, subtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
+use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::ring::Op;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
-/// A fabric transport, as the daemon and discovery see it.
-pub trait Transport: Sync {
+/// What a transport is, as controllers and discovery see it.
+pub struct Profile {
     /// The listener scheme it serves.
-    fn kind(&self) -> config::Transport;
-
+    pub kind: config::Transport,
     /// What its queues serve (MDTS, queue entries, in-capsule data, SGLs).
-    fn caps(&self) -> TransportCaps;
-
+    pub caps: TransportCaps,
     /// The io_uring operations its endpoints submit (probed at start).
-    fn ring_ops(&self) -> &'static [Op];
+    pub ring_ops: &'static [Op],
+    /// TRTYPE and TSAS of its discovery log entries.
+    pub trtype: u8,
+    pub tsas: [u8; 32],
+}
 
-    /// TRTYPE, TREQ and TSAS of its discovery log entries.
-    fn discovery_fields(&self) -> (u8, u8, [u8; 32]);
+/// What transports serve unless they say otherwise: 1 MiB transfers (MDTS
+/// 8), 128-entry I/O queues, 8 KiB of in-capsule data, SGLs with offsets
+/// and the descriptor type `sgl` of the transport.
+pub const fn base_caps_with(sgl: u32) -> TransportCaps {
+    TransportCaps {
+        mdts: 8,
+        max_queue_entries: 128,
+        in_capsule_data: 8192,
+        sgls: sgls::SUPPORTED | sgls::OFFSET | sgl,
+    }
+}
 
-    /// Starts taking connections on `addr` and handing them to the
-    /// pollers' endpoints `ep`, round robin.
-    fn listen(
-        &self,
-        addr: SocketAddr,
-        ep: u8,
-        pollers: Arc<Vec<PollerLink>>,
-        registry: Arc<Registry>,
-    ) -> Result<(), DaemonError>;
+/// TREQ of every entry, as nvmet: no secure channel requirement stated,
+/// and hosts may disable SQ flow control (NVMe over Fabrics 1.1, Figure 40).
+const TREQ: u8 = treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE;
+
+/// Where a listener hands what it accepts: endpoint `ep` of the pollers.
+pub struct Listen {
+    pub addr: SocketAddr,
+    pub ep: u8,
+    pub pollers: Arc<Vec<PollerLink>>,
+    pub registry: Arc<Registry>,
+}
+
+/// A fabric transport: what it is, how it listens, its side of a poller.
+pub trait Transport: Sync {
+    fn profile(&self) -> &'static Profile;
+
+    /// Starts taking connections on `l.addr` and handing them to the
+    /// pollers, round robin.
+    fn listen(&self, l: Listen) -> Result<(), DaemonError>;
 
     /// Its endpoint on poller `poller`, at endpoint index `ep`.
     fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint>;
+}
 
+impl Profile {
     /// The discovery log entry of a listener on `addr` for a host whose
     /// discovery queue reached us at `local` (as nvmet's `disc_traddr`: a
     /// wildcard listener reports the address the host connected to).
     /// Subsystem and port fields are left for the caller.
-    fn discovery_entry(&self, addr: SocketAddr, local: Option<IpAddr>) -> DiscoveryEntry {
-        let (trtype, treq, tsas) = self.discovery_fields();
+    pub fn discovery_entry(&self, addr: SocketAddr, local: Option<IpAddr>) -> DiscoveryEntry {
         let ip = match local {
             Some(l) if addr.ip().is_unspecified() => l,
             _ => addr.ip(),
         };
         DiscoveryEntry {
-            trtype,
+            trtype: self.trtype,
             adrfam: if ip.is_ipv4() {
                 adrfam::IPV4
             } else {
                 adrfam::IPV6
             },
             subtype: subtype::NVME,
-            treq,
+            treq: TREQ,
             portid: 0,
             cntlid: 0xffff,
             asqsz: ADMIN_QUEUE_SIZE,
             trsvcid: addr.port().to_string(),
             subnqn: String::new(),
             traddr: ip.to_string(),
-            tsas,
+            tsas: self.tsas,
         }
     }
 }
@@ -85,7 +108,7 @@ pub const ALL: [&dyn Transport; 2] = [&tcp::NvmeTcp, &rdma::NvmeRdma];
 pub fn of(kind: config::Transport) -> (u8, &'static dyn Transport) {
     let i = ALL
         .iter()
-        .position(|t| t.kind() == kind)
+        .position(|t| t.profile().kind == kind)
         .expect("every listener scheme has a transport");
     (i as u8, ALL[i])
 }
@@ -100,7 +123,8 @@ pub fn endpoints(poller: usize) -> Vec<Box<dyn Endpoint>> {
 
 /// The io_uring operations of every transport.
 pub fn ring_ops() -> impl Iterator<Item = Op> {
-    ALL.into_iter().flat_map(|t| t.ring_ops().iter().copied())
+    ALL.into_iter()
+        .flat_map(|t| t.profile().ring_ops.iter().copied())
 }
 
 #[cfg(test)]
@@ -114,8 +138,12 @@ mod tests {
     fn discovery_reports_the_address_the_host_reached() {
         let local: IpAddr = "192.0.2.7".parse().unwrap();
         for (_, t) in [config::Transport::Tcp, config::Transport::Rdma].map(of) {
+            let t = t.profile();
             let wild = t.discovery_entry("0.0.0.0:4420".parse().unwrap(), Some(local));
-            assert_eq!((wild.traddr.as_str(), wild.adrfam), ("192.0.2.7", adrfam::IPV4));
+            assert_eq!(
+                (wild.traddr.as_str(), wild.adrfam),
+                ("192.0.2.7", adrfam::IPV4)
+            );
             let fixed = t.discovery_entry("[::1]:4421".parse().unwrap(), Some(local));
             assert_eq!((fixed.traddr.as_str(), fixed.adrfam), ("::1", adrfam::IPV6));
             assert_eq!(fixed.trsvcid, "4421");

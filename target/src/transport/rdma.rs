@@ -14,13 +14,12 @@ use crate::command::Command;
 use crate::config;
 use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::error::{starting, DaemonError};
-use crate::transport::Transport;
-use crate::poller::{Endpoint, Io, PollerLink, Token};
+use crate::poller::{Endpoint, Io, Token};
 use crate::queue::{self, InCapsule, Intake, Queue, Response, SendWatch, Wire};
-use crate::subsystem::Registry;
-use rdmablk_common::fabrics::discovery::{rdma_tsas, treq, trtype};
-use rdmablk_common::nvme::identify::sgls;
+use crate::transport::{base_caps_with, Listen, Profile, Transport};
+use rdmablk_common::fabrics::discovery::{rdma_tsas, trtype};
 use rdmablk_common::mem::ArenaBuf;
+use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Sgl, Sqe, SQE_LEN};
 use rdmablk_common::rdma::private_data::{
     encode_reject, ConnectReply, ConnectRequest, RejectStatus,
@@ -29,16 +28,13 @@ use rdmablk_common::rdma::{
     access, CmChannel, CmEventKind, CmId, CompChannel, Completion, ConnParam, Cq, Device, Mr,
     NewId, Pd, QpConfig, SendOp, SendWr, Sge, Srq,
 };
-use rdmablk_common::ring::Op;
 use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::{IpAddr, SocketAddr};
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// In-capsule data the target accepts (beyond the 64-byte command).
-const IN_CAPSULE_DATA: usize = 8192;
 /// Receives posted on each SRQ (shared by all queues of a poller on a device;
 /// RNR retry covers bursts beyond it).
 const SRQ_DEPTH: u32 = 256;
@@ -52,49 +48,30 @@ const CQ_ENTRIES: u32 = 65536;
 const FLUSH_TIMEOUT: Duration = Duration::from_secs(5);
 /// Pending connect requests the listener queues.
 const LISTEN_BACKLOG: i32 = 128;
-/// What an endpoint's own tokens stand for: its CM channel, a device's CQ.
-const CM: u16 = 0;
-const CQ: u16 = 1;
-
-/// What NVMe/RDMA queues serve.
-const CAPS: TransportCaps = TransportCaps {
-    // 1 MiB.
-    mdts: 8,
-    max_queue_entries: 128,
-    in_capsule_data: IN_CAPSULE_DATA as u32,
-    sgls: sgls::SUPPORTED | sgls::KEYED | sgls::OFFSET,
-};
 
 /// The NVMe/RDMA transport.
 pub struct NvmeRdma;
 
+/// NVMe/RDMA as controllers and discovery see it.
+const PROFILE: Profile = Profile {
+    kind: config::Transport::Rdma,
+    caps: base_caps_with(sgls::KEYED),
+    // Completion and CM channels are polled, a common operation.
+    ring_ops: &[],
+    trtype: trtype::RDMA,
+    tsas: rdma_tsas::RDMA_CM,
+};
+
+/// In-capsule data the target accepts (beyond the 64-byte command).
+const IN_CAPSULE_DATA: usize = PROFILE.caps.in_capsule_data as usize;
+
 impl Transport for NvmeRdma {
-    fn kind(&self) -> config::Transport {
-        config::Transport::Rdma
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
     }
 
-    fn caps(&self) -> TransportCaps {
-        CAPS
-    }
-
-    fn ring_ops(&self) -> &'static [Op] {
-        // Completion and CM channels are polled (a common operation).
-        &[]
-    }
-
-    fn discovery_fields(&self) -> (u8, u8, [u8; 32]) {
-        let treq = treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE;
-        (trtype::RDMA, treq, rdma_tsas::rdma_cm())
-    }
-
-    fn listen(
-        &self,
-        addr: SocketAddr,
-        ep: u8,
-        pollers: Arc<Vec<PollerLink>>,
-        registry: Arc<Registry>,
-    ) -> Result<(), DaemonError> {
-        listen(addr, ep, pollers, registry)
+    fn listen(&self, l: Listen) -> Result<(), DaemonError> {
+        listen(l)
     }
 
     fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint> {
@@ -118,7 +95,7 @@ fn check_request(private_data: &[u8]) -> Result<ConnectRequest, RejectStatus> {
     let max = if req.qid == 0 {
         ADMIN_QUEUE_SIZE
     } else {
-        CAPS.max_queue_entries
+        PROFILE.caps.max_queue_entries
     };
     // HSQSIZE is 0's based; HRQSIZE is not.
     if req.hsqsize == 0 || req.hsqsize >= max {
@@ -132,12 +109,13 @@ fn check_request(private_data: &[u8]) -> Result<ConnectRequest, RejectStatus> {
 
 /// Binds an RDMA CM listener on `addr` and starts the thread that hands its
 /// connect requests to the pollers, round robin.
-fn listen(
-    addr: SocketAddr,
-    ep: u8,
-    pollers: Arc<Vec<PollerLink>>,
-    registry: Arc<Registry>,
-) -> Result<(), DaemonError> {
+fn listen(l: Listen) -> Result<(), DaemonError> {
+    let Listen {
+        addr,
+        ep,
+        pollers,
+        registry,
+    } = l;
     let url = format!("rdma://{addr}");
     let failed = |hint| {
         let url = url.clone();
@@ -421,7 +399,7 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
         "an RDMA READ of the host's data did not complete within limits.data_timeout";
 
     fn caps(&self) -> TransportCaps {
-        NvmeRdma.caps()
+        PROFILE.caps
     }
 
     fn local_addr(&self) -> Option<IpAddr> {
@@ -511,6 +489,18 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
             Err(e) => self.fail(&format!("posting a response: {e}")),
         }
     }
+
+    fn closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// The queue pair goes to the error state: what is posted completes as
+    /// flushed, and the endpoint frees the queue once all has.
+    fn shut(&mut self) {
+        self.phase = Phase::Closing;
+        self.since = Instant::now();
+        self.qp.disconnect();
+    }
 }
 
 impl<P: QueuePair> RdmaWire<P> {
@@ -574,23 +564,11 @@ impl<P: QueuePair> RdmaWire<P> {
             self.shut();
         }
     }
-
-    /// The queue pair goes to the error state: what is posted completes as
-    /// flushed, and the endpoint frees the queue once all has.
-    fn shut(&mut self) {
-        self.phase = Phase::Closing;
-        self.since = Instant::now();
-        self.qp.disconnect();
-    }
 }
 
 impl<P: QueuePair> RdmaQueue<P> {
     fn close(&mut self, why: &str) {
-        if self.w.phase == Phase::Closing {
-            return;
-        }
-        self.q.log_close(why);
-        self.w.shut();
+        self.q.close(&mut self.w, why);
     }
 
     /// Periodic checks of every deadline: Connect, keep-alive and enable,
@@ -679,6 +657,10 @@ impl<P: QueuePair> RdmaQueue<P> {
         }
     }
 }
+
+/// What an endpoint's own tokens stand for: its CM channel, a device's CQ.
+const CM: u16 = 0;
+const CQ: u16 = 1;
 
 /// The RDMA side of one poller.
 struct RdmaEndpoint {
@@ -865,7 +847,13 @@ impl RdmaEndpoint {
         tracing::debug!(poller = self.poller, %peer, qid = inc.req.qid, depth, read_credits, qp_num, "NVMe/RDMA queue accepted");
         self.by_qp.insert((dev, qp_num), idx);
         self.devices[dev].cq_committed += send_wr;
-        let q = Queue::new(Binding::new(inc.pending), peer, self.ep, idx as u32, inc.req.qid);
+        let q = Queue::new(
+            Binding::new(inc.pending),
+            peer,
+            self.ep,
+            idx as u32,
+            inc.req.qid,
+        );
         let wire = RdmaWire::new(id, lkey, idx as u32, read_credits);
         self.conns[idx] = Some(Box::new(RdmaQueue {
             q,

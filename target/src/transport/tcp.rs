@@ -10,12 +10,11 @@ use crate::command::Command;
 use crate::config;
 use crate::controller::{TransportCaps, SQHD_FLOW_DISABLED};
 use crate::error::{starting, DaemonError};
-use crate::transport::Transport;
-use crate::poller::{Endpoint, Io, PollerLink, Token};
+use crate::poller::{Endpoint, Io, Token};
 use crate::queue::{self, InCapsule, Intake, Queue, Response, SendWatch, Wire};
-use crate::subsystem::Registry;
+use crate::transport::{base_caps_with, Listen, Profile, Transport};
 use io_uring::{opcode, types};
-use rdmablk_common::fabrics::discovery::{treq, trtype};
+use rdmablk_common::fabrics::discovery::trtype;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::Sqe;
 use rdmablk_common::ring::Op;
@@ -24,11 +23,8 @@ use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
 use std::any::Any;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::io::AsRawFd;
-use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-/// In-capsule data the target accepts (beyond the 64-byte command).
-const IN_CAPSULE_DATA: usize = 8192;
 /// Largest H2CData payload the target accepts (MAXH2CDATA).
 const MAX_H2C_DATA: usize = 128 << 10;
 /// Largest C2HData payload the target sends; larger reads are split.
@@ -52,52 +48,33 @@ const TERMINATE_GRACE: Duration = Duration::from_secs(1);
 /// A closed connection whose socket operations have not ended after this
 /// time has them cancelled.
 const CANCEL_GRACE: Duration = Duration::from_secs(2);
-/// What an endpoint's own tokens stand for.
-const RECV: u16 = 0;
-const SEND: u16 = 1;
-
-/// What NVMe/TCP queues serve.
-const CAPS: TransportCaps = TransportCaps {
-    // 1 MiB.
-    mdts: 8,
-    max_queue_entries: 128,
-    in_capsule_data: IN_CAPSULE_DATA as u32,
-    sgls: sgls::SUPPORTED | sgls::OFFSET | sgls::TRANSPORT,
-};
 
 /// The NVMe/TCP transport.
 pub struct NvmeTcp;
 
+/// NVMe/TCP as controllers and discovery see it.
+const PROFILE: Profile = Profile {
+    kind: config::Transport::Tcp,
+    caps: base_caps_with(sgls::TRANSPORT),
+    ring_ops: &[
+        Op(opcode::Recv::CODE, "RECV"),
+        Op(opcode::SendMsg::CODE, "SENDMSG"),
+    ],
+    trtype: trtype::TCP,
+    // NVMe/TCP 1.0 defines no TSAS without TLS.
+    tsas: [0; 32],
+};
+
+/// In-capsule data the target accepts (beyond the 64-byte command).
+const IN_CAPSULE_DATA: usize = PROFILE.caps.in_capsule_data as usize;
+
 impl Transport for NvmeTcp {
-    fn kind(&self) -> config::Transport {
-        config::Transport::Tcp
+    fn profile(&self) -> &'static Profile {
+        &PROFILE
     }
 
-    fn caps(&self) -> TransportCaps {
-        CAPS
-    }
-
-    fn ring_ops(&self) -> &'static [Op] {
-        &[
-            Op(opcode::Recv::CODE, "RECV"),
-            Op(opcode::SendMsg::CODE, "SENDMSG"),
-        ]
-    }
-
-    fn discovery_fields(&self) -> (u8, u8, [u8; 32]) {
-        // As nvmet: no secure channel requirement stated, and hosts may
-        // disable SQ flow control (NVMe over Fabrics 1.1, Figure 40).
-        let treq = treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE;
-        (trtype::TCP, treq, [0; 32])
-    }
-
-    fn listen(
-        &self,
-        addr: SocketAddr,
-        ep: u8,
-        pollers: Arc<Vec<PollerLink>>,
-        registry: Arc<Registry>,
-    ) -> Result<(), DaemonError> {
+    fn listen(&self, l: Listen) -> Result<(), DaemonError> {
+        let addr = l.addr;
         let listener = TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
             url: format!("tcp://{addr}"),
             source,
@@ -105,7 +82,7 @@ impl Transport for NvmeTcp {
         })?;
         std::thread::Builder::new()
             .name(format!("accept-{addr}"))
-            .spawn(move || accept_loop(listener, ep, &pollers, &registry))
+            .spawn(move || accept_loop(listener, l))
             .map_err(starting("the acceptor"))?;
         Ok(())
     }
@@ -126,13 +103,13 @@ struct Accepted {
     pending: Permit,
 }
 
-fn accept_loop(listener: TcpListener, ep: u8, pollers: &[PollerLink], registry: &Registry) {
+fn accept_loop(listener: TcpListener, l: Listen) {
     let mut next = 0;
     loop {
         match listener.accept() {
             Ok((sock, peer)) => {
                 // Past limits.pending_connections the socket is closed at once.
-                let Some(pending) = registry.admission.pending_connection(&peer) else {
+                let Some(pending) = l.registry.admission.pending_connection(&peer) else {
                     continue;
                 };
                 let conn = Accepted {
@@ -140,7 +117,7 @@ fn accept_loop(listener: TcpListener, ep: u8, pollers: &[PollerLink], registry: 
                     peer,
                     pending,
                 };
-                pollers[next % pollers.len()].adopt(ep, Box::new(conn));
+                l.pollers[next % l.pollers.len()].adopt(l.ep, Box::new(conn));
                 next += 1;
             }
             Err(e) => {
@@ -151,6 +128,10 @@ fn accept_loop(listener: TcpListener, ep: u8, pollers: &[PollerLink], registry: 
     }
 }
 
+/// What the endpoint's own tokens stand for: a connection's receive, its send.
+const RECV: u16 = 0;
+const SEND: u16 = 1;
+
 /// The NVMe/TCP connections of one poller.
 struct TcpEndpoint {
     ep: u8,
@@ -159,7 +140,9 @@ struct TcpEndpoint {
 
 impl TcpEndpoint {
     fn queue(&mut self, idx: u32) -> Option<&mut TcpQueue> {
-        self.queues.get_mut(idx as usize).and_then(|q| q.as_deref_mut())
+        self.queues
+            .get_mut(idx as usize)
+            .and_then(|q| q.as_deref_mut())
     }
 }
 
@@ -326,7 +309,7 @@ impl Wire for TcpWire {
         "the host did not send the data asked for by an R2T within limits.data_timeout";
 
     fn caps(&self) -> TransportCaps {
-        NvmeTcp.caps()
+        PROFILE.caps
     }
 
     fn local_addr(&self) -> Option<IpAddr> {
@@ -395,6 +378,17 @@ impl Wire for TcpWire {
             self.push_pdu(&Header::CapsuleResp(cqe), Some(token));
         }
     }
+
+    fn closing(&self) -> bool {
+        self.phase == Phase::Closing
+    }
+
+    /// Shuts the socket down so that pending socket operations complete.
+    fn shut(&mut self) {
+        self.phase = Phase::Closing;
+        self.since = Instant::now();
+        let _ = self.sock.shutdown(Shutdown::Both);
+    }
 }
 
 impl TcpWire {
@@ -458,13 +452,6 @@ impl TcpWire {
         unsafe { io.sq.push(e) };
         self.send_busy = true;
         self.sends.posted();
-    }
-
-    /// Shuts the socket down so that pending socket operations complete.
-    fn shut(&mut self) {
-        self.phase = Phase::Closing;
-        self.since = Instant::now();
-        let _ = self.sock.shutdown(Shutdown::Both);
     }
 
     /// Checks an H2CData header against the command it names; returns
@@ -544,14 +531,8 @@ impl TcpQueue {
             && self.q.idle_backend()
     }
 
-    /// Starts closing the connection: the socket is shut down so that
-    /// pending socket operations complete, and nothing new is started.
     fn close(&mut self, why: &str) {
-        if self.w.phase == Phase::Closing {
-            return;
-        }
-        self.q.log_close(why);
-        self.w.shut();
+        self.q.close(&mut self.w, why);
     }
 
     /// Closes a connection whose host stopped reading: what it did not read
@@ -865,7 +846,11 @@ impl TcpQueue {
     /// Moves received bytes of a direct payload into place and, once all is
     /// there (with its digest), hands it to the command. Returns true then.
     fn drain_direct(&mut self, rx: &mut RxBuf, io: &mut Io) -> bool {
-        let d = self.w.direct.as_mut().expect("direct placement in progress");
+        let d = self
+            .w
+            .direct
+            .as_mut()
+            .expect("direct placement in progress");
         if d.left > 0 {
             let pending = rx.pending();
             let n = pending.len().min(d.left);

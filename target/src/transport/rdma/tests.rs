@@ -117,7 +117,13 @@ impl Fixture {
     /// gets `fill` written where it lands, as the device would.
     fn complete(&mut self, i: usize, status: u32, fill: u8) {
         let p = &self.conn.w.qp.posted[i];
-        if p.op == (Op::Read { remote_addr: HOST_ADDR, rkey: RKEY }) && status == WC_SUCCESS {
+        if p.op
+            == (Op::Read {
+                remote_addr: HOST_ADDR,
+                rkey: RKEY,
+            })
+            && status == WC_SUCCESS
+        {
             // SAFETY: the READ's destination is the command's arena buffer,
             // `len` bytes, held until this completion is handled.
             unsafe { std::ptr::write_bytes(p.local, fill, p.len) };
@@ -197,7 +203,10 @@ fn admin_data_moves_by_rdma_write_and_read() {
             rkey: RKEY
         }
     );
-    assert!(!posted[0].signaled, "the SEND's completion covers the WRITE");
+    assert!(
+        !posted[0].signaled,
+        "the SEND's completion covers the WRITE"
+    );
     assert_eq!(&posted[0].bytes[24..32], b"rdmablk ", "model number");
     assert_eq!(f.response().status(), Status::SUCCESS);
 
@@ -295,7 +304,10 @@ fn refusals_flushes_and_overrun() {
     f.capsule(&bad, &[]);
     assert_eq!(f.response().status(), Status::SGL_DESCRIPTOR_TYPE_INVALID);
     let refusal = f.posted().len() - 1;
-    assert_eq!((f.posted()[refusal].wr_id >> 16) & 0xff, WR_RESPONSE_NO_SLOT);
+    assert_eq!(
+        (f.posted()[refusal].wr_id >> 16) & 0xff,
+        WR_RESPONSE_NO_SLOT
+    );
     f.complete(refusal, WC_FLUSHED, 0);
 
     let mut set = Sqe::new(admin::SET_FEATURES, 10);
