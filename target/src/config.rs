@@ -208,6 +208,72 @@ pub enum ConfigError {
     },
 }
 
+/// The accepted NQN forms, appended to most [`NqnError`] messages.
+const NQN_FORMS: &str = "expected nqn.YYYY-MM.reverse.domain:name \
+                         (e.g. nqn.2026-11.io.example:disk0) \
+                         or nqn.2014-08.org.nvmexpress:uuid:<8-4-4-4-12 hex UUID>";
+
+/// Why [`validate_nqn`] rejected an NQN. The message completes a sentence
+/// such as `"…" is not a valid NQN: {reason}`.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NqnError {
+    /// Longer than the 223 bytes the specification allows.
+    #[error(
+        "it is {len} bytes long; an NQN may be at most {} bytes",
+        MAX_NQN_BYTES
+    )]
+    TooLong {
+        /// Length of the rejected NQN in bytes.
+        len: usize,
+    },
+    /// Contains a control character.
+    #[error("it contains a control character")]
+    ControlCharacter,
+    /// The part after `nqn.2014-08.org.nvmexpress:uuid:` is not a UUID.
+    #[error(
+        "{uuid:?} after \"uuid:\" is not a UUID in 8-4-4-4-12 hex form \
+         (e.g. 3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15)"
+    )]
+    BadUuid {
+        /// The text after `uuid:`.
+        uuid: String,
+    },
+    /// Does not start with `nqn.`.
+    #[error("it does not start with \"nqn.\"; {}", NQN_FORMS)]
+    MissingPrefix,
+    /// No valid `YYYY-MM` date after `nqn.`.
+    #[error(
+        "{date:?} after \"nqn.\" is not a year-month date YYYY-MM; {}",
+        NQN_FORMS
+    )]
+    BadDate {
+        /// The text after `nqn.` up to the first `.` or `:`.
+        date: String,
+    },
+    /// The date is not followed by `.`.
+    #[error(
+        "the date must be followed by \".\" and a reverse domain name; {}",
+        NQN_FORMS
+    )]
+    MissingDomain,
+    /// No `:` after the domain.
+    #[error("there is no ':' followed by a name after the domain; {}", NQN_FORMS)]
+    MissingName,
+    /// The domain is not dot-separated labels of `a-z`, `0-9` and `-`.
+    #[error(
+        "domain {domain:?} is not a reverse domain name: it needs one or more labels \
+         of lowercase letters, digits and '-' separated by single dots; {}",
+        NQN_FORMS
+    )]
+    BadDomain {
+        /// The text between the date and the first `:`.
+        domain: String,
+    },
+    /// Nothing after the `:`.
+    #[error("the name after ':' is empty; {}", NQN_FORMS)]
+    EmptyName,
+}
+
 /// The command-line quick form: one subsystem with one namespace, open to
 /// any host, e.g. `--listen tcp://127.0.0.1:4420 --memory 1GiB`.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
@@ -534,49 +600,35 @@ pub fn parse_listen_url(s: &str) -> Result<Listener, ConfigError> {
 /// `:`), or `nqn.2014-08.org.nvmexpress:uuid:` followed by a UUID in
 /// 8-4-4-4-12 hex form. Control characters are rejected. The discovery NQN
 /// [`DISCOVERY_NQN`] has no `:` part and does not pass. On error, returns
-/// the reason.
-pub fn validate_nqn(nqn: &str) -> Result<(), String> {
-    const FORMS: &str = "expected nqn.YYYY-MM.reverse.domain:name \
-                         (e.g. nqn.2026-11.io.example:disk0) \
-                         or nqn.2014-08.org.nvmexpress:uuid:<8-4-4-4-12 hex UUID>";
+/// the reason as an [`NqnError`].
+pub fn validate_nqn(nqn: &str) -> Result<(), NqnError> {
     if nqn.len() > MAX_NQN_BYTES {
-        return Err(format!(
-            "it is {} bytes long; an NQN may be at most {MAX_NQN_BYTES} bytes",
-            nqn.len()
-        ));
+        return Err(NqnError::TooLong { len: nqn.len() });
     }
     if nqn.chars().any(char::is_control) {
-        return Err("it contains a control character".to_owned());
+        return Err(NqnError::ControlCharacter);
     }
     if let Some(uuid) = nqn.strip_prefix(NQN_UUID_PREFIX) {
         return if is_uuid(uuid) {
             Ok(())
         } else {
-            Err(format!(
-                "{uuid:?} after \"uuid:\" is not a UUID in 8-4-4-4-12 hex form \
-                 (e.g. 3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15)"
-            ))
+            Err(NqnError::BadUuid { uuid: uuid.into() })
         };
     }
     let Some(rest) = nqn.strip_prefix("nqn.") else {
-        return Err(format!("it does not start with \"nqn.\"; {FORMS}"));
+        return Err(NqnError::MissingPrefix);
     };
     let date = rest.get(..7).unwrap_or(rest);
     if !is_year_month(date) {
-        return Err(format!(
-            "{:?} after \"nqn.\" is not a year-month date YYYY-MM; {FORMS}",
-            rest.split(['.', ':']).next().unwrap_or(rest)
-        ));
+        return Err(NqnError::BadDate {
+            date: rest.split(['.', ':']).next().unwrap_or(rest).into(),
+        });
     }
     if rest.as_bytes().get(7) != Some(&b'.') {
-        return Err(format!(
-            "the date must be followed by \".\" and a reverse domain name; {FORMS}"
-        ));
+        return Err(NqnError::MissingDomain);
     }
     let Some((domain, name)) = rest[8..].split_once(':') else {
-        return Err(format!(
-            "there is no ':' followed by a name after the domain; {FORMS}"
-        ));
+        return Err(NqnError::MissingName);
     };
     let labels_ok = domain.split('.').all(|label| {
         !label.is_empty()
@@ -585,13 +637,12 @@ pub fn validate_nqn(nqn: &str) -> Result<(), String> {
                 .all(|b| b.is_ascii_lowercase() || b.is_ascii_digit() || b == b'-')
     });
     if !labels_ok {
-        return Err(format!(
-            "domain {domain:?} is not a reverse domain name: it needs one or more labels \
-             of lowercase letters, digits and '-' separated by single dots; {FORMS}"
-        ));
+        return Err(NqnError::BadDomain {
+            domain: domain.into(),
+        });
     }
     if name.is_empty() {
-        return Err(format!("the name after ':' is empty; {FORMS}"));
+        return Err(NqnError::EmptyName);
     }
     Ok(())
 }
@@ -848,7 +899,9 @@ fn convert_listener(i: usize, raw: RawListener) -> Result<Listener, ConfigError>
                 "missing; set address = \"0.0.0.0:4420\" (IPv6: \"[::]:4420\")",
             ))
         }
-        Some(a) => parse_socket_addr(a).map_err(|p| invalid(format!("{key}.address"), p))?,
+        Some(a) => {
+            parse_socket_addr(a).map_err(|p| invalid(format!("{key}.address"), p.to_string()))?
+        }
     };
     Ok(Listener { transport, address })
 }
@@ -1070,7 +1123,10 @@ fn validate_listeners(listeners: &[Listener]) -> Result<(), ConfigError> {
     }
     for (i, listener) in listeners.iter().enumerate() {
         if let Some(problem) = port_problem(&listener.address) {
-            return Err(invalid(format!("listener[{i}].address"), problem));
+            return Err(invalid(
+                format!("listener[{i}].address"),
+                problem.to_string(),
+            ));
         }
     }
     if let Some((first, dup)) = find_duplicate_listener(listeners) {
@@ -1203,8 +1259,40 @@ fn parse_transport(s: &str) -> Option<Transport> {
     }
 }
 
+/// Why [`parse_socket_addr`] (or [`port_problem`]) rejected an address.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+enum AddressError {
+    /// The port is 0.
+    #[error(
+        "port 0 is not allowed; give a fixed port, usually {} (e.g. \"{suggestion}\")",
+        DEFAULT_PORT
+    )]
+    PortZero {
+        /// The same IP address with [`DEFAULT_PORT`].
+        suggestion: SocketAddr,
+    },
+    /// An IP address without a port.
+    #[error("{input:?} has no port; add one, e.g. \"{suggestion}\"")]
+    NoPort {
+        /// The text as given.
+        input: String,
+        /// The address with [`DEFAULT_PORT`].
+        suggestion: SocketAddr,
+    },
+    /// Not an IP address (host names are not resolved), with or without a port.
+    #[error(
+        "{input:?} is not an IP address and port; use e.g. \"0.0.0.0:{port}\", \
+         or \"[::1]:{port}\" for IPv6 (host names are not resolved)",
+        port = DEFAULT_PORT
+    )]
+    NotAnAddress {
+        /// The text as given.
+        input: String,
+    },
+}
+
 /// Parses `IP:PORT` (IPv6 in brackets); on error, returns the problem.
-fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
+fn parse_socket_addr(s: &str) -> Result<SocketAddr, AddressError> {
     if let Ok(address) = s.parse::<SocketAddr>() {
         return match port_problem(&address) {
             Some(problem) => Err(problem),
@@ -1213,24 +1301,17 @@ fn parse_socket_addr(s: &str) -> Result<SocketAddr, String> {
     }
     let unbracketed = s.trim_start_matches('[').trim_end_matches(']');
     Err(match unbracketed.parse::<IpAddr>() {
-        Ok(IpAddr::V4(ip)) => format!("{s:?} has no port; add one, e.g. \"{ip}:{DEFAULT_PORT}\""),
-        Ok(IpAddr::V6(ip)) => {
-            format!("{s:?} has no port; add one, e.g. \"[{ip}]:{DEFAULT_PORT}\"")
-        }
-        Err(_) => format!(
-            "{s:?} is not an IP address and port; use e.g. \"0.0.0.0:{DEFAULT_PORT}\", \
-             or \"[::1]:{DEFAULT_PORT}\" for IPv6 (host names are not resolved)"
-        ),
+        Ok(ip) => AddressError::NoPort {
+            input: s.into(),
+            suggestion: SocketAddr::new(ip, DEFAULT_PORT),
+        },
+        Err(_) => AddressError::NotAnAddress { input: s.into() },
     })
 }
 
-fn port_problem(address: &SocketAddr) -> Option<String> {
-    (address.port() == 0).then(|| {
-        format!(
-            "port 0 is not allowed; give a fixed port, usually {DEFAULT_PORT} \
-             (e.g. \"{}\")",
-            SocketAddr::new(address.ip(), DEFAULT_PORT)
-        )
+fn port_problem(address: &SocketAddr) -> Option<AddressError> {
+    (address.port() == 0).then(|| AddressError::PortZero {
+        suggestion: SocketAddr::new(address.ip(), DEFAULT_PORT),
     })
 }
 
@@ -1669,52 +1750,64 @@ mod tests {
             ),
             (NQN_UUID_PREFIX.to_owned(), "UUID"),
         ] {
-            let reason = validate_nqn(&bad).expect_err(&bad);
+            let reason = validate_nqn(&bad).expect_err(&bad).to_string();
             assert!(reason.contains(reason_part), "{bad:?}: {reason:?}");
         }
     }
 
-    /// The exact reason texts: daemon error messages and operators' scripts
-    /// depend on these words.
+    /// The typed reasons and their exact texts: daemon error messages and
+    /// operators' scripts depend on these words.
     #[test]
     fn nqn_and_address_reason_texts() {
         const FORMS: &str = "expected nqn.YYYY-MM.reverse.domain:name \
                              (e.g. nqn.2026-11.io.example:disk0) \
                              or nqn.2014-08.org.nvmexpress:uuid:<8-4-4-4-12 hex UUID>";
         let too_long = format!("nqn.2026-11.io.example:{}", "x".repeat(201));
-        for (nqn, reason) in [
+        for (nqn, error, reason) in [
             (
                 too_long.as_str(),
+                NqnError::TooLong { len: 224 },
                 "it is 224 bytes long; an NQN may be at most 223 bytes".to_owned(),
             ),
             (
                 "nqn.2026-11.io.example:a\0b",
+                NqnError::ControlCharacter,
                 "it contains a control character".to_owned(),
             ),
             (
                 "nqn.2014-08.org.nvmexpress:uuid:xyz",
+                NqnError::BadUuid { uuid: "xyz".into() },
                 "\"xyz\" after \"uuid:\" is not a UUID in 8-4-4-4-12 hex form \
                  (e.g. 3f2a9c1e-5b7d-4e08-9a61-0c4d2b8e7f15)"
                     .to_owned(),
             ),
             (
                 "iqn.2026-11.io.example:a",
+                NqnError::MissingPrefix,
                 format!("it does not start with \"nqn.\"; {FORMS}"),
             ),
             (
                 "nqn.2026-13.io.example:a",
+                NqnError::BadDate {
+                    date: "2026-13".into(),
+                },
                 format!("\"2026-13\" after \"nqn.\" is not a year-month date YYYY-MM; {FORMS}"),
             ),
             (
                 "nqn.2026-11:a",
+                NqnError::MissingDomain,
                 format!("the date must be followed by \".\" and a reverse domain name; {FORMS}"),
             ),
             (
                 "nqn.2026-11.io.example",
+                NqnError::MissingName,
                 format!("there is no ':' followed by a name after the domain; {FORMS}"),
             ),
             (
                 "nqn.2026-11.IO.Example:a",
+                NqnError::BadDomain {
+                    domain: "IO.Example".into(),
+                },
                 format!(
                     "domain \"IO.Example\" is not a reverse domain name: it needs one or more \
                      labels of lowercase letters, digits and '-' separated by single dots; \
@@ -1723,56 +1816,69 @@ mod tests {
             ),
             (
                 "nqn.2026-11.io.example:",
+                NqnError::EmptyName,
                 format!("the name after ':' is empty; {FORMS}"),
             ),
         ] {
-            assert_eq!(
-                validate_nqn(nqn).map_err(|e| e.to_string()),
-                Err(reason),
-                "{nqn:?}"
-            );
+            let got = validate_nqn(nqn).expect_err(nqn);
+            assert_eq!(got, error, "{nqn:?}");
+            assert_eq!(got.to_string(), reason, "{nqn:?}");
         }
 
-        for (address, problem) in [
+        let addr = |s: &str| s.parse::<SocketAddr>().unwrap();
+        for (address, error, problem) in [
             (
                 "127.0.0.1:0",
+                AddressError::PortZero {
+                    suggestion: addr("127.0.0.1:4420"),
+                },
                 "port 0 is not allowed; give a fixed port, usually 4420 (e.g. \"127.0.0.1:4420\")",
             ),
             (
                 "[::1]:0",
+                AddressError::PortZero {
+                    suggestion: addr("[::1]:4420"),
+                },
                 "port 0 is not allowed; give a fixed port, usually 4420 (e.g. \"[::1]:4420\")",
             ),
             (
                 "10.0.0.1",
+                AddressError::NoPort {
+                    input: "10.0.0.1".into(),
+                    suggestion: addr("10.0.0.1:4420"),
+                },
                 "\"10.0.0.1\" has no port; add one, e.g. \"10.0.0.1:4420\"",
             ),
             (
                 "[fe80::1]",
+                AddressError::NoPort {
+                    input: "[fe80::1]".into(),
+                    suggestion: addr("[fe80::1]:4420"),
+                },
                 "\"[fe80::1]\" has no port; add one, e.g. \"[fe80::1]:4420\"",
             ),
             (
                 "::1:4420",
+                AddressError::NoPort {
+                    input: "::1:4420".into(),
+                    suggestion: addr("[::1:4420]:4420"),
+                },
                 "\"::1:4420\" has no port; add one, e.g. \"[::1:4420]:4420\"",
             ),
             (
                 "localhost:4420",
+                AddressError::NotAnAddress {
+                    input: "localhost:4420".into(),
+                },
                 "\"localhost:4420\" is not an IP address and port; use e.g. \
                  \"0.0.0.0:4420\", or \"[::1]:4420\" for IPv6 (host names are not resolved)",
             ),
         ] {
-            assert_eq!(
-                parse_socket_addr(address).map_err(|e| e.to_string()),
-                Err(problem.to_owned()),
-                "{address:?}"
-            );
+            let got = parse_socket_addr(address).expect_err(address);
+            assert_eq!(got, error, "{address:?}");
+            assert_eq!(got.to_string(), problem, "{address:?}");
         }
-        assert_eq!(
-            parse_socket_addr("[::]:4420"),
-            Ok(SocketAddr::new(
-                IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED),
-                4420
-            ))
-        );
+        assert_eq!(parse_socket_addr("[::]:4420"), Ok(addr("[::]:4420")));
     }
 
     // --- namespaces ---

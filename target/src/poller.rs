@@ -299,7 +299,7 @@ impl Poller {
             Io {
                 arena: &mut self.ring.arena,
                 budget: &mut self.budget,
-                sq: Submissions(&mut self.ring.pending),
+                sq: Submissions::new(&mut self.ring.pending),
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
             },
@@ -406,13 +406,13 @@ impl Poller {
             .user_data(Token::Tick.encode());
         // SAFETY: the timespec is a field of this poller, which `run` owns
         // and does not move until the thread ends.
-        unsafe { Submissions(&mut self.ring.pending).push(e) };
+        unsafe { Submissions::new(&mut self.ring.pending).push(e) };
     }
 
     fn arm_wake(&mut self) {
         let e = self.wakeup.poll(Token::Wake.encode());
         // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
-        unsafe { Submissions(&mut self.ring.pending).push(e) };
+        unsafe { Submissions::new(&mut self.ring.pending).push(e) };
     }
 }
 

@@ -31,7 +31,7 @@ trap cleanup EXIT
 start_target /tmp/target.log --config /tmp/stall.toml --stats /tmp/stats.json
 BUSY='"arena_buffers_in_use":\[[0-9,]*[1-9]'
 IDLE='"arena_buffers_in_use":\[0\(,0\)*\]'
-CLOSED="NVMe/RDMA queue closed: the host did not take what was sent to it (no send completed) within limits.send_timeout"
+CLOSED="queue closed: the host did not take what was sent to it (no send completed) within limits.send_timeout"
 wait_for 10 grep -q "$IDLE" /tmp/stats.json || fail "arena buffers in use before any host: $(cat /tmp/stats.json)"
 
 # The misbehaving host: 32 reads of 128 KiB on a 32-entry I/O queue, no
