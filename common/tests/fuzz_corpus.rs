@@ -66,7 +66,9 @@ fn every_target_is_replayed() {
 
 // ---- seeding the corpus from the capture ----
 
-use rdmablk_common::fabrics::discovery::{adrfam, encode_log, subtype, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{
+    adrfam, encode_log, subtype, treq, trtype, DiscoveryEntry,
+};
 use rdmablk_common::fabrics::fctype;
 use rdmablk_common::nvme::{admin, Sgl, FABRICS_OPCODE};
 use rdmablk_common::rdma::private_data::{
@@ -380,7 +382,7 @@ fn seed_corpus_from_capture() {
         trtype: trtype::TCP,
         adrfam: adrfam::IPV4,
         subtype: subtype::NVME,
-        treq: 2,
+        treq: treq::SECURE_CHANNEL_NOT_REQUIRED,
         portid: 1,
         cntlid: 0xffff,
         asqsz: 32,

@@ -563,20 +563,58 @@ impl DirStats {
     }
 }
 
-/// One direction as a JSON object.
-fn dir_json(d: &DirStats, secs: f64) -> String {
-    let [p50, p99, p999, max] = d.latency_us();
-    format!(
-        "{{\"iops\":{:.1},\"bw_bytes\":{:.0},\"ios\":{},\"errors\":{},\"lat_us\":{{\"p50\":{},\"p99\":{},\"p99.9\":{},\"max\":{}}}}}",
-        d.ios as f64 / secs,
-        d.bytes as f64 / secs,
-        d.ios,
-        d.errors,
-        p50,
-        p99,
-        p999,
-        max
-    )
+/// Rounds to one decimal, as the JSON reports rates.
+fn tenths(x: f64) -> f64 {
+    (x * 10.0).round() / 10.0
+}
+
+/// Latencies of one direction in `--json`, microseconds.
+#[derive(serde::Serialize)]
+struct LatencyJson {
+    p50: f64,
+    p99: f64,
+    #[serde(rename = "p99.9")]
+    p999: f64,
+    max: f64,
+}
+
+/// One direction in `--json`.
+#[derive(serde::Serialize)]
+struct DirJson {
+    iops: f64,
+    bw_bytes: u64,
+    ios: u64,
+    errors: u64,
+    lat_us: LatencyJson,
+}
+
+/// The one object `--json` prints.
+#[derive(serde::Serialize)]
+struct StatsJson {
+    iops: f64,
+    bw_bytes: u64,
+    runtime_s: f64,
+    verify_errors: u64,
+    read: DirJson,
+    write: DirJson,
+}
+
+impl DirJson {
+    fn new(d: &DirStats, secs: f64) -> DirJson {
+        let [p50, p99, p999, max] = d.latency_us();
+        DirJson {
+            iops: tenths(d.ios as f64 / secs),
+            bw_bytes: (d.bytes as f64 / secs).round() as u64,
+            ios: d.ios,
+            errors: d.errors,
+            lat_us: LatencyJson {
+                p50,
+                p99,
+                p999,
+                max,
+            },
+        }
+    }
 }
 
 /// The result as the one JSON object `--json` prints.
@@ -584,15 +622,15 @@ pub fn to_json(s: &Stats) -> String {
     let secs = s.elapsed.as_secs_f64().max(1e-9);
     let ios = s.read.ios + s.write.ios;
     let bytes = s.read.bytes + s.write.bytes;
-    format!(
-        "{{\"iops\":{:.1},\"bw_bytes\":{:.0},\"runtime_s\":{:.3},\"verify_errors\":{},\"read\":{},\"write\":{}}}",
-        ios as f64 / secs,
-        bytes as f64 / secs,
-        secs,
-        s.verify_errors,
-        dir_json(&s.read, secs),
-        dir_json(&s.write, secs)
-    )
+    let out = StatsJson {
+        iops: tenths(ios as f64 / secs),
+        bw_bytes: (bytes as f64 / secs).round() as u64,
+        runtime_s: (secs * 1000.0).round() / 1000.0,
+        verify_errors: s.verify_errors,
+        read: DirJson::new(&s.read, secs),
+        write: DirJson::new(&s.write, secs),
+    };
+    serde_json::to_string(&out).expect("plain numbers serialize")
 }
 
 /// The result as text.

@@ -48,28 +48,13 @@ fn machine_uuid() -> [u8; 16] {
 
 /// Formats 16 bytes as 8-4-4-4-12 hex.
 pub fn format_uuid(u: &[u8; 16]) -> String {
-    let h: String = u.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "{}-{}-{}-{}-{}",
-        &h[..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..]
-    )
+    uuid::Uuid::from_bytes(*u).hyphenated().to_string()
 }
 
-/// Parses an 8-4-4-4-12 hex UUID.
+/// Parses a UUID (8-4-4-4-12 hex, as nvme-cli writes /etc/nvme/hostid);
+/// `None` for anything else, whatever the bytes.
 pub fn parse_uuid(s: &str) -> Option<[u8; 16]> {
-    let hex: String = s.chars().filter(|c| *c != '-').collect();
-    if hex.len() != 32 || s.len() != 36 {
-        return None;
-    }
-    let mut u = [0u8; 16];
-    for (i, b) in u.iter_mut().enumerate() {
-        *b = u8::from_str_radix(&hex[i * 2..i * 2 + 2], 16).ok()?;
-    }
-    Some(u)
+    uuid::Uuid::try_parse(s).ok().map(|u| *u.as_bytes())
 }
 
 #[cfg(test)]
@@ -82,5 +67,25 @@ mod tests {
         assert_eq!(parse_uuid(&format_uuid(&u)), Some(u));
         assert_eq!(machine_uuid(), u, "stable");
         assert!(parse_uuid("not-a-uuid").is_none());
+        let u = parse_uuid("5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60").expect("a UUID");
+        assert_eq!(format_uuid(&u), "5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60");
+    }
+
+    /// Multi-byte characters, wrong lengths and stray characters are
+    /// refused, never a panic (the old parser sliced strings by byte).
+    #[test]
+    fn hostile_uuids_are_refused() {
+        for s in [
+            "",
+            "é",
+            "5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5fé",
+            "5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f6é",
+            "ééééééééééééééééé-éééé-éééé-éééé",
+            "5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f6",
+            "5f0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f600",
+            "zf0c3a52-3f1e-4c2a-9a57-1b2d3c4e5f60",
+        ] {
+            assert_eq!(parse_uuid(s), None, "{s:?}");
+        }
     }
 }

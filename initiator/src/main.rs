@@ -75,6 +75,12 @@ struct Target {
     /// Data digests (CRC32C).
     #[arg(short = 'G', long = "data-digest")]
     data_digest: bool,
+    /// Ask the target to disable SQ flow control (as nvme-cli's option):
+    /// it then reports no SQ head, and an NVMe/TCP target may end a read
+    /// with its last data PDU instead of a response. A target that refuses
+    /// (Invalid Field) is connected again without it.
+    #[arg(long = "disable-sqflow")]
+    disable_sqflow: bool,
 }
 
 /// A subsystem to use.
@@ -108,6 +114,10 @@ struct ConnectArgs {
         conflicts_with = "ublk"
     )]
     nbd: Option<Listen>,
+    /// NBD clients served at most (handshakes included); beyond, a client
+    /// is told the export is full (NBD_REP_ERR_POLICY).
+    #[arg(long, value_name = "N", default_value_t = 256, requires = "nbd")]
+    nbd_max_clients: usize,
     /// Serve the namespace as a ublk block device, /dev/ublkbN (Linux 6.0+,
     /// modprobe ublk_drv).
     #[arg(long)]
@@ -227,6 +237,7 @@ fn params(
         kato: Duration::from_secs(kato_s as u64),
         queue_size,
         io_queues,
+        disable_sqflow: t.disable_sqflow,
     })
 }
 
@@ -312,7 +323,14 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
     let (session, ns) = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
     let ctrl_loss_tmo = Duration::from_secs(c.ctrl_loss_tmo);
     match &c.nbd {
-        Some(listen) => nbd::serve(session, ns, listen, c.nr_io_queues, ctrl_loss_tmo)?,
+        Some(listen) => nbd::serve(
+            session,
+            ns,
+            listen,
+            c.nr_io_queues,
+            ctrl_loss_tmo,
+            c.nbd_max_clients,
+        )?,
         None => ublk::serve(
             session,
             ns,

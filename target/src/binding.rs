@@ -8,8 +8,9 @@ use crate::admission::Permit;
 use crate::budget::{Ledger, Staged};
 use crate::command::Command;
 use crate::config::Limits;
-use crate::controller::{Association, SQHD_FLOW_DISABLED};
+use crate::controller::Association;
 use crate::poller::Io;
+use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{Cqe, Status};
 

@@ -7,7 +7,7 @@ use crate::admission::{Gauge, Permit};
 use crate::config::Limits;
 use crate::subsystem::{Registry, Subsystem};
 use rdmablk_common::fabrics::{
-    fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN,
+    cattr, fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN,
 };
 use rdmablk_common::nvme::identify::{
     cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId,
@@ -37,11 +37,6 @@ const VERSION: u32 = 0x0001_0300;
 /// Command Retry Delay Times 1 to 3 (Identify Controller CRDT1..3), in
 /// 100 ms units: 100 ms, 1 s, 10 s.
 pub const CRDT: [u16; 3] = [1, 10, 100];
-/// Connect CATTR bit 2: the host disables SQ flow control (NVMe over
-/// Fabrics 1.1, Figure 20): responses carry SQHD FFFFh.
-pub const CATTR_DISABLE_SQ_FLOW: u8 = 1 << 2;
-/// The SQHD of every response on a queue without SQ flow control.
-pub const SQHD_FLOW_DISABLED: u16 = 0xffff;
 /// Size of the Host Behavior Support feature's data (NVMe Base 2.0, 5.27.1.18).
 pub const HOST_BEHAVIOR_LEN: usize = 512;
 /// Size of the Host Identifier feature's data (the extended, 128-bit one).
@@ -351,14 +346,14 @@ pub fn connect(
             subsystem = %subsys.nqn,
             host = %ctrl.hostnqn,
             kato_ms = kato,
-            sq_flow_control = cmd.cattr & CATTR_DISABLE_SQ_FLOW == 0,
+            sq_flow_control = cmd.cattr & cattr::DISABLE_SQ_FLOW == 0,
             "controller created"
         );
         return Ok(Association {
             ctrl,
             qid: 0,
             depth: depth as u16,
-            sq_flow_disabled: cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0,
+            sq_flow_disabled: cmd.cattr & cattr::DISABLE_SQ_FLOW != 0,
             generation: 0,
             _queue: queue,
         });
@@ -440,7 +435,7 @@ pub fn connect(
         ctrl,
         qid: cmd.qid,
         depth: depth as u16,
-        sq_flow_disabled: cmd.cattr & CATTR_DISABLE_SQ_FLOW != 0,
+        sq_flow_disabled: cmd.cattr & cattr::DISABLE_SQ_FLOW != 0,
         generation,
         _queue: queue,
     })

@@ -431,6 +431,21 @@ fn nbdcopy_round_trip() {
         "data with zero runs, copied in and out",
     );
 
+    // Many connections at once (the export advertises CAN_MULTI_CONN):
+    // -C 8 and -C 16 connections, each with as many requests in flight,
+    // spread over the export's two engines, round trip byte for byte.
+    for (conns, data) in [("8", &first), ("16", &second)] {
+        let what = format!("{conns} connections");
+        let src = dir.join("many.bin");
+        write_file(&src, data);
+        let opts = ["-C", conns, "-T", conns, "--request-size=262144"];
+        let copy_in: Vec<&str> = opts.iter().copied().chain([path_str(&src), &uri]).collect();
+        nbdcopy(&copy_in, &format!("{what}: copying in"));
+        let copy_out: Vec<&str> = opts.iter().copied().chain([&uri, path_str(&out)]).collect();
+        nbdcopy(&copy_out, &format!("{what}: copying out"));
+        assert_same(&read_file(&out), data, &what);
+    }
+
     // And it reached the backing file.
     e.proc().signal(libc::SIGTERM);
     let status = e.proc().wait(EXIT_WITHIN);
@@ -509,6 +524,24 @@ fn fio_nbd_verify() {
         ],
         size,
         "random 4 KiB writes at QD 16, verified",
+    );
+    // Eight jobs, each its own connection and its own 4 MiB region.
+    fio_ok(
+        e.uri(),
+        &[
+            "--name=eight-connections",
+            "--rw=randwrite",
+            "--bs=4k",
+            "--iodepth=8",
+            "--numjobs=8",
+            "--size=4M",
+            "--offset_increment=4M",
+            "--group_reporting",
+            "--verify=crc32c",
+            "--do_verify=1",
+        ],
+        size,
+        "8 jobs on 8 connections, random 4 KiB writes at QD 8, verified",
     );
     fio_ok(
         e.uri(),
@@ -998,24 +1031,27 @@ fn bench_verify_detects_foreign_writes() {
 // ---------------------------------------------------------------- discover
 
 /// `rdmablk discover` output as (record count line, entries as key/value maps).
-fn discover(port: u16, host: &str) -> Vec<std::collections::BTreeMap<String, String>> {
+fn discover(
+    port: u16,
+    host: &str,
+    extra: &[&str],
+) -> Vec<std::collections::BTreeMap<String, String>> {
     let port = port.to_string();
+    let mut args = vec![
+        "discover",
+        "-t",
+        "tcp",
+        "-a",
+        "127.0.0.1",
+        "-s",
+        &port,
+        "-q",
+        host,
+    ];
+    args.extend_from_slice(extra);
     let r = run(
         "rdmablk discover",
-        &mut cmd(
-            path_str(&rdmablk_tests::bin_path("rdmablk")),
-            &[
-                "discover",
-                "-t",
-                "tcp",
-                "-a",
-                "127.0.0.1",
-                "-s",
-                &port,
-                "-q",
-                host,
-            ],
-        ),
+        &mut cmd(path_str(&rdmablk_tests::bin_path("rdmablk")), &args),
         TOOL_TIMEOUT,
     );
     r.assert_success(&format!("discovery as {host}"));
@@ -1054,7 +1090,7 @@ fn discover_lists_subsystems() {
     let t = Target::start_config(&two_subsystems_config());
     let port = t.port().to_string();
     let nqns = |host: &str| {
-        let mut nqns: Vec<String> = discover(t.port(), host)
+        let mut nqns: Vec<String> = discover(t.port(), host, &[])
             .into_iter()
             .map(|e| {
                 let what = format!("entry {e:?} as seen by {host}");
@@ -1087,6 +1123,57 @@ fn discover_lists_subsystems() {
         vec![OPEN_NQN.to_string()],
         "subsystems listed for a host only the open subsystem admits"
     );
+}
+
+/// `--disable-sqflow`: the host asks every queue to run without SQ flow
+/// control (NVMe over Fabrics 1.1, Figure 20), and rdmablk-target then ends
+/// reads and Identify with a C2HData PDU flagged SUCCESS and no response
+/// capsule (NVMe/TCP 1.0, 3.6.2.9), as SPDK does unasked. Discovery, the
+/// admin bring-up and bench --verify take those completions, with and
+/// without digests. The listener is a wildcard: the discovery entry names
+/// the address this host reached (as nvmet's disc_traddr).
+#[test]
+fn host_takes_completions_in_data_pdus() {
+    let _s = serial();
+    let port = rdmablk_tests::free_port();
+    let listen = format!("tcp://0.0.0.0:{port}");
+    let t = Target::start(&["--listen", &listen, "--memory", "64MiB"]);
+    let entries = discover(t.port(), HOST_A, &["--disable-sqflow"]);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(
+        entries[0].get("subnqn").map(String::as_str),
+        Some(DEFAULT_NQN)
+    );
+    assert_eq!(
+        entries[0].get("traddr").map(String::as_str),
+        Some("127.0.0.1"),
+        "a wildcard listener is reported at the address reached"
+    );
+    for (bs, bytes, digests) in [("4k", 4096.0, false), ("256k", 262144.0, true)] {
+        let mut args = vec![
+            "--disable-sqflow",
+            "--verify",
+            "--rw",
+            "randrw",
+            "--qd",
+            "16",
+            "--bs",
+            bs,
+            "--runtime",
+            "1s",
+            "--json",
+        ];
+        if digests {
+            args.extend(["-g", "-G"]);
+        }
+        let r = bench(t.port(), DEFAULT_NQN, &args);
+        check_bench(
+            &r,
+            bytes,
+            &["read", "write"],
+            &format!("{bs}, digests {digests}"),
+        );
+    }
 }
 
 // ---------------------------------------------------------------- refused connects

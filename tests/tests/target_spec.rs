@@ -4,7 +4,7 @@
 //! each runs its own daemon, and a failing test prints the daemon's log tail.
 
 use rdmablk_common::bytes::get_u16;
-use rdmablk_common::fabrics::{fctype, PropertyCmd, DISCOVERY_NQN};
+use rdmablk_common::fabrics::{cattr, fctype, PropertyCmd, DISCOVERY_NQN};
 use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{
@@ -31,7 +31,6 @@ const BOTH_DIGESTS: Digests = Digests {
 const CC_ENABLE: u32 = property::CC_EN | 6 << 16 | 4 << 20;
 const SHST_MASK: u32 = 3 << property::CSTS_SHST_SHIFT;
 /// Connect CATTR bit 2: disable SQ flow control.
-const CATTR_DISABLE_SQ_FLOW: u8 = 1 << 2;
 /// Host Behavior Support data length.
 const HBS_LEN: usize = 512;
 
@@ -944,7 +943,7 @@ fn sq_flow_control_disabled_by_connect() {
             0,
             31,
             60_000,
-            CATTR_DISABLE_SQ_FLOW,
+            cattr::DISABLE_SQ_FLOW,
             DEFAULT_NQN,
             HOST_A,
             hostid,
@@ -1004,7 +1003,7 @@ fn sq_flow_control_disabled_by_connect() {
     // The I/O queue.
     let opts = Opts {
         hostid,
-        cattr: CATTR_DISABLE_SQ_FLOW,
+        cattr: cattr::DISABLE_SQ_FLOW,
         ..Opts::default()
     };
     let (mut q, got) = connect_io_queue(&t, 1, HOST_A, &opts, cntlid);

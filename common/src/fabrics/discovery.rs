@@ -153,7 +153,7 @@ mod tests {
             trtype: trtype::TCP,
             adrfam: adrfam::IPV4,
             subtype: subtype::NVME,
-            treq: 2,
+            treq: treq::SECURE_CHANNEL_NOT_REQUIRED,
             portid: 1,
             cntlid: 0xffff,
             asqsz: 32,

@@ -25,6 +25,15 @@ pub mod fctype {
 pub const CONNECT_DATA_LEN: usize = 1024;
 
 /// Connect command fields carried in the SQE.
+/// Connect command attributes (CATTR), NVMe over Fabrics 1.1, Figure 20.
+pub mod cattr {
+    /// The host disables SQ flow control: responses carry SQHD FFFFh.
+    pub const DISABLE_SQ_FLOW: u8 = 1 << 2;
+}
+
+/// The SQHD of every response on a queue without SQ flow control.
+pub const SQHD_FLOW_DISABLED: u16 = 0xffff;
+
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct ConnectCmd {
     pub recfmt: u16,

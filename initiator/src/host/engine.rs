@@ -37,7 +37,12 @@ pub struct Cx<'a> {
 impl Cx<'_> {
     /// Queues a driver operation; its completion comes back to
     /// [`Driver::on_op`] with `token`.
-    pub fn submit(&mut self, e: squeue::Entry, token: u32) {
+    ///
+    /// # Safety
+    /// Every buffer, iovec or message header `e` points to stays valid and
+    /// at the same address until that completion has been handed to the
+    /// driver (the kernel reads or writes it until then).
+    pub unsafe fn submit(&mut self, e: squeue::Entry, token: u32) {
         self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64));
     }
 }

@@ -42,6 +42,8 @@ pub struct Params {
     pub queue_size: u16,
     /// I/O queues wanted.
     pub io_queues: u16,
+    /// Ask the target to disable SQ flow control (Connect CATTR bit 2).
+    pub disable_sqflow: bool,
 }
 
 /// Why talking to a target failed.

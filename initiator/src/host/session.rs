@@ -4,7 +4,9 @@
 
 use super::{HostError, IoQueue, Params, SyncQueue};
 use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
-use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN};
+use rdmablk_common::fabrics::{
+    cattr, ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN, SQHD_FLOW_DISABLED,
+};
 use rdmablk_common::nvme::identify::{cns, parse_ns_list, ControllerId, NamespaceId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::{admin, feature, property, Sqe, Status};
@@ -91,11 +93,15 @@ fn fabrics_connect(
     kato_ms: u32,
     cntlid: u16,
 ) -> Result<u16, HostError> {
-    let cmd = ConnectCmd {
+    let mut cmd = ConnectCmd {
         recfmt: 0,
         qid,
         sqsize: sqsize - 1,
-        cattr: 0,
+        cattr: if p.disable_sqflow {
+            cattr::DISABLE_SQ_FLOW
+        } else {
+            0
+        },
         kato: kato_ms,
     };
     let data = ConnectData {
@@ -104,9 +110,19 @@ fn fabrics_connect(
         subnqn: subnqn.into(),
         hostnqn: p.hostnqn.clone(),
     };
-    let cqe = q.connect(cmd, &data)?;
+    let mut cqe = q.connect(cmd, &data)?;
+    if cmd.cattr != 0 && cqe.status() == Status::INVALID_FIELD {
+        // A target that cannot disable SQ flow control refuses the
+        // attribute (NVMe over Fabrics 1.1, 3.3.1.1): connect without it.
+        tracing::info!(qid, "the target keeps SQ flow control; connecting with it");
+        cmd.cattr = 0;
+        cqe = q.connect(cmd, &data)?;
+    }
     let st = cqe.status();
     if st.is_success() {
+        // Disabled only if the target says so with SQHD FFFFh.
+        let disabled = cqe.sqhd == SQHD_FLOW_DISABLED;
+        tracing::debug!(qid, sq_flow_control = !disabled, "queue connected");
         return Ok(cqe.dw0 as u16);
     }
     Err(match (st.sct, st.sc, cqe.dw0 >> 16) {

@@ -37,6 +37,13 @@ struct Inflight {
     buf: *mut u8,
     len: usize,
     to_host: bool,
+    /// Queued PDUs whose payload is this command's buffer (in-capsule data,
+    /// H2CData) not yet sent.
+    sends: u32,
+    /// A response that arrived while `sends` was not zero: the command
+    /// completes once its data is out, so its buffer is not handed back
+    /// while the kernel may still read it.
+    early: Option<Cqe>,
 }
 
 /// One I/O queue.
@@ -152,7 +159,8 @@ impl TcpQueue {
             // SAFETY: the caller guarantees `buf` holds `len` readable bytes.
             let data = unsafe { std::slice::from_raw_parts(buf, len) };
             let digest = self.limits.digests.data.then(|| tcp::data_digest(data));
-            self.tx.push_with_body(head, buf, len, digest, None);
+            self.tx
+                .push_with_body(head, buf, len, digest, Some(cid as u64));
         } else {
             self.tx.push(head, None);
         }
@@ -161,6 +169,8 @@ impl TcpQueue {
             buf,
             len,
             to_host,
+            sends: inline as u32,
+            early: None,
         });
         true
     }
@@ -211,7 +221,7 @@ impl TcpQueue {
         if std::mem::take(&mut self.recv_direct) {
             if self.failed.is_some() {
                 // Completions waited for this receive to leave the buffer.
-                return self.complete_all_failed();
+                return self.settle_failed();
             }
             if res > 0 {
                 let d = self.direct.as_mut().expect("a direct receive has a target");
@@ -239,8 +249,24 @@ impl TcpQueue {
             ));
             return;
         }
-        self.tx.advance(res as usize, &mut self.sent);
-        self.sent.clear();
+        let mut sent = std::mem::take(&mut self.sent);
+        self.tx.advance(res as usize, &mut sent);
+        for cid in sent.drain(..).map(|t| t as u16) {
+            let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) else {
+                continue;
+            };
+            c.sends -= 1;
+            if c.sends == 0 {
+                if let Some(cqe) = c.early.take() {
+                    let tag = c.tag;
+                    self.cmds[cid as usize] = None;
+                    self.free.push(cid);
+                    self.done.push(Done { tag, cqe });
+                }
+            }
+        }
+        self.sent = sent;
+        self.settle_failed();
     }
 
     /// Whether operations of this queue are still in the ring.
@@ -255,11 +281,17 @@ impl TcpQueue {
             let _ = self.sock.shutdown(std::net::Shutdown::Both);
             self.failed = Some(why);
             self.direct = None;
-            // A receive still writing into a command's buffer must finish
-            // before that buffer goes back to its owner.
-            if !(self.recv_busy && self.recv_direct) {
-                self.complete_all_failed();
-            }
+            self.settle_failed();
+        }
+    }
+
+    /// On a failed queue, completes every command once nothing in flight
+    /// points into their buffers: a receive still writing into one, or a
+    /// send still reading from them, must end first.
+    fn settle_failed(&mut self) {
+        let busy = self.recv_busy && self.recv_direct || self.send_busy;
+        if self.failed.is_some() && !busy {
+            self.complete_all_failed();
         }
     }
 
@@ -414,8 +446,21 @@ impl TcpQueue {
     ) -> Result<(), String> {
         match header {
             Header::CapsuleResp(cqe) => {
-                let c = self.take(cqe.cid)?;
-                self.done.push(Done { tag: c.tag, cqe });
+                let pending = self
+                    .cmds
+                    .get_mut(cqe.cid as usize)
+                    .and_then(Option::as_mut)
+                    .filter(|c| c.sends > 0);
+                if let Some(c) = pending {
+                    // The target answered before all our data went out
+                    // (it failed the command early): complete once sent.
+                    if c.early.replace(cqe).is_some() {
+                        return Err(format!("two responses for command {}", cqe.cid));
+                    }
+                } else {
+                    let c = self.take(cqe.cid)?;
+                    self.done.push(Done { tag: c.tag, cqe });
+                }
             }
             Header::C2HData(t) => {
                 if !data_ok {
@@ -492,6 +537,7 @@ impl TcpQueue {
             ));
         }
         let buf = c.buf;
+        let cid = r2t.cccid;
         for (t, fl) in tcp::split_transfer(r2t, self.limits.max_h2c) {
             let (at, n) = (t.offset as usize, t.len as usize);
             let mut head = self.tx.buf();
@@ -508,7 +554,11 @@ impl TcpQueue {
                 // SAFETY: the range lies inside the command's buffer (checked above).
                 tcp::data_digest(unsafe { std::slice::from_raw_parts(body, n) })
             });
-            self.tx.push_with_body(head, body, n, digest, None);
+            self.tx
+                .push_with_body(head, body, n, digest, Some(cid as u64));
+            if let Some(c) = self.cmds[cid as usize].as_mut() {
+                c.sends += 1;
+            }
         }
         Ok(())
     }

@@ -3,7 +3,7 @@
 
 use super::HostError;
 use rdmablk_common::fabrics::CONNECT_DATA_LEN;
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
+use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -65,6 +65,7 @@ impl TcpSync {
                     cpda,
                 },
                 _,
+                _,
             ) => {
                 if pfv != 0 || cpda != 0 {
                     return Err(HostError::Protocol(format!(
@@ -79,7 +80,7 @@ impl TcpSync {
                 q.digests = got;
                 q.max_h2c = maxh2cdata as usize;
             }
-            (h, _) => {
+            (h, _, _) => {
                 return Err(HostError::Protocol(format!(
                     "expected ICResp, got PDU type {:#x}",
                     h.pdu_type()
@@ -123,8 +124,8 @@ impl TcpSync {
             })
     }
 
-    /// Reads one whole PDU.
-    fn recv_pdu(&mut self) -> Result<(Header, Vec<u8>), HostError> {
+    /// Reads one whole PDU: its header, common header flags and data.
+    fn recv_pdu(&mut self) -> Result<(Header, u8, Vec<u8>), HostError> {
         self.rx.clear();
         self.recv_exact(tcp::CH_LEN)?;
         let plen = tcp::peek_len(&self.rx, MAX_PDU)
@@ -147,7 +148,7 @@ impl TcpSync {
                 "target terminated the connection (FES {fes}, FEI {fei})"
             )));
         }
-        Ok((pdu.header, pdu.data.to_vec()))
+        Ok((pdu.header, pdu.flags, pdu.data.to_vec()))
     }
 
     /// Executes a command: `data_out` goes to the controller (in the capsule
@@ -187,8 +188,8 @@ impl TcpSync {
         let mut data_in = vec![0u8; data_in_len];
         loop {
             match self.recv_pdu()? {
-                (Header::CapsuleResp(cqe), _) if cqe.cid == cid => return Ok((cqe, data_in)),
-                (Header::C2HData(t), data) if t.cccid == cid => {
+                (Header::CapsuleResp(cqe), _, _) if cqe.cid == cid => return Ok((cqe, data_in)),
+                (Header::C2HData(t), fl, data) if t.cccid == cid => {
                     let end = t.offset as usize + data.len();
                     if end > data_in.len() {
                         return Err(HostError::Protocol(format!(
@@ -196,9 +197,16 @@ impl TcpSync {
                         )));
                     }
                     data_in[t.offset as usize..end].copy_from_slice(&data);
+                    // NVMe/TCP 1.0, 3.6.2.9: the last C2HData with SUCCESS
+                    // completes the command; no response capsule follows
+                    // (SPDK sets it whatever the Connect asked).
+                    let done = tcp::flags::LAST_PDU | tcp::flags::SUCCESS;
+                    if fl & done == done {
+                        return Ok((Cqe::new(cid, Status::SUCCESS), data_in));
+                    }
                 }
-                (Header::R2T(t), _) if t.cccid == cid => self.send_h2c(t, data_out)?,
-                (h, _) => {
+                (Header::R2T(t), _, _) if t.cccid == cid => self.send_h2c(t, data_out)?,
+                (h, _, _) => {
                     return Err(HostError::Protocol(format!(
                         "unexpected PDU type {:#x}",
                         h.pdu_type()

@@ -4,9 +4,9 @@
 
 use super::*;
 use crate::config::{self, Limits, QuickArgs};
-use crate::controller::CATTR_DISABLE_SQ_FLOW;
 use crate::subsystem::Registry;
 use crate::testing::*;
+use rdmablk_common::fabrics::cattr;
 use rdmablk_common::nvme::{nvm, Sgl};
 use std::sync::Arc;
 
@@ -438,7 +438,7 @@ fn refusals_and_commands_are_bounded_by_the_depth() {
 fn sq_head_or_flow_control_disabled() {
     let rig = Rig::new(Limits::default());
     let admin = enabled(&rig.registry, 2);
-    for (cattr, heads) in [(0, [1u16, 2, 3]), (CATTR_DISABLE_SQ_FLOW, [0xffff; 3])] {
+    for (cattr, heads) in [(0, [1u16, 2, 3]), (cattr::DISABLE_SQ_FLOW, [0xffff; 3])] {
         let mut f = Fixture::new(Rig::with_registry(rig.registry.clone()), STREAM);
         let mut got = vec![f.connect_io(&admin, cattr).sqhd];
         for cid in 0..2 {

@@ -4,6 +4,7 @@
 //! answered from the same buffers. Requests that are not aligned to the
 //! namespace's blocks are served by read-modify-write.
 
+use super::greeter::Seat;
 use super::handshake::Negotiated;
 use super::proto::{self, errno, flags, Command, Request, REQUEST_LEN};
 use crate::host::block::{self, DSM_RANGE_LEN};
@@ -42,6 +43,8 @@ pub struct NewClient {
     pub fd: OwnedFd,
     pub negotiated: Negotiated,
     pub peer: String,
+    /// Its place among the export's clients, held until it is freed.
+    pub seat: Seat,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -107,6 +110,7 @@ struct Client {
     /// A request header waiting for arena space; nothing more is read meanwhile.
     parked: Option<[u8; REQUEST_LEN]>,
     shut: bool,
+    _seat: Seat,
 }
 
 impl Client {
@@ -123,7 +127,10 @@ impl Client {
 /// Serves the NBD clients handed to one engine.
 pub struct NbdDriver {
     export: ExportInfo,
-    clients: Vec<Option<Client>>,
+    /// Boxed: a client's receive writes into its `hdr` while the table may
+    /// grow; a box keeps it at one address until the client is freed, which
+    /// waits for its receive and send to complete.
+    clients: Vec<Option<Box<Client>>>,
     incoming: Receiver<NewClient>,
     stop: Arc<AtomicBool>,
     /// The association is gone for good: fail what waits for it.
@@ -179,7 +186,7 @@ impl NbdDriver {
 
     fn adopt(&mut self) {
         while let Ok(n) = self.incoming.try_recv() {
-            let c = Client {
+            let c = Box::new(Client {
                 fd: n.fd,
                 neg: n.negotiated,
                 peer: n.peer,
@@ -193,7 +200,8 @@ impl NbdDriver {
                 closing: false,
                 parked: None,
                 shut: false,
-            };
+                _seat: n.seat,
+            });
             tracing::info!(peer = %c.peer, structured = c.neg.structured_replies, "NBD client connected");
             match self.clients.iter().position(Option::is_none) {
                 Some(i) => self.clients[i] = Some(c),
@@ -232,13 +240,21 @@ impl NbdDriver {
             }
         };
         let e = opcode::Recv::new(types::Fd(c.fd.as_raw_fd()), ptr, len as u32).build();
-        cx.submit(e, token(ci, false));
+        // SAFETY: the receive writes into the boxed client's `hdr`, into the
+        // driver's scratch buffer (sized once, never reallocated after), or
+        // into the arena buffer of the request whose payload it is; the
+        // request keeps its buffer and the client stays in its box until
+        // `recv_busy` is cleared by this receive's completion.
+        unsafe { cx.submit(e, token(ci, false)) };
         c.recv_busy = true;
     }
 
     fn on_recv(&mut self, ci: usize, res: i32, cx: &mut Cx) {
         let c = self.clients[ci].as_mut().expect("live client");
         c.recv_busy = false;
+        if c.shut {
+            return self.release_idle(ci, cx);
+        }
         if res <= 0 {
             if !c.closing {
                 let mid = c.hdr_fill > 0 || c.receiving.is_some();
@@ -314,8 +330,10 @@ impl NbdDriver {
             let base = r.offset / block * block;
             (base, (end.next_multiple_of(block) - base) as usize)
         };
+        // Only a request within the export is rounded out to blocks (its end
+        // cannot overflow then).
         let (base, span) = match r.command {
-            Command::Read | Command::Write => covering(),
+            Command::Read | Command::Write if err.is_none() => covering(),
             // Zeroes that do not cover whole blocks are written as zeroes.
             Command::WriteZeroes if !aligned && err.is_none() => {
                 if r.length > export.max_block {
@@ -688,6 +706,9 @@ impl NbdDriver {
     fn on_send(&mut self, ci: usize, res: i32, cx: &mut Cx) {
         let c = self.clients[ci].as_mut().expect("live client");
         c.send_busy = false;
+        if c.shut {
+            return self.drop_unsent(ci, cx);
+        }
         if res < 0 {
             if !c.closing {
                 tracing::warn!(peer = %c.peer, "NBD client send failed: {}", std::io::Error::from_raw_os_error(-res));
@@ -714,9 +735,24 @@ impl NbdDriver {
         c.receiving = None;
         // SAFETY: shutdown on a descriptor we own; it only ends the connection.
         unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
-        let mut unsent = std::mem::take(&mut c.tx);
-        // Nothing more goes out: every queued reply's request is released.
-        unsent.advance(usize::MAX / 2, &mut self.sent);
+        let (recv_busy, send_busy) = (c.recv_busy, c.send_busy);
+        // A receive in flight may still write into a payload buffer, and a
+        // send in flight still reads the queue's heads and the payloads of
+        // the replies in it: what they point to goes once they complete
+        // (`on_recv`, `on_send`).
+        if !recv_busy {
+            self.release_idle(ci, cx);
+        }
+        if !send_busy {
+            self.drop_unsent(ci, cx);
+        }
+    }
+
+    /// Releases a shut client's requests that are not at the NVMe queue.
+    /// Only while no receive is in flight.
+    fn release_idle(&mut self, ci: usize, cx: &mut Cx) {
+        let c = self.clients[ci].as_ref().expect("live client");
+        debug_assert!(!c.recv_busy);
         let idle: Vec<usize> = (0..MAX_REQUESTS)
             .filter(|&ri| {
                 c.reqs[ri].as_ref().is_some_and(|r| {
@@ -724,12 +760,20 @@ impl NbdDriver {
                 })
             })
             .collect();
+        for ri in idle {
+            self.release(ci, ri, cx);
+        }
+    }
+
+    /// Drops what a shut client had queued to send, releasing the requests
+    /// whose replies it held. Only while no send is in flight.
+    fn drop_unsent(&mut self, ci: usize, cx: &mut Cx) {
+        let c = self.clients[ci].as_mut().expect("live client");
+        debug_assert!(!c.send_busy);
+        let mut unsent = std::mem::take(&mut c.tx);
         let mut sent = std::mem::take(&mut self.sent);
-        for ri in sent
-            .drain(..)
-            .map(|t| (t & 0xffff_ffff) as usize)
-            .chain(idle)
-        {
+        unsent.advance(usize::MAX / 2, &mut sent);
+        for ri in sent.drain(..).map(|t| (t & 0xffff_ffff) as usize) {
             self.release(ci, ri, cx);
         }
         self.sent = sent;
@@ -772,7 +816,12 @@ impl Driver for NbdDriver {
                 let e = opcode::SendMsg::new(types::Fd(c.fd.as_raw_fd()), c.tx.message())
                     .flags(libc::MSG_NOSIGNAL as u32)
                     .build();
-                cx.submit(e, token(ci, true));
+                // SAFETY: the message header and iovecs live in the boxed
+                // client's TxQueue (its header boxed, its heads heap buffers
+                // that do not move with the queue), payloads in the arena
+                // buffers of requests released only when `advance` returns
+                // their tokens; nothing of it is dropped while `send_busy`.
+                unsafe { cx.submit(e, token(ci, true)) };
                 c.send_busy = true;
             }
             if !c.shut {

@@ -2,25 +2,24 @@
 //! the engine threads, and an orderly end on SIGINT/SIGTERM.
 
 use super::driver::{ExportInfo, NbdDriver, NewClient};
-use super::handshake::{serve_handshake, Export, Outcome};
+use super::greeter::{set_nonblocking, Accept, Greeter};
+use super::handshake::Export;
 use super::proto::flags;
 use crate::frontend::keeper::{Engines, Keeper};
 use crate::host::engine::Waker;
 use crate::host::{NamespaceInfo, Session};
 use rdmablk_common::nvme::identify::oncs;
 use std::net::{SocketAddr, TcpListener};
-use std::os::fd::{AsRawFd, OwnedFd};
+use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Sender};
 use std::sync::Arc;
 use std::time::Duration;
 
 /// Largest NBD request served in one piece.
 const MAX_BLOCK: u32 = 2 << 20;
-/// How long a client may take over its handshake.
-const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// Where the export listens.
 #[derive(Clone, Debug)]
@@ -97,9 +96,17 @@ impl Listener {
             Listener::Tcp(l) => l.as_raw_fd(),
         }
     }
+}
 
-    /// Accepts a connection; `None` once the listener was shut down.
-    fn accept(&self) -> Option<std::io::Result<(OwnedFd, String, bool)>> {
+impl Accept for Listener {
+    fn listening(&self) -> std::os::fd::BorrowedFd<'_> {
+        match self {
+            Listener::Unix(l) => l.as_fd(),
+            Listener::Tcp(l) => l.as_fd(),
+        }
+    }
+
+    fn accept_one(&self) -> std::io::Result<Option<(OwnedFd, String, bool)>> {
         let r = match self {
             Listener::Unix(l) => l
                 .accept()
@@ -109,8 +116,12 @@ impl Listener {
                 .map(|(s, a)| (OwnedFd::from(s), a.to_string(), true)),
         };
         match r {
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => None,
-            r => Some(r),
+            Ok((fd, peer, tcp)) => {
+                set_nonblocking(&fd, true)?;
+                Ok(Some((fd, peer, tcp)))
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => Ok(None),
+            Err(e) => Err(e),
         }
     }
 }
@@ -138,6 +149,7 @@ pub fn serve(
     listen: &Listen,
     queues: u16,
     ctrl_loss_tmo: Duration,
+    max_clients: usize,
 ) -> Result<(), String> {
     let subnqn = session.params().subnqn.clone();
     let export = Export {
@@ -166,17 +178,24 @@ pub fn serve(
         Ok(NbdDriver::new(info, rx, stop.clone(), give_up.clone()))
     })?;
     let listener = Arc::new(Listener::bind(listen)?);
+    set_nonblocking(&listener.listening(), true)
+        .map_err(|e| format!("listening on {}: {e}", listen.uri()))?;
     println!("ready: {}", listen.uri());
     use std::io::Write;
     let _ = std::io::stdout().flush();
-    tracing::info!(export = %listen.uri(), size = ns.size_bytes(), queues = n, "NBD export ready");
+    tracing::info!(export = %listen.uri(), size = ns.size_bytes(), queues = n, max_clients, "NBD export ready");
 
     let acceptor = {
         let listener = listener.clone();
-        let export = Arc::new(export);
+        let greeter = Greeter {
+            export: Arc::new(export),
+            engines: clients,
+            max_clients,
+            stop: stop.clone(),
+        };
         std::thread::Builder::new()
             .name("nbd-accept".into())
-            .spawn(move || accept_loop(&listener, &export, &clients))
+            .spawn(move || greeter.run(&*listener))
             .map_err(|e| e.to_string())?
     };
 
@@ -187,7 +206,7 @@ pub fn serve(
     }
     stop.store(true, Ordering::Release);
     engines.wake_all();
-    // SAFETY: shutting down our own listening socket ends the blocking accept.
+    // SAFETY: shutting down our own listening socket wakes the greeter's poll.
     unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
     let failure = outcome.result.err().or(engines.join());
@@ -202,66 +221,5 @@ pub fn serve(
     match failure {
         Some(e) => Err(e),
         None => Ok(()),
-    }
-}
-
-fn accept_loop(listener: &Listener, export: &Arc<Export>, engines: &[(Sender<NewClient>, Waker)]) {
-    let next = AtomicUsize::new(0);
-    while let Some(r) = listener.accept() {
-        let (fd, peer, tcp) = match r {
-            Ok(x) => x,
-            Err(e) => {
-                tracing::warn!("NBD accept failed: {e}");
-                std::thread::sleep(Duration::from_millis(100));
-                continue;
-            }
-        };
-        let (tx, waker) = engines[next.fetch_add(1, Ordering::Relaxed) % engines.len()].clone();
-        let export = export.clone();
-        let spawned = std::thread::Builder::new()
-            .name("nbd-handshake".into())
-            .spawn(move || {
-                let mut s = std::fs::File::from(fd);
-                let sock = nix::sys::socket::sockopt::ReceiveTimeout;
-                let tv = nix::sys::time::TimeVal::new(HANDSHAKE_TIMEOUT.as_secs() as i64, 0);
-                let _ = nix::sys::socket::setsockopt(&s, sock, &tv);
-                let _ =
-                    nix::sys::socket::setsockopt(&s, nix::sys::socket::sockopt::SendTimeout, &tv);
-                if tcp {
-                    let _ = nix::sys::socket::setsockopt(
-                        &s,
-                        nix::sys::socket::sockopt::TcpNoDelay,
-                        &true,
-                    );
-                }
-                match serve_handshake(&mut s, &export) {
-                    Ok(Outcome::Serve(negotiated)) => {
-                        let zero = nix::sys::time::TimeVal::new(0, 0);
-                        let _ = nix::sys::socket::setsockopt(&s, sock, &zero);
-                        let _ = nix::sys::socket::setsockopt(
-                            &s,
-                            nix::sys::socket::sockopt::SendTimeout,
-                            &zero,
-                        );
-                        if tx
-                            .send(NewClient {
-                                fd: OwnedFd::from(s),
-                                negotiated,
-                                peer,
-                            })
-                            .is_ok()
-                        {
-                            waker.wake();
-                        }
-                    }
-                    Ok(Outcome::Closed) => {
-                        tracing::debug!(%peer, "NBD client left during the handshake")
-                    }
-                    Err(e) => tracing::warn!(%peer, "NBD handshake failed: {e}"),
-                }
-            });
-        if let Err(e) = spawned {
-            tracing::warn!("cannot start an NBD handshake thread: {e}");
-        }
     }
 }

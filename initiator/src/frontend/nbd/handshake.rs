@@ -2,8 +2,9 @@
 //!
 //! Serves one export under two names: "" (the default export) and its own name.
 //! Every length the client sends is bounded before anything is allocated, and
-//! the number of options per session is capped. The caller bounds time: set a
-//! read timeout on the socket before calling [`serve_handshake`].
+//! the number of options per session is capped. The caller bounds time
+//! (the export's greeter replays it over non-blocking sockets, within one
+//! deadline).
 
 use std::io::{self, Read, Write};
 
@@ -126,6 +127,19 @@ pub fn serve_handshake<S: Read + Write>(
     s: &mut S,
     export: &Export,
 ) -> Result<Outcome, HandshakeError> {
+    negotiate(s, export, true)
+}
+
+/// [`serve_handshake`] for a client the export may or may not take:
+/// unless `admitted` (the export serves as many clients as it may),
+/// `NBD_OPT_INFO` and `NBD_OPT_GO` are answered `NBD_REP_ERR_POLICY` with a
+/// message, and `NBD_OPT_EXPORT_NAME`, which has no error reply, ends the
+/// connection.
+pub fn negotiate<S: Read + Write>(
+    s: &mut S,
+    export: &Export,
+    admitted: bool,
+) -> Result<Outcome, HandshakeError> {
     let mut greeting = Vec::with_capacity(18);
     greeting.extend_from_slice(&NBDMAGIC.to_be_bytes());
     greeting.extend_from_slice(&IHAVEOPT.to_be_bytes());
@@ -153,6 +167,7 @@ pub fn serve_handshake<S: Read + Write>(
         export,
         no_zeroes: client_flags & C_NO_ZEROES != 0,
         structured: false,
+        admitted,
     };
     for _ in 0..MAX_OPTIONS {
         let mut hdr = [0u8; 16];
@@ -208,6 +223,8 @@ struct Session<'a> {
     export: &'a Export,
     no_zeroes: bool,
     structured: bool,
+    /// The export has room for this client.
+    admitted: bool,
 }
 
 impl Session<'_> {
@@ -219,6 +236,11 @@ impl Session<'_> {
         out: &mut Vec<u8>,
     ) -> Result<Option<Outcome>, HandshakeError> {
         match opt {
+            OPT_EXPORT_NAME if !self.admitted => {
+                return Err(protocol(
+                    "the export serves as many clients as it may; NBD_OPT_EXPORT_NAME has no way to say so",
+                ));
+            }
             OPT_EXPORT_NAME => {
                 if !self.names_export(data) {
                     return Err(protocol(format!(
@@ -302,6 +324,12 @@ impl Session<'_> {
                 truncate_str(&self.export.name, 256)
             );
             push_reply(out, opt, REP_ERR_UNKNOWN, msg.as_bytes());
+            return None;
+        }
+        if !self.admitted {
+            let msg =
+                "the export serves as many clients as it may (--nbd-max-clients); try again later";
+            push_reply(out, opt, REP_ERR_POLICY, msg.as_bytes());
             return None;
         }
         let tflags = self.transmission_flags();

@@ -1,8 +1,9 @@
-//! NBD front-end: serves one namespace as an NBD export. The handshake runs
-//! on short-lived threads; the transmission phase runs on the engines.
+//! NBD front-end: serves one namespace as an NBD export. Handshakes run on
+//! one thread (`greeter`); the transmission phase runs on the engines.
 
 mod driver;
 mod export;
+mod greeter;
 pub mod handshake;
 pub mod proto;
 

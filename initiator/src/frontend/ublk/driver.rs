@@ -154,7 +154,11 @@ impl UblkDriver {
         let e = opcode::UringCmd16::new(types::Fd(self.s.cdev), op)
             .cmd(bytes)
             .build();
-        cx.submit(e, tag as u32);
+        // SAFETY: the command itself is copied into the SQE; the data
+        // address is the tag's own arena buffer, allocated once for the
+        // queue's life and freed only after the queue is stopped and every
+        // io command of it has completed.
+        unsafe { cx.submit(e, tag as u32) };
         t.state = State::Fetching;
         self.cmds_in_flight += 1;
     }
