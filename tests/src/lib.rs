@@ -14,6 +14,7 @@
 pub mod args;
 pub mod check;
 pub mod client;
+pub mod nbd;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};

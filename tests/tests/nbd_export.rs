@@ -1,0 +1,241 @@
+//! The NBD export with many clients, and with clients that misbehave: every
+//! client gets its own bytes back however many share the export, a full
+//! export says so (NBD_REP_ERR_POLICY) to a real client, and a handshake
+//! that trickles is cut at its deadline while others are greeted.
+
+use rdmablk_tests::names::DEFAULT_NQN;
+use rdmablk_tests::nbd::{client_flags, read_greeting, NbdClient, Refused, REP_ERR_POLICY};
+use rdmablk_tests::{run, NbdExport, Rng, Target};
+use std::io::{Read, Write};
+use std::os::unix::net::UnixStream;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+/// Bytes each client owns in the many-client tests.
+const REGION: usize = 64 << 10;
+
+/// One test at a time: each runs a target, an export and many clients.
+fn serial() -> MutexGuard<'static, ()> {
+    static LOCK: Mutex<()> = Mutex::new(());
+    LOCK.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+/// Connects to the export on `socket`, writes its own region with its own
+/// bytes, reads it back.
+fn own_region(socket: &Path, i: usize) -> Result<NbdClient, String> {
+    let mut c = NbdClient::connect(socket).map_err(|r| format!("client {i}: {r:?}"))?;
+    let data = Rng::new(i as u64 + 1).bytes(REGION);
+    let at = (i * REGION) as u64;
+    c.write(at, &data)
+        .map_err(|err| format!("client {i}: write: {err}"))?;
+    let back = c
+        .read(at, REGION as u32)
+        .map_err(|err| format!("client {i}: read: {err}"))?;
+    if back != data {
+        return Err(format!("client {i}: read back other bytes than it wrote"));
+    }
+    Ok(c)
+}
+
+/// 200 clients connected at the same time over two engines, each writing
+/// and verifying its own region; then they all read again, with all of
+/// them still connected.
+#[test]
+fn two_hundred_clients_at_once() {
+    let _s = serial();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let e = NbdExport::start(t.port(), DEFAULT_NQN, &["-i", "2"]);
+    let n = 200;
+    let all_in = Arc::new(Barrier::new(n));
+    let sock = e.socket().to_path_buf();
+    let threads: Vec<_> = (0..n)
+        .map(|i| {
+            let (sock, all_in) = (sock.clone(), all_in.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                let first = own_region(&sock, i);
+                all_in.wait();
+                let mut c = first?;
+                let data = Rng::new(i as u64 + 1).bytes(REGION);
+                let back = c
+                    .read((i * REGION) as u64, REGION as u32)
+                    .map_err(|err| format!("client {i}: second read: {err}"))?;
+                (back == data)
+                    .then_some(())
+                    .ok_or_else(|| format!("client {i}: second read differs"))
+            })
+        })
+        .collect();
+    let failures: Vec<String> = threads
+        .into_iter()
+        .filter_map(|h| h.join().expect("client thread").err())
+        .collect();
+    assert!(
+        failures.is_empty(),
+        "{} of {n} clients failed, first: {:?}\n{}",
+        failures.len(),
+        &failures[..failures.len().min(5)],
+        e.report()
+    );
+}
+
+/// Four clients keep verified I/O going while, five times, 40 clients
+/// join, write and verify their regions and leave: none of the four sees
+/// an error.
+#[test]
+fn clients_come_and_go_while_others_work() {
+    let _s = serial();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let e = NbdExport::start(t.port(), DEFAULT_NQN, &["-i", "2"]);
+    let sock: PathBuf = e.socket().to_path_buf();
+    let stop = Arc::new(AtomicBool::new(false));
+    let done = Arc::new(AtomicU64::new(0));
+    let steady: Vec<_> = (0..4)
+        .map(|k| {
+            let (sock, stop, done) = (sock.clone(), stop.clone(), done.clone());
+            std::thread::spawn(move || -> Result<(), String> {
+                // Regions 900.. are theirs.
+                let i = 900 + k;
+                let mut c = own_region(&sock, i)?;
+                let mut rng = Rng::new(k as u64);
+                while !stop.load(Ordering::Acquire) {
+                    let data = rng.bytes(REGION);
+                    let at = (i * REGION) as u64;
+                    c.write(at, &data)
+                        .map_err(|err| format!("steady {k}: {err}"))?;
+                    let back = c
+                        .read(at, REGION as u32)
+                        .map_err(|err| format!("steady {k}: {err}"))?;
+                    if back != data {
+                        return Err(format!("steady {k}: read back other bytes"));
+                    }
+                    done.fetch_add(1, Ordering::Relaxed);
+                }
+                Ok(())
+            })
+        })
+        .collect();
+    for round in 0..5 {
+        let visitors: Vec<_> = (0..40)
+            .map(|i| {
+                let sock = sock.clone();
+                std::thread::spawn(move || own_region(&sock, round * 40 + i).map(drop))
+            })
+            .collect();
+        for v in visitors {
+            if let Err(err) = v.join().expect("visitor") {
+                panic!("round {round}: {err}\n{}", e.report());
+            }
+        }
+    }
+    stop.store(true, Ordering::Release);
+    for s in steady {
+        if let Err(err) = s.join().expect("steady client") {
+            panic!("{err}\n{}", e.report());
+        }
+    }
+    assert!(
+        done.load(Ordering::Relaxed) > 0,
+        "the steady clients did I/O"
+    );
+}
+
+/// `--nbd-max-clients 4`: a fifth client is told the export is full
+/// (NBD_REP_ERR_POLICY, NBD proto.md "NBD_OPT_GO") and nbdinfo shows the
+/// message; once one of the four leaves, a new client is served.
+#[test]
+fn a_full_export_says_so() {
+    let _s = serial();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let e = NbdExport::start(t.port(), DEFAULT_NQN, &["--nbd-max-clients", "4"]);
+    let mut four: Vec<NbdClient> = (0..4)
+        .map(|i| own_region(e.socket(), i).unwrap_or_else(|err| panic!("{err}\n{}", e.report())))
+        .collect();
+    match NbdClient::connect(e.socket()) {
+        Err(Refused::Reply(kind, msg)) => {
+            assert_eq!(kind, REP_ERR_POLICY, "{msg}");
+            assert!(msg.contains("as many clients"), "{msg}");
+        }
+        Err(err) => panic!("a fifth client: {err:?}"),
+        Ok(_) => panic!("a fifth client was served by an export of four"),
+    }
+    let r = run(
+        "nbdinfo",
+        Command::new("nbdinfo").arg(e.uri()),
+        Duration::from_secs(30),
+    );
+    // libnbd reports the refusal of NBD_OPT_GO without the server's text.
+    assert!(
+        !r.status.success() && r.stderr.contains("opt_go"),
+        "nbdinfo on a full export\n{}",
+        r.report()
+    );
+    assert!(
+        e.report().contains("NBD export is full"),
+        "the export logs the refusal\n{}",
+        e.report()
+    );
+    drop(four.pop());
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        match own_region(e.socket(), 5) {
+            Ok(_) => break,
+            Err(err) if Instant::now() > deadline => panic!("after one left: {err}"),
+            Err(_) => std::thread::sleep(Duration::from_millis(50)),
+        }
+    }
+}
+
+/// A client that sends its handshake a byte every two seconds is cut at
+/// the handshake deadline (10 s from its connect), and meanwhile other
+/// clients are greeted and served.
+#[test]
+fn a_trickling_handshake_is_cut_at_its_deadline() {
+    let _s = serial();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
+    let mut slow = UnixStream::connect(e.socket()).expect("connect");
+    let start = Instant::now();
+    read_greeting(&mut slow).expect("greeting");
+    slow.set_read_timeout(Some(Duration::from_millis(100)))
+        .expect("timeout");
+    let flags = client_flags();
+    let mut sent = 0;
+    let mut last = Instant::now() - Duration::from_secs(2);
+    let mut others_served = false;
+    let closed_after = loop {
+        if last.elapsed() >= Duration::from_secs(2) {
+            // One byte of the client flags, then one byte of an option.
+            let b = flags.get(sent).copied().unwrap_or(0x49);
+            if slow.write_all(&[b]).is_err() {
+                break start.elapsed();
+            }
+            sent += 1;
+            last = Instant::now();
+        }
+        if !others_served {
+            own_region(e.socket(), 1).unwrap_or_else(|err| panic!("while one trickles: {err}"));
+            others_served = true;
+        }
+        let mut buf = [0u8; 64];
+        match slow.read(&mut buf) {
+            Ok(0) => break start.elapsed(),
+            Ok(_) => panic!("the server answered a handshake that is not done"),
+            Err(err) if err.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(_) => break start.elapsed(),
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(20),
+            "the trickling client is still connected after 20 s\n{}",
+            e.report()
+        );
+    };
+    assert!(others_served);
+    assert!(
+        closed_after >= Duration::from_secs(9) && closed_after < Duration::from_secs(14),
+        "closed {closed_after:?} after connecting, want about 10 s\n{}",
+        e.report()
+    );
+}
