@@ -124,6 +124,11 @@ impl NbdClient {
         }
     }
 
+    /// Sends a read request and does not wait for (or read) its reply.
+    pub fn post_read(&mut self, offset: u64, len: u32) -> io::Result<()> {
+        self.request(CMD_READ, offset, len).map(drop)
+    }
+
     /// Writes `data` at `offset` and waits for the reply.
     pub fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         let cookie = self.request(CMD_WRITE, offset, data.len() as u32)?;

@@ -12,7 +12,7 @@ use crate::host::engine::{Cx, Driver};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
 use io_uring::{opcode, types};
-use rdmablk_common::mem::{Arena, ArenaBuf};
+use rdmablk_common::mem::{capacity_for, Arena, ArenaBuf};
 use rdmablk_common::nvme::{nvm, Status};
 use rdmablk_common::tcp::stream::TxQueue;
 use std::collections::VecDeque;
@@ -23,6 +23,12 @@ use std::sync::Arc;
 
 /// Requests a client may have in progress at once.
 const MAX_REQUESTS: usize = 64;
+/// The share of an engine's arena one client may hold: a client that
+/// never reads its replies holds at most this much, and the others go on.
+const CLIENT_SHARE: usize = 8;
+/// A client whose replies do not move for this long is closed: what it
+/// holds goes back to the others.
+const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Times a request is tried again after transient transport errors.
 const MAX_ATTEMPTS: u32 = 5;
 /// Most blocks one Write Zeroes command covers (16-bit NLB).
@@ -110,6 +116,10 @@ struct Client {
     /// A request header waiting for arena space; nothing more is read meanwhile.
     parked: Option<[u8; REQUEST_LEN]>,
     shut: bool,
+    /// Arena bytes its requests hold.
+    held: usize,
+    /// Since when replies have waited to be sent with none going out.
+    stalled_since: Option<std::time::Instant>,
     _seat: Seat,
 }
 
@@ -200,6 +210,8 @@ impl NbdDriver {
                 closing: false,
                 parked: None,
                 shut: false,
+                held: 0,
+                stalled_since: None,
                 _seat: n.seat,
             });
             tracing::info!(peer = %c.peer, structured = c.neg.structured_replies, "NBD client connected");
@@ -360,9 +372,16 @@ impl NbdDriver {
         if err.is_none() && span > 0 {
             // Unaligned writes need room for two edge blocks after the span.
             let edges = if aligned { 0 } else { 2 * block as usize };
+            // Within the client's share of the arena (at least one request
+            // at a time): past it, it waits for its own replies to go.
+            let cap = capacity_for(span + edges);
+            if c.held > 0 && c.held + cap > cx.arena.len() / CLIENT_SHARE {
+                return false;
+            }
             let Some(b) = cx.arena.alloc(span + edges) else {
                 return false; // no room now: retried as buffers free up
             };
+            c.held += b.capacity();
             if r.command == Command::WriteZeroes {
                 let at = (r.offset - base) as usize;
                 cx.arena.fill(&b, at, r.length as usize, 0);
@@ -631,6 +650,7 @@ impl NbdDriver {
         self.blocked.retain(|&q| q != (ci, ri));
         let c = self.clients[ci].as_mut().expect("live client");
         if let Some(b) = c.reqs[ri].take().and_then(|mut r| r.buf.take()) {
+            c.held -= b.capacity();
             cx.arena.free(b);
         }
     }
@@ -717,6 +737,8 @@ impl NbdDriver {
         }
         let mut sent = std::mem::take(&mut self.sent);
         c.tx.advance(res as usize, &mut sent);
+        // Replies moved: the clock restarts, or stops when all went out.
+        c.stalled_since = (!c.tx.is_empty()).then(std::time::Instant::now);
         for t in sent.drain(..) {
             self.release(ci, (t & 0xffff_ffff) as usize, cx);
         }
@@ -823,6 +845,7 @@ impl Driver for NbdDriver {
                 // their tokens; nothing of it is dropped while `send_busy`.
                 unsafe { cx.submit(e, token(ci, true)) };
                 c.send_busy = true;
+                c.stalled_since.get_or_insert_with(std::time::Instant::now);
             }
             if !c.shut {
                 self.post_recv(ci, cx);
@@ -891,6 +914,21 @@ impl Driver for NbdDriver {
             return;
         }
         self.reply(ci, ri, cx);
+    }
+
+    /// Closes clients that have not taken their replies within
+    /// `SEND_TIMEOUT`: what they hold goes back to the others.
+    fn on_tick(&mut self, cx: &mut Cx) {
+        for ci in 0..self.clients.len() {
+            let stuck = self.clients[ci].as_ref().is_some_and(|c| {
+                !c.shut && c.stalled_since.is_some_and(|t| t.elapsed() > SEND_TIMEOUT)
+            });
+            if stuck {
+                let c = self.clients[ci].as_ref().expect("live client");
+                tracing::warn!(peer = %c.peer, "NBD client did not read its replies within {}s; closing", SEND_TIMEOUT.as_secs());
+                self.close(ci, cx);
+            }
+        }
     }
 
     fn on_op(&mut self, token: u32, res: i32, cx: &mut Cx) {
