@@ -15,6 +15,7 @@ pub mod args;
 pub mod check;
 pub mod client;
 pub mod nbd;
+pub mod spdk_style;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};

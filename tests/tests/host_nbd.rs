@@ -1176,6 +1176,69 @@ fn host_takes_completions_in_data_pdus() {
     }
 }
 
+/// Against a target that answers as SPDK's nvmf_tgt does with its default
+/// options: a read or an Identify that completes with nothing to say ends
+/// with its last C2HData PDU flagged SUCCESS and no response capsule,
+/// although the host never asked to disable SQ flow control (NVMe/TCP 1.0,
+/// 3.6.2.9; SPDK lib/nvmf/tcp.c). Discovery, connect with an NBD export
+/// (qemu-io through it) and bench --verify, with and without digests.
+#[test]
+fn works_with_spdk_style_completions() {
+    let _s = serial();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let proxy = rdmablk_tests::spdk_style::SuccessProxy::start(t.port());
+    let entries = discover(proxy.port(), HOST_A, &[]);
+    assert_eq!(entries.len(), 1, "{entries:?}");
+    assert_eq!(
+        entries[0].get("subnqn").map(String::as_str),
+        Some(DEFAULT_NQN)
+    );
+    let folded = proxy.folded();
+    assert!(
+        folded > 0,
+        "the discovery's Identify and log pages came without capsules"
+    );
+    for (bs, bytes, digests) in [("4k", 4096.0, false), ("256k", 262144.0, true)] {
+        let mut args = vec![
+            "--verify",
+            "--rw",
+            "randrw",
+            "--qd",
+            "16",
+            "--bs",
+            bs,
+            "--runtime",
+            "1s",
+            "--json",
+        ];
+        if digests {
+            args.extend(["-g", "-G"]);
+        }
+        let r = bench(proxy.port(), DEFAULT_NQN, &args);
+        check_bench(
+            &r,
+            bytes,
+            &["read", "write"],
+            &format!("{bs}, digests {digests}"),
+        );
+    }
+    assert!(
+        proxy.folded() > folded + 100,
+        "reads completed in their data"
+    );
+    let e = NbdExport::start(proxy.port(), DEFAULT_NQN, &[]);
+    qemu_io_ok(
+        e.uri(),
+        &[
+            "write -P 0x5a 1048576 3145728",
+            "read -P 0x5a 1048576 3145728",
+            "write -z 0 1048576",
+            "read -P 0 0 1048576",
+        ],
+        "an NBD export over an SPDK-style target",
+    );
+}
+
 // ---------------------------------------------------------------- refused connects
 
 /// `rdmablk connect` to something that refuses: exits non-zero within

@@ -567,10 +567,9 @@ impl NbdDriver {
                 let Some(b) = cx.arena.alloc(DSM_RANGE_LEN * plan.len()) else {
                     return;
                 };
-                let req = self.clients[ci]
-                    .as_mut()
-                    .and_then(|c| c.reqs[ri].as_mut())
-                    .expect("request");
+                let c = self.clients[ci].as_mut().expect("live client");
+                c.held += b.capacity();
+                let req = c.reqs[ri].as_mut().expect("request");
                 req.buf = Some(b);
             }
             let free = cx.queue.free_slots();
