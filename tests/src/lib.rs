@@ -15,7 +15,7 @@ pub mod args;
 pub mod check;
 pub mod client;
 pub mod nbd;
-pub mod spdk_style;
+pub mod proxy;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};

@@ -1186,14 +1186,14 @@ fn host_takes_completions_in_data_pdus() {
 fn works_with_spdk_style_completions() {
     let _s = serial();
     let t = Target::start(&["--memory", "64MiB"]);
-    let proxy = rdmablk_tests::spdk_style::SuccessProxy::start(t.port());
+    let proxy = rdmablk_tests::proxy::Proxy::spdk_style(t.port());
     let entries = discover(proxy.port(), HOST_A, &[]);
     assert_eq!(entries.len(), 1, "{entries:?}");
     assert_eq!(
         entries[0].get("subnqn").map(String::as_str),
         Some(DEFAULT_NQN)
     );
-    let folded = proxy.folded();
+    let folded = proxy.changed();
     assert!(
         folded > 0,
         "the discovery's Identify and log pages came without capsules"
@@ -1223,7 +1223,7 @@ fn works_with_spdk_style_completions() {
         );
     }
     assert!(
-        proxy.folded() > folded + 100,
+        proxy.changed() > folded + 100,
         "reads completed in their data"
     );
     let e = NbdExport::start(proxy.port(), DEFAULT_NQN, &[]);
@@ -1237,6 +1237,37 @@ fn works_with_spdk_style_completions() {
         ],
         "an NBD export over an SPDK-style target",
     );
+}
+
+/// A target that answers some I/O with Command Interrupted, DNR clear and
+/// CRD 1 (NVMe Base 2.1, 4.2.3.1 and Figure 101: a status the host retries
+/// after CRDT1, which the host enabled with ACRE): bench --verify completes
+/// without an error, every such command retried after the delay.
+#[test]
+fn retryable_statuses_are_retried() {
+    let _s = serial();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let proxy = rdmablk_tests::proxy::Proxy::interrupting(t.port(), 50);
+    let args = [
+        "--verify",
+        "--rw",
+        "randrw",
+        "--qd",
+        "8",
+        "--bs",
+        "4k",
+        "--runtime",
+        "2s",
+        "--json",
+    ];
+    let r = bench(proxy.port(), DEFAULT_NQN, &args);
+    check_bench(
+        &r,
+        4096.0,
+        &["read", "write"],
+        "every 50th response interrupted",
+    );
+    assert!(proxy.changed() > 0, "the proxy interrupted responses");
 }
 
 // ---------------------------------------------------------------- refused connects

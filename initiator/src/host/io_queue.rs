@@ -1,11 +1,18 @@
-//! An I/O queue over either transport, as the engines drive it.
+//! An I/O queue over either transport, as the engines drive it; commands
+//! that fail with a status the host may retry are submitted again here,
+//! after the delay the controller asks for, before the front-end sees them.
 
 use super::rdma::RdmaQueue;
 use super::tcp::TcpQueue;
 use super::HostError;
 use io_uring::squeue;
 use rdmablk_common::mem::Arena;
-use rdmablk_common::nvme::{Cqe, Sqe};
+
+use rdmablk_common::nvme::{crd_of, dnr_of, Cqe, Sqe, Status};
+use std::time::{Duration, Instant};
+
+/// Times one command is submitted again after a retryable failure.
+const MAX_RETRIES: u8 = 5;
 
 /// A finished command: the caller's tag and the completion entry.
 #[derive(Clone, Copy, Debug)]
@@ -14,56 +21,102 @@ pub struct Done {
     pub cqe: Cqe,
 }
 
-/// One I/O queue.
-pub enum IoQueue {
+/// The transport of an I/O queue.
+pub enum Link {
     Tcp(Box<TcpQueue>),
     Rdma(Box<RdmaQueue>),
 }
 
+/// A command as it was submitted: what submitting it again takes.
+#[derive(Clone, Copy)]
+struct Submitted {
+    sqe: Sqe,
+    buf: *mut u8,
+    len: usize,
+    to_host: bool,
+    tag: u64,
+    retries: u8,
+}
+
+/// One I/O queue.
+pub struct IoQueue {
+    link: Link,
+    /// Commands in flight, by command id.
+    submitted: Vec<Option<Submitted>>,
+    /// Commands to submit again, and when.
+    waiting: Vec<(Instant, Submitted)>,
+    /// Command Retry Delay Times 1 to 3 of the controller, 100 ms units.
+    crdt: [u16; 3],
+    /// Scratch for completions of the link.
+    done: Vec<Done>,
+    /// Commands that waited for a retry when the queue failed.
+    failed_waiting: Vec<Done>,
+}
+
+// SAFETY: the raw buffer pointers are the callers' (see `submit`), which
+// keep them valid until the command's completion is taken; nothing is tied
+// to the creating thread.
+unsafe impl Send for IoQueue {}
+
 impl IoQueue {
+    /// A queue over `link` whose controller reports `crdt`.
+    pub fn new(link: Link, crdt: [u16; 3]) -> IoQueue {
+        IoQueue {
+            link,
+            submitted: Vec::new(),
+            waiting: Vec::new(),
+            crdt,
+            done: Vec::new(),
+            failed_waiting: Vec::new(),
+        }
+    }
+
     /// Makes `arena` usable for this queue's data (registers it with the
     /// RDMA device; nothing to do for NVMe/TCP).
     ///
     /// # Safety
     /// The arena must outlive the queue.
     pub unsafe fn register_arena(&mut self, arena: &Arena) -> Result<(), HostError> {
-        match self {
-            IoQueue::Tcp(_) => Ok(()),
+        match &mut self.link {
+            Link::Tcp(_) => Ok(()),
             // SAFETY: the caller keeps the arena mapped while the queue lives.
-            IoQueue::Rdma(q) => unsafe { q.register(arena.base(), arena.len()) },
+            Link::Rdma(q) => unsafe { q.register(arena.base(), arena.len()) },
         }
     }
 
     /// Commands that can still be submitted.
     pub fn free_slots(&self) -> usize {
-        match self {
-            IoQueue::Tcp(q) => q.free_slots(),
-            IoQueue::Rdma(q) => q.free_slots(),
-        }
+        let free = match &self.link {
+            Link::Tcp(q) => q.free_slots(),
+            Link::Rdma(q) => q.free_slots(),
+        };
+        free.saturating_sub(self.waiting.len())
     }
 
     /// Why the queue stopped working, if it did.
     pub fn failed(&self) -> Option<&str> {
-        match self {
-            IoQueue::Tcp(q) => q.failed(),
-            IoQueue::Rdma(q) => q.failed(),
+        match &self.link {
+            Link::Tcp(q) => q.failed(),
+            Link::Rdma(q) => q.failed(),
         }
     }
 
     /// Whether completions wait to be taken.
     pub fn has_done(&self) -> bool {
-        match self {
-            IoQueue::Tcp(q) => q.has_done(),
-            IoQueue::Rdma(q) => q.has_done(),
-        }
+        let link = match &self.link {
+            Link::Tcp(q) => q.has_done(),
+            Link::Rdma(q) => q.has_done(),
+        };
+        link || !self.failed_waiting.is_empty()
     }
 
     /// Whether nothing is in flight.
     pub fn idle(&self) -> bool {
-        match self {
-            IoQueue::Tcp(q) => q.idle(),
-            IoQueue::Rdma(q) => q.idle(),
-        }
+        let link = match &self.link {
+            Link::Tcp(q) => q.idle(),
+            Link::Rdma(q) => q.idle(),
+        };
+        link && self.waiting.is_empty() && self.failed_waiting.is_empty()
     }
 
     /// Submits a command moving `len` bytes at `buf` (to the host when
@@ -81,19 +134,78 @@ impl IoQueue {
         to_host: bool,
         tag: u64,
     ) -> bool {
-        match self {
-            // SAFETY: the caller's guarantees are the queues' own.
-            IoQueue::Tcp(q) => unsafe { q.submit(sqe, buf, len, to_host, tag) },
-            // SAFETY: as above.
-            IoQueue::Rdma(q) => unsafe { q.submit(sqe, buf, len, to_host, tag) },
-        }
+        let cmd = Submitted {
+            sqe,
+            buf,
+            len,
+            to_host,
+            tag,
+            retries: 0,
+        };
+        // SAFETY: the caller's guarantees are the queues' own.
+        unsafe { self.submit_again(cmd) }
     }
 
-    /// Completions gathered since the last call.
+    /// # Safety
+    /// As [`IoQueue::submit`], for `cmd.buf`: a retried command's buffer is
+    /// still its caller's, whose completion has not been taken.
+    unsafe fn submit_again(&mut self, cmd: Submitted) -> bool {
+        let Submitted {
+            sqe,
+            buf,
+            len,
+            to_host,
+            tag,
+            ..
+        } = cmd;
+        let cid = match &mut self.link {
+            // SAFETY: the caller's guarantees are the queues' own.
+            Link::Tcp(q) => unsafe { q.submit(sqe, buf, len, to_host, tag) },
+            // SAFETY: as above.
+            Link::Rdma(q) => unsafe { q.submit(sqe, buf, len, to_host, tag) },
+        };
+        let Some(cid) = cid else {
+            return false;
+        };
+        let i = cid as usize;
+        if self.submitted.len() <= i {
+            self.submitted.resize(i + 1, None);
+        }
+        self.submitted[i] = Some(cmd);
+        true
+    }
+
+    /// Completions gathered since the last call. A command that failed with
+    /// a status the host may retry (NVMe Base 2.1, 4.2.3.1: DNR clear) is
+    /// submitted again after the Command Retry Delay its completion selects
+    /// (CRD, CRDT1..3), at most `MAX_RETRIES` times, unless the queue failed
+    /// (the front-end then resubmits on a new queue).
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
-        match self {
-            IoQueue::Tcp(q) => q.take_done(out),
-            IoQueue::Rdma(q) => q.take_done(out),
+        out.append(&mut self.failed_waiting);
+        match &mut self.link {
+            Link::Tcp(q) => q.take_done(&mut self.done),
+            Link::Rdma(q) => q.take_done(&mut self.done),
+        }
+        let live = self.failed().is_none();
+        for d in std::mem::take(&mut self.done).drain(..) {
+            let cmd = self
+                .submitted
+                .get_mut(d.cqe.cid as usize)
+                .and_then(Option::take)
+                .filter(|c| c.tag == d.tag);
+            let st = d.cqe.status();
+            let retry = live && !st.is_success() && st.is_retryable() && !dnr_of(d.cqe.status);
+            match cmd {
+                Some(mut c) if retry && c.retries < MAX_RETRIES => {
+                    c.retries += 1;
+                    let crd = crd_of(d.cqe.status) as usize;
+                    let units = if crd == 0 { 0 } else { self.crdt[crd - 1] };
+                    let at = Instant::now() + Duration::from_millis(units as u64 * 100);
+                    tracing::debug!(tag = c.tag, status = %st, crd, attempt = c.retries, "retrying a command");
+                    self.waiting.push((at, c));
+                }
+                _ => out.push(d),
+            }
         }
     }
 
@@ -101,25 +213,42 @@ impl IoQueue {
     /// (`a`) and a send (`b`), for NVMe/RDMA polls on the completion (`a`)
     /// and CM (`b`) channels.
     pub fn pump(&mut self, sq: &mut Vec<squeue::Entry>, a: u64, b: u64) {
-        match self {
-            IoQueue::Tcp(q) => q.pump(sq, a, b),
-            IoQueue::Rdma(q) => q.pump(sq, a, b),
+        self.resubmit_due();
+        match &mut self.link {
+            Link::Tcp(q) => q.pump(sq, a, b),
+            Link::Rdma(q) => q.pump(sq, a, b),
+        }
+    }
+
+    /// Submits again the commands whose retry delay has passed.
+    fn resubmit_due(&mut self) {
+        let now = Instant::now();
+        let mut i = 0;
+        while i < self.waiting.len() {
+            let (at, cmd) = self.waiting[i];
+            // SAFETY: the command's caller has not taken its completion, so
+            // its buffer is still valid and unchanged (`submit`'s contract).
+            if at <= now && unsafe { self.submit_again(cmd) } {
+                self.waiting.swap_remove(i);
+            } else {
+                i += 1;
+            }
         }
     }
 
     /// Operation `a` of [`IoQueue::pump`] completed.
     pub fn on_a(&mut self, res: i32) {
-        match self {
-            IoQueue::Tcp(q) => q.on_recv(res),
-            IoQueue::Rdma(q) => q.on_cq_ready(),
+        match &mut self.link {
+            Link::Tcp(q) => q.on_recv(res),
+            Link::Rdma(q) => q.on_cq_ready(),
         }
     }
 
     /// Operation `b` of [`IoQueue::pump`] completed.
     pub fn on_b(&mut self, res: i32) {
-        match self {
-            IoQueue::Tcp(q) => q.on_send(res),
-            IoQueue::Rdma(q) => q.on_cm_ready(),
+        match &mut self.link {
+            Link::Tcp(q) => q.on_send(res),
+            Link::Rdma(q) => q.on_cm_ready(),
         }
     }
 
@@ -127,17 +256,27 @@ impl IoQueue {
     /// (NVMe/RDMA polls hold only descriptors, and a failed RDMA queue pair
     /// no longer reaches our memory).
     pub fn ops_in_flight(&self) -> bool {
-        match self {
-            IoQueue::Tcp(q) => q.ops_in_flight(),
-            IoQueue::Rdma(_) => false,
+        match &self.link {
+            Link::Tcp(q) => q.ops_in_flight(),
+            Link::Rdma(_) => false,
         }
     }
 
     /// Ends the queue: every command in flight completes with an error.
+    /// Ends the queue: every command in flight completes with an error, and
+    /// so does every command waiting for its retry.
     pub fn fail(&mut self, why: String) {
-        match self {
-            IoQueue::Tcp(q) => q.fail(why),
-            IoQueue::Rdma(q) => q.fail(why),
+        match &mut self.link {
+            Link::Tcp(q) => q.fail(why),
+            Link::Rdma(q) => q.fail(why),
+        }
+        for (_, c) in self.waiting.drain(..) {
+            let cqe = Cqe {
+                cid: c.sqe.cid(),
+                status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
+                ..Default::default()
+            };
+            self.failed_waiting.push(Done { tag: c.tag, cqe });
         }
     }
 }

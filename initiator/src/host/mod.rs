@@ -11,7 +11,7 @@ mod sync_queue;
 pub mod tcp;
 mod tcp_sync;
 
-pub use io_queue::{Done, IoQueue};
+pub use io_queue::{Done, IoQueue, Link};
 pub use session::{NamespaceInfo, QueueLimits, Session};
 pub use sync_queue::SyncQueue;
 

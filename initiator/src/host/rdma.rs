@@ -189,6 +189,7 @@ impl RdmaQueue {
                 max_h2c: 0,
                 in_capsule: 0,
                 depth,
+                crdt: [0; 3],
             },
             cmds: (0..depth).map(|_| None).collect(),
             free: (0..depth).rev().collect(),
@@ -289,7 +290,8 @@ impl RdmaQueue {
         self.free.len() == self.cmds.len() || self.failed.is_some()
     }
 
-    /// Submits a command; see `IoQueue::submit`.
+    /// Submits a command; see `IoQueue::submit`. Returns its command id, or
+    /// `None` when no slot is free (or the queue failed).
     ///
     /// # Safety
     /// `buf` must lie in memory given to [`RdmaQueue::register`] and stay
@@ -301,13 +303,11 @@ impl RdmaQueue {
         len: usize,
         to_host: bool,
         tag: u64,
-    ) -> bool {
+    ) -> Option<u16> {
         if self.failed.is_some() {
-            return false;
+            return None;
         }
-        let Some(cid) = self.free.pop() else {
-            return false;
-        };
+        let cid = self.free.pop()?;
         sqe.set_cid(cid);
         let region = if len > 0 {
             match self.regions.iter().find(|r| r.contains(buf, len)) {
@@ -315,7 +315,7 @@ impl RdmaQueue {
                 None => {
                     self.free.push(cid);
                     self.fail("an I/O buffer lies outside the registered memory".into());
-                    return false;
+                    return None;
                 }
             }
         } else {
@@ -343,7 +343,8 @@ impl RdmaQueue {
         };
         sqe.set_sgl(&sgl);
         self.capsules.mem[cid as usize].copy_from_slice(&sqe.0);
-        let mut sges = vec![self.capsules.sge(cid as usize)];
+        let mut sges: smallvec::SmallVec<[Sge; 2]> =
+            smallvec::smallvec![self.capsules.sge(cid as usize)];
         if let (true, Some((lkey, _))) = (inline, region) {
             sges.push(Sge {
                 addr: buf,
@@ -364,14 +365,14 @@ impl RdmaQueue {
         if let Err(e) = unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &[wr]) } {
             self.free.push(cid);
             self.fail(format!("posting a command: {e}"));
-            return false;
+            return None;
         }
         self.cmds[cid as usize] = Some(Inflight {
             tag,
             sent: false,
             cqe: None,
         });
-        true
+        Some(cid)
     }
 
     /// Whether completions wait to be taken.
@@ -543,7 +544,7 @@ impl RdmaQueue {
         timeout: Duration,
     ) -> Result<Cqe, HostError> {
         // SAFETY: the caller's guarantees.
-        if !unsafe { self.submit(sqe, buf, len, to_host, 0) } {
+        if unsafe { self.submit(sqe, buf, len, to_host, 0) }.is_none() {
             return Err(HostError::Protocol(
                 self.failed
                     .clone()

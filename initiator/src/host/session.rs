@@ -17,6 +17,8 @@ use std::time::{Duration, Instant};
 
 /// Admin queue entries requested.
 const ADMIN_SQSIZE: u16 = 32;
+/// Size of the Host Behavior Support feature's data.
+const HOST_BEHAVIOR_LEN: usize = 512;
 /// How long the controller may take to become ready or to shut down.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -207,6 +209,18 @@ impl Session {
     pub fn connect(p: &Params) -> Result<Session, HostError> {
         let kato_ms = p.kato.as_millis() as u32;
         let (mut q, ctrl) = bring_up(p, &p.subnqn, kato_ms)?;
+        if ctrl.crdt[0] != 0 {
+            // As the Linux host: a controller with Command Retry Delay Times
+            // uses them once the host enables ACRE (Host Behavior Support,
+            // NVMe Base 2.1, 5.27.1.18); retries wait what it asks.
+            let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+            sqe.set_cdw(10, feature::HOST_BEHAVIOR as u32);
+            let mut behavior = [0u8; HOST_BEHAVIOR_LEN];
+            behavior[0] = 1;
+            if let Err(e) = q.exec_ok("Set Features (Host Behavior Support)", sqe, &behavior, 0) {
+                tracing::info!("the controller did not enable Command Retry Delay: {e}");
+            }
+        }
         let want = p.io_queues.max(1) as u32 - 1;
         let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
         sqe.set_cdw(10, feature::NUM_QUEUES as u32);
@@ -319,6 +333,7 @@ impl Session {
             max_h2c: 0,
             in_capsule: (self.ctrl.ioccsz as usize * 16).saturating_sub(64),
             depth: self.queue_size,
+            crdt: self.ctrl.crdt,
         };
         Ok(q.into_io_queue(limits))
     }
@@ -355,6 +370,8 @@ pub struct QueueLimits {
     pub in_capsule: usize,
     /// Queue entries.
     pub depth: u16,
+    /// The controller's Command Retry Delay Times (CRDT1..3), 100 ms units.
+    pub crdt: [u16; 3],
 }
 
 fn get_log(q: &mut SyncQueue, lid: u8, len: usize, offset: u64) -> Result<Vec<u8>, HostError> {

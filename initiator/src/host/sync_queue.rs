@@ -124,7 +124,10 @@ impl SyncQueue {
                     max_h2c: q.max_h2c,
                     ..limits
                 };
-                super::IoQueue::Tcp(Box::new(super::tcp::TcpQueue::new(q.into_stream(), limits)))
+                super::IoQueue::new(
+                    super::Link::Tcp(Box::new(super::tcp::TcpQueue::new(q.into_stream(), limits))),
+                    limits.crdt,
+                )
             }
             SyncQueue::Rdma(q) => {
                 let RdmaSync { mut q, buf } = *q;
@@ -132,7 +135,7 @@ impl SyncQueue {
                 q.forget_regions();
                 drop(buf);
                 q.set_in_capsule(limits.in_capsule);
-                super::IoQueue::Rdma(Box::new(q))
+                super::IoQueue::new(super::Link::Rdma(Box::new(q)), limits.crdt)
             }
         }
     }

@@ -114,7 +114,7 @@ impl TcpQueue {
     }
 
     /// Submits a command moving `len` bytes at `buf` (to the host when
-    /// `to_host`). Returns false when no slot is free.
+    /// `to_host`). Returns its command id, or `None` when no slot is free.
     ///
     /// # Safety
     /// `buf` must stay valid for `len` bytes, and unchanged for writes, until
@@ -127,13 +127,11 @@ impl TcpQueue {
         len: usize,
         to_host: bool,
         tag: u64,
-    ) -> bool {
+    ) -> Option<u16> {
         if self.failed.is_some() {
-            return false;
+            return None;
         }
-        let Some(cid) = self.free.pop() else {
-            return false;
-        };
+        let cid = self.free.pop()?;
         sqe.set_cid(cid);
         let inline = !to_host && len > 0 && len <= self.limits.in_capsule;
         let sgl = match (len, inline) {
@@ -172,7 +170,7 @@ impl TcpQueue {
             sends: inline as u32,
             early: None,
         });
-        true
+        Some(cid)
     }
 
     /// Whether completions wait to be taken.

@@ -1,12 +1,20 @@
-//! An NVMe/TCP proxy that makes rdmablk-target answer the way SPDK's
-//! `nvmf_tgt` does with its default options: a command that returns data
-//! and completes with success and completion dwords 0 and 1 zero ends with
-//! its last C2HData PDU flagged SUCCESS and no response capsule, whatever
-//! the host asked at Connect (SPDK `lib/nvmf/tcp.c`). Host-to-target bytes
-//! pass through untouched; target-to-host PDUs are decoded, and a last
-//! C2HData is held until the PDU after it shows whether it can carry the
-//! completion.
+//! An NVMe/TCP proxy that changes how rdmablk-target answers, to test the
+//! host against behaviours of other targets:
+//! - [`Proxy::spdk_style`]: as SPDK's `nvmf_tgt` with its default options, a
+//!   command that returns data and completes with success and completion
+//!   dwords 0 and 1 zero ends with its last C2HData PDU flagged SUCCESS and
+//!   no response capsule, whatever the host asked at Connect (SPDK
+//!   `lib/nvmf/tcp.c`);
+//! - [`Proxy::interrupting`]: every Nth successful response on an I/O queue
+//!   becomes Command Interrupted with DNR clear and CRD 1, a status a host
+//!   retries after CRDT1 (the command did run: reads and writes are
+//!   idempotent).
+//!
+//! Host-to-target bytes pass through untouched (the ICReq and Connect are
+//! read on the way); target-to-host PDUs are decoded and re-framed.
 
+use rdmablk_common::fabrics::ConnectCmd;
+use rdmablk_common::nvme::Status;
 use rdmablk_common::tcp::{self, flags, Digests, Header};
 use std::io::{Read, Write};
 use std::net::{Shutdown, SocketAddr, TcpListener, TcpStream};
@@ -24,18 +32,38 @@ struct Negotiated {
     digests: Digests,
     /// Data alignment the host asked for (HPDA), in bytes.
     align: usize,
+    /// The queue id of the Connect, once seen.
+    qid: Option<u16>,
+}
+
+/// What the proxy changes.
+#[derive(Clone, Copy)]
+enum Rewrite {
+    FoldCompletions,
+    Interrupt { every: u64 },
 }
 
 /// A running proxy; it stops with the test process.
-pub struct SuccessProxy {
+pub struct Proxy {
     port: u16,
-    folded: Arc<AtomicU64>,
+    changed: Arc<AtomicU64>,
 }
 
-impl SuccessProxy {
+impl Proxy {
+    /// Completions folded into the last C2HData, as SPDK does.
+    pub fn spdk_style(target_port: u16) -> Proxy {
+        Proxy::start(target_port, Rewrite::FoldCompletions)
+    }
+
+    /// Every `every`th successful I/O response turned into Command
+    /// Interrupted (DNR clear, CRD 1).
+    pub fn interrupting(target_port: u16, every: u64) -> Proxy {
+        Proxy::start(target_port, Rewrite::Interrupt { every })
+    }
+
     /// Listens on a free loopback port and forwards each connection to the
     /// target on `target_port`.
-    pub fn start(target_port: u16) -> SuccessProxy {
+    fn start(target_port: u16, rewrite: Rewrite) -> Proxy {
         let listener = TcpListener::bind("127.0.0.1:0").expect("proxy listener");
         let port = listener.local_addr().expect("proxy address").port();
         let target: SocketAddr = ([127, 0, 0, 1], target_port).into();
@@ -56,19 +84,22 @@ impl SuccessProxy {
                 let seen2 = seen.clone();
                 let count = count.clone();
                 thread::spawn(move || to_target(h2, t2, seen2));
-                thread::spawn(move || to_host(tgt, host, seen, &count));
+                thread::spawn(move || to_host(tgt, host, seen, rewrite, &count));
             }
         });
-        SuccessProxy { port, folded }
+        Proxy {
+            port,
+            changed: folded,
+        }
     }
 
     pub fn port(&self) -> u16 {
         self.port
     }
 
-    /// Completions moved into a C2HData PDU so far.
-    pub fn folded(&self) -> u64 {
-        self.folded.load(Ordering::Relaxed)
+    /// Responses changed so far (folded, or interrupted).
+    pub fn changed(&self) -> u64 {
+        self.changed.load(Ordering::Relaxed)
     }
 }
 
@@ -76,20 +107,16 @@ impl SuccessProxy {
 /// are noted for the other direction.
 fn to_target(mut host: TcpStream, mut tgt: TcpStream, seen: Arc<Mutex<Option<Negotiated>>>) {
     let mut first = Vec::new();
+    let mut learned = false;
     let mut buf = vec![0u8; 64 << 10];
     loop {
         let n = match host.read(&mut buf) {
             Ok(0) | Err(_) => break,
             Ok(n) => n,
         };
-        if seen.lock().expect("lock").is_none() {
+        if !learned {
             first.extend_from_slice(&buf[..n]);
-            if let Ok(Some((pdu, _))) = tcp::decode(&first, Digests::default(), MAX_PDU) {
-                if let Header::IcReq { hpda, digests, .. } = pdu.header {
-                    let align = (hpda as usize + 1) * 4;
-                    *seen.lock().expect("lock") = Some(Negotiated { digests, align });
-                }
-            }
+            learned = learn(&first, &seen);
         }
         if tgt.write_all(&buf[..n]).is_err() {
             break;
@@ -98,13 +125,39 @@ fn to_target(mut host: TcpStream, mut tgt: TcpStream, seen: Arc<Mutex<Option<Neg
     let _ = tgt.shutdown(Shutdown::Both);
 }
 
+/// Reads the ICReq and the Connect from the start of the host's bytes;
+/// true once both were seen.
+fn learn(bytes: &[u8], seen: &Mutex<Option<Negotiated>>) -> bool {
+    let Ok(Some((pdu, n))) = tcp::decode(bytes, Digests::default(), MAX_PDU) else {
+        return false;
+    };
+    let Header::IcReq { hpda, digests, .. } = pdu.header else {
+        return true;
+    };
+    let mut neg = Negotiated {
+        digests,
+        align: (hpda as usize + 1) * 4,
+        qid: None,
+    };
+    if let Ok(Some((pdu, _))) = tcp::decode(&bytes[n..], digests, MAX_PDU) {
+        if let Header::CapsuleCmd(sqe) = pdu.header {
+            neg.qid = Some(ConnectCmd::from_sqe(&sqe).qid);
+        }
+    }
+    let done = neg.qid.is_some();
+    *seen.lock().expect("lock") = Some(neg);
+    done
+}
+
 /// Target to host: PDUs re-framed where a completion moves into the data.
 fn to_host(
     mut tgt: TcpStream,
     mut host: TcpStream,
     seen: Arc<Mutex<Option<Negotiated>>>,
-    folded: &AtomicU64,
+    rewrite: Rewrite,
+    changed: &AtomicU64,
 ) {
+    let mut responses = 0u64;
     let mut rx = Vec::new();
     let mut buf = vec![0u8; 64 << 10];
     // The last C2HData of a command: its transfer, data and raw bytes.
@@ -141,26 +194,41 @@ fn to_host(
                     }
                     held = Some((t, data, raw));
                 }
-                Header::CapsuleResp(cqe) => {
-                    let folds = held.as_ref().is_some_and(|(t, _, _)| {
-                        t.cccid == cqe.cid
-                            && cqe.status().is_success()
-                            && cqe.dw0 == 0
-                            && cqe.dw1 == 0
-                    });
-                    match held.take() {
-                        Some((t, d, _)) if folds => {
+                Header::CapsuleResp(mut cqe) => {
+                    let folds = matches!(rewrite, Rewrite::FoldCompletions)
+                        && held.as_ref().is_some_and(|(t, _, _)| {
+                            t.cccid == cqe.cid
+                                && cqe.status().is_success()
+                                && cqe.dw0 == 0
+                                && cqe.dw1 == 0
+                        });
+                    let io_queue = neg.qid.is_some_and(|q| q > 0);
+                    let interrupt = match rewrite {
+                        Rewrite::Interrupt { every } if io_queue && cqe.status().is_success() => {
+                            responses += 1;
+                            responses.is_multiple_of(every)
+                        }
+                        _ => false,
+                    };
+                    if let Some((t, d, r)) = held.take() {
+                        if folds {
                             let fl = flags::LAST_PDU | flags::SUCCESS;
                             let pdu =
                                 tcp::encode(&Header::C2HData(t), fl, &d, neg.digests, neg.align);
                             out.extend_from_slice(&pdu);
-                            folded.fetch_add(1, Ordering::Relaxed);
-                        }
-                        Some((_, _, r)) => {
+                            changed.fetch_add(1, Ordering::Relaxed);
+                        } else {
                             out.extend_from_slice(&r);
-                            out.extend_from_slice(&raw);
                         }
-                        None => out.extend_from_slice(&raw),
+                    }
+                    if interrupt {
+                        // CRD 1 (bits 12:11), DNR clear.
+                        cqe.status = Status::COMMAND_INTERRUPTED.to_field(1);
+                        let pdu = tcp::encode(&Header::CapsuleResp(cqe), 0, &[], neg.digests, 1);
+                        out.extend_from_slice(&pdu);
+                        changed.fetch_add(1, Ordering::Relaxed);
+                    } else if !folds {
+                        out.extend_from_slice(&raw);
                     }
                 }
                 _ => {
