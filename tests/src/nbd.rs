@@ -21,6 +21,8 @@ const REP_ACK: u32 = 1;
 pub const REP_ERR_POLICY: u32 = (1 << 31) + 2;
 const CMD_READ: u16 = 0;
 const CMD_WRITE: u16 = 1;
+const CMD_TRIM: u16 = 4;
+const CMD_WRITE_ZEROES: u16 = 6;
 
 /// A client in its transmission phase.
 pub struct NbdClient {
@@ -133,6 +135,18 @@ impl NbdClient {
     pub fn write(&mut self, offset: u64, data: &[u8]) -> io::Result<()> {
         let cookie = self.request(CMD_WRITE, offset, data.len() as u32)?;
         self.s.write_all(data)?;
+        self.reply(cookie)
+    }
+
+    /// Trims `len` bytes at `offset`.
+    pub fn trim(&mut self, offset: u64, len: u32) -> io::Result<()> {
+        let cookie = self.request(CMD_TRIM, offset, len)?;
+        self.reply(cookie)
+    }
+
+    /// Writes `len` zero bytes at `offset`.
+    pub fn write_zeroes(&mut self, offset: u64, len: u32) -> io::Result<()> {
+        let cookie = self.request(CMD_WRITE_ZEROES, offset, len)?;
         self.reply(cookie)
     }
 

@@ -223,6 +223,46 @@ fn requests_past_the_end() {
     );
 }
 
+/// A read-only namespace: writes, trims and write-zeroes are refused with
+/// EPERM, also past the end (NBD proto.md: EPERM before range checks of
+/// writing requests on a read-only export), and reads are served.
+#[test]
+fn read_only_exports_refuse_writes() {
+    let _s = serial();
+    let t = Target::start_config(
+        r#"
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1:{port}"
+
+[[subsystem]]
+nqn = "nqn.2026-11.io.rdmablk:default"
+allow_any_host = true
+
+  [[subsystem.namespace]]
+  backend = "memory"
+  size = "16MiB"
+  read_only = true
+"#,
+    );
+    let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
+    let mut c = NbdClient::connect(e.socket()).unwrap_or_else(|r| panic!("{r:?}"));
+    let eperm = format!("NBD error {}", libc::EPERM);
+    let end = 16u64 << 20;
+    for (what, r) in [
+        ("write", c.write(0, &[1; 4096])),
+        ("write past the end", c.write(end, &[1; 4096])),
+        ("trim", c.trim(0, 4096)),
+        ("write zeroes", c.write_zeroes(4096, 4096)),
+    ] {
+        match r {
+            Err(err) => assert_eq!(err.to_string(), eperm, "{what}"),
+            Ok(()) => panic!("{what} on a read-only export was served"),
+        }
+    }
+    assert!(c.read(0, 4096).expect("a read").iter().all(|&b| b == 0));
+}
+
 /// `--nbd-max-clients 4`: a fifth client is told the export is full
 /// (NBD_REP_ERR_POLICY, NBD proto.md "NBD_OPT_GO") and nbdinfo shows the
 /// message; once one of the four leaves, a new client is served.

@@ -281,17 +281,10 @@ impl Arena {
     /// # Panics
     /// When `at + len` exceeds the buffer's capacity.
     pub fn crc32c(&self, buf: &ArenaBuf, at: usize, len: usize) -> u32 {
-        self.check(buf, at, len);
-        let mut chunk = [0u8; CRC_CHUNK];
-        let mut crc = 0;
-        let mut done = 0;
-        while done < len {
-            let n = (len - done).min(CRC_CHUNK);
-            self.read(buf, at + done, &mut chunk[..n]);
-            crc = crc32c::crc32c_append(crc, &chunk[..n]);
-            done += n;
-        }
-        crc
+        let offset = self.check(buf, at, len);
+        // SAFETY: `offset + len` lies inside the mapping (`check`), which
+        // stays mapped while `self` lives; the pointer comes from `mmap`.
+        unsafe { crc32c_raw(self.base().add(offset), len) }
     }
 
     /// Panics unless bytes `at..at + len` of `buf` lie inside both the
@@ -372,6 +365,29 @@ impl Arena {
         assert!(at <= buf.capacity());
         self.base().wrapping_add(buf.offset + at)
     }
+}
+
+/// CRC32C of `len` bytes at `ptr` in memory a device or the kernel may
+/// write (an arena, a caller's I/O buffer): copied through a stack chunk,
+/// so no Rust reference into that memory is ever formed.
+///
+/// # Safety
+/// `ptr..ptr + len` is valid for reads during the call.
+pub unsafe fn crc32c_raw(ptr: *const u8, len: usize) -> u32 {
+    let mut chunk = [0u8; CRC_CHUNK];
+    let mut crc = 0;
+    let mut done = 0;
+    while done < len {
+        let n = (len - done).min(CRC_CHUNK);
+        // SAFETY: `done + n <= len`, so the source lies in the range the
+        // caller vouches for; `chunk` is ours and holds `n` bytes; the two
+        // cannot overlap (one is on this stack frame). Bytes a device writes
+        // meanwhile only change which bytes are summed, as in `transfer`.
+        unsafe { ptr::copy_nonoverlapping(ptr.add(done), chunk.as_mut_ptr(), n) };
+        crc = crc32c::crc32c_append(crc, &chunk[..n]);
+        done += n;
+    }
+    crc
 }
 
 /// The capacity of the buffer [`Arena::alloc`] gives for `len` bytes.

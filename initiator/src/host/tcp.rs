@@ -5,6 +5,7 @@
 
 use super::{Done, QueueLimits};
 use io_uring::{opcode, squeue, types};
+use rdmablk_common::mem::crc32c_raw;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
 use rdmablk_common::tcp::{self, flags, Header, Transfer};
@@ -154,9 +155,10 @@ impl TcpQueue {
             1,
         );
         if inline {
-            // SAFETY: the caller guarantees `buf` holds `len` readable bytes.
-            let data = unsafe { std::slice::from_raw_parts(buf, len) };
-            let digest = self.limits.digests.data.then(|| tcp::data_digest(data));
+            let digest = self.limits.digests.data.then(|| {
+                // SAFETY: the caller guarantees `buf` holds `len` readable bytes.
+                unsafe { crc32c_raw(buf, len) }.to_le_bytes()
+            });
             self.tx
                 .push_with_body(head, buf, len, digest, Some(cid as u64));
         } else {
@@ -415,9 +417,9 @@ impl TcpQueue {
                 return Ok(false);
             }
             let want = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
-            // SAFETY: the payload was written to `d.start..d.start + d.len` above.
-            let data = unsafe { std::slice::from_raw_parts(d.start, d.len) };
-            if crc32c::crc32c(data) != want {
+            // SAFETY: the payload was written to `d.start..d.start + d.len`
+            // above, in the command's buffer (submit's contract).
+            if unsafe { crc32c_raw(d.start, d.len) } != want {
                 return Err("C2HData data digest mismatch".into());
             }
             self.rx.consume(tcp::DIGEST_LEN);
@@ -550,7 +552,7 @@ impl TcpQueue {
             let body = buf.wrapping_add(at);
             let digest = self.limits.digests.data.then(|| {
                 // SAFETY: the range lies inside the command's buffer (checked above).
-                tcp::data_digest(unsafe { std::slice::from_raw_parts(body, n) })
+                unsafe { crc32c_raw(body, n) }.to_le_bytes()
             });
             self.tx
                 .push_with_body(head, body, n, digest, Some(cid as u64));
