@@ -120,6 +120,8 @@ pub struct Queue {
     backend_ops: usize,
     /// Responses to commands refused before they had a slot, not yet sent.
     unslotted: usize,
+    /// A Disconnect whose response waits for the queue's other commands.
+    disconnecting: Option<u16>,
 }
 
 impl Queue {
@@ -138,6 +140,7 @@ impl Queue {
             awaiting_buffer: VecDeque::new(),
             backend_ops: 0,
             unslotted: 0,
+            disconnecting: None,
         }
     }
 
@@ -432,7 +435,12 @@ impl Queue {
                 // it gets the Connect deadline again.
                 self.bind.disconnected(io, &self.peer);
                 self.since = Instant::now();
-                self.complete(slot, io, w);
+                // Its completion is the queue's last: commands that have not
+                // started are aborted now, and those on the backend or
+                // receiving data answer before it.
+                self.abort_unstarted(slot, io, w);
+                self.disconnecting = Some(slot);
+                self.finish_disconnect(io, w);
             }
             Progress::Complete => self.complete(slot, io, w),
             Progress::Held => {
@@ -523,6 +531,41 @@ impl Queue {
             },
             io,
         );
+        self.finish_disconnect(io, w);
+    }
+
+    /// Aborts the commands of the queue (but `except`) that have not
+    /// started: received, or waiting for a buffer (Command Aborted due to SQ
+    /// Deletion). Those fetching data or on the backend hold memory that a
+    /// transfer in flight points to; they finish first.
+    fn abort_unstarted<W: Wire>(&mut self, except: u16, io: &mut Io, w: &mut W) {
+        for slot in 0..self.cmds.len() as u16 {
+            let unstarted = self
+                .command(slot)
+                .is_some_and(|c| matches!(c.state, State::Received | State::AwaitingBuffer));
+            if slot != except && unstarted {
+                let cmd = self.cmds[slot as usize].as_mut().expect("live");
+                cmd.status = Status::ABORTED_SQ_DELETION;
+                self.complete(slot, io, w);
+            }
+        }
+    }
+
+    /// Sends a waiting Disconnect's response once no other command of the
+    /// queue can answer after it.
+    fn finish_disconnect<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
+        let Some(d) = self.disconnecting else {
+            return;
+        };
+        let others_pending = self.cmds.iter().enumerate().any(|(i, c)| {
+            i != d as usize
+                && c.as_ref()
+                    .is_some_and(|c| !matches!(c.state, State::ReturningData | State::Responding))
+        });
+        if !others_pending {
+            self.disconnecting = None;
+            self.complete(d, io, w);
+        }
     }
 
     /// The wire sent all of a response: the command in `slot` is done

@@ -144,9 +144,13 @@ fn in_capsule(len: usize) -> Sgl {
     }
 }
 
-/// A registry whose namespace is a 16 MiB file: its I/O goes to the ring.
-fn file_registry() -> Arc<Registry> {
-    let path = std::env::temp_dir().join(format!("rdmablk-unit-{}", std::process::id()));
+/// A registry whose namespace is a 16 MiB file (its I/O goes to the ring)
+/// with `limits`.
+fn file_registry(limits: Limits) -> Arc<Registry> {
+    static NEXT: std::sync::atomic::AtomicU32 = std::sync::atomic::AtomicU32::new(0);
+    let n = NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let name = format!("rdmablk-unit-{}-{n}", std::process::id());
+    let path = std::env::temp_dir().join(name);
     std::fs::File::create(&path)
         .and_then(|f| f.set_len(16 << 20))
         .expect("namespace file");
@@ -155,6 +159,8 @@ fn file_registry() -> Arc<Registry> {
         ..QuickArgs::default()
     })
     .expect("quick form");
+    let mut cfg = cfg;
+    cfg.limits = limits;
     let reg = Arc::new(Registry::open(&cfg).expect("registry"));
     let _ = std::fs::remove_file(path);
     reg
@@ -214,7 +220,7 @@ fn write_and_read_through_every_state() {
 /// continues where it stopped, and only the last completion responds.
 #[test]
 fn backend_completions_finish_commands() {
-    let rig = Rig::with_registry(file_registry());
+    let rig = Rig::with_registry(file_registry(Limits::default()));
     let admin = enabled(&rig.registry, 1);
     let mut f = Fixture::new(rig, STREAM);
     f.connect_io(&admin, 0);
@@ -243,6 +249,50 @@ fn backend_completions_finish_commands() {
         (Status::INTERNAL_ERROR, true)
     );
     assert!(f.q.idle_backend());
+}
+
+/// A Disconnect's completion is the last of its queue (NVMe Base 2.1,
+/// 6.4): a command still waiting for a buffer is aborted (Command Aborted
+/// due to SQ Deletion) at once, one on the backend answers when it ends,
+/// and only then the Disconnect.
+#[test]
+fn disconnect_answers_last() {
+    let limits = Limits {
+        queue_buffer: 8192,
+        ..Limits::default()
+    };
+    let rig = Rig::with_registry(file_registry(limits));
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    let on_backend = rw(nvm::WRITE, 20, 0, 4096, in_capsule(4096));
+    assert_eq!(f.receive(&on_backend, &[5u8; 4096]), Intake::Taken);
+    let waiting = rw(nvm::WRITE, 21, 8, 8192, transport(8192));
+    assert_eq!(f.receive(&waiting, &[]), Intake::Taken);
+    assert_eq!(
+        [f.state(0), f.state(1)],
+        [Some(State::OnBackend), Some(State::AwaitingBuffer)]
+    );
+    let mut disconnect = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, 22);
+    disconnect.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
+    disconnect.set_sgl(&transport(0));
+    let before = f.w.responses.len();
+    assert_eq!(f.receive(&disconnect, &[]), Intake::Taken);
+    assert!(f.q.bind.assoc.is_none(), "the queue is deleted at once");
+    f.q.on_backend(0, 4096, &mut f.rig.io(), &mut f.w);
+    let answered: Vec<(u16, Status)> = f.w.responses[before..]
+        .iter()
+        .map(|r| (r.1.cid, r.1.status()))
+        .collect();
+    assert_eq!(
+        answered,
+        [
+            (21, Status::ABORTED_SQ_DELETION),
+            (20, Status::SUCCESS),
+            (22, Status::SUCCESS)
+        ],
+        "the waiting write aborted, the one on the backend done, then the Disconnect"
+    );
 }
 
 /// A queue over its buffer budget waits for its own buffers to come back,
