@@ -356,6 +356,15 @@ impl CmId {
         }
     }
 
+    /// Our own address on the connection (where the peer reached us).
+    pub fn local(&self) -> Option<SocketAddr> {
+        // SAFETY: the id is alive; the route holds a sockaddr of its family.
+        unsafe {
+            let a = &(*self.ptr).route.addr.src_addr_union;
+            sockaddr(&a.src_storage)
+        }
+    }
+
     /// Creates the id's RC queue pair.
     pub fn create_qp(&mut self, c: &QpConfig) -> io::Result<()> {
         // SAFETY: plain data; zeroed is a valid value.
@@ -498,27 +507,32 @@ impl From<SocketAddr> for SockAddr {
 }
 
 fn sockaddr_string(st: &libc::sockaddr_storage) -> String {
+    sockaddr(st).map_or_else(|| "?".into(), |a| a.to_string())
+}
+
+/// The address a `sockaddr_storage` holds, for the two IP families.
+fn sockaddr(st: &libc::sockaddr_storage) -> Option<SocketAddr> {
     match st.ss_family as i32 {
         libc::AF_INET => {
             // SAFETY: the family says it is a sockaddr_in.
             let sin = unsafe { &*(st as *const _ as *const libc::sockaddr_in) };
-            SocketAddrV4::new(
+            let a = SocketAddrV4::new(
                 u32::from_be(sin.sin_addr.s_addr).into(),
                 u16::from_be(sin.sin_port),
-            )
-            .to_string()
+            );
+            Some(a.into())
         }
         libc::AF_INET6 => {
             // SAFETY: the family says it is a sockaddr_in6.
             let sin6 = unsafe { &*(st as *const _ as *const libc::sockaddr_in6) };
-            SocketAddrV6::new(
+            let a = SocketAddrV6::new(
                 sin6.sin6_addr.s6_addr.into(),
                 u16::from_be(sin6.sin6_port),
                 0,
                 sin6.sin6_scope_id,
-            )
-            .to_string()
+            );
+            Some(a.into())
         }
-        _ => "?".into(),
+        _ => None,
     }
 }

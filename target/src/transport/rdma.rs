@@ -379,6 +379,8 @@ struct RdmaQueue<P> {
 /// A queue pair, as the state machine uses it.
 struct RdmaWire<P> {
     qp: P,
+    /// The address the host reached.
+    local: Option<IpAddr>,
     /// Local key of the poller's arena on the queue's device.
     lkey: u32,
     idx: u32,
@@ -403,7 +405,7 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
     }
 
     fn local_addr(&self) -> Option<IpAddr> {
-        None
+        self.local
     }
 
     /// One RDMA READ of all the data, when a credit is free.
@@ -504,11 +506,12 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
 }
 
 impl<P: QueuePair> RdmaWire<P> {
-    /// The wire of queue `idx` on `qp`, whose arena key is `lkey` and which
-    /// may have `read_credits` RDMA READs outstanding.
-    fn new(qp: P, lkey: u32, idx: u32, read_credits: u8) -> RdmaWire<P> {
+    /// The wire of queue `idx` on `qp` (reached at `local`), whose arena key
+    /// is `lkey` and which may have `read_credits` RDMA READs outstanding.
+    fn new(qp: P, local: Option<IpAddr>, lkey: u32, idx: u32, read_credits: u8) -> RdmaWire<P> {
         RdmaWire {
             qp,
+            local,
             lkey,
             idx,
             phase: Phase::Accepting,
@@ -854,7 +857,8 @@ impl RdmaEndpoint {
             idx as u32,
             inc.req.qid,
         );
-        let wire = RdmaWire::new(id, lkey, idx as u32, read_credits);
+        let local = id.local().map(|a| a.ip());
+        let wire = RdmaWire::new(id, local, lkey, idx as u32, read_credits);
         self.conns[idx] = Some(Box::new(RdmaQueue {
             q,
             w: wire,
