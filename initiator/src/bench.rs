@@ -676,18 +676,19 @@ mod tests {
         assert_eq!(h.count(), 100_000);
     }
 
-    #[test]
-    fn verify_block_detects_corruption() {
+    /// A verifying random read/write job of `bs`-byte I/Os over a namespace
+    /// of `blocks` blocks of `block_size` bytes.
+    fn verify_job(block_size: u32, blocks: u64, bs: usize, run_id: u64) -> Job {
         let ns = NamespaceInfo {
             nsid: 1,
-            block_size: 512,
-            blocks: 1024,
+            block_size,
+            blocks,
             read_only: false,
             deallocate_zeroes: true,
         };
-        let job = Job {
+        Job {
             pattern: Pattern::RandRw,
-            bs: 4096,
+            bs,
             qd: 1,
             runtime: Duration::from_secs(1),
             verify: true,
@@ -695,8 +696,13 @@ mod tests {
             first_unit: 0,
             units: 128,
             max_transfer: 1 << 20,
-            run_id: 7,
-        };
+            run_id,
+        }
+    }
+
+    #[test]
+    fn verify_block_detects_corruption() {
+        let job = verify_job(512, 1024, 4096, 7);
         let mut b = Bench::new(job, Arc::new(Progress::default()), 1);
         let mut data = vec![0u8; 4096];
         b.fill(&mut data, 80);
@@ -714,27 +720,9 @@ mod tests {
 
     #[test]
     fn arena_staging_matches_fill_and_check() {
-        let ns = NamespaceInfo {
-            nsid: 1,
-            block_size: 4096,
-            blocks: 1 << 20,
-            read_only: false,
-            deallocate_zeroes: true,
-        };
         // Larger than the stage, so several chunks are staged.
         let bs = STAGE_BYTES * 2 + 3 * 4096;
-        let job = Job {
-            pattern: Pattern::RandRw,
-            bs,
-            qd: 1,
-            runtime: Duration::from_secs(1),
-            verify: true,
-            ns,
-            first_unit: 0,
-            units: 128,
-            max_transfer: 1 << 20,
-            run_id: 9,
-        };
+        let job = verify_job(4096, 1 << 20, bs, 9);
         let mut arena = Arena::new(4 << 20, false).unwrap();
         let buf = arena.alloc(bs).unwrap();
         let mut staged = Bench::new(job.clone(), Arc::new(Progress::default()), 5);

@@ -1149,9 +1149,14 @@ fn host_takes_completions_in_data_pdus() {
         Some("127.0.0.1"),
         "a wildcard listener is reported at the address reached"
     );
+    verify_small_and_large(t.port(), &["--disable-sqflow"]);
+}
+
+/// bench --verify with 4 KiB I/Os, then 256 KiB ones with digests, each
+/// with `extra` options.
+fn verify_small_and_large(port: u16, extra: &[&str]) {
     for (bs, bytes, digests) in [("4k", 4096.0, false), ("256k", 262144.0, true)] {
         let mut args = vec![
-            "--disable-sqflow",
             "--verify",
             "--rw",
             "randrw",
@@ -1163,16 +1168,13 @@ fn host_takes_completions_in_data_pdus() {
             "1s",
             "--json",
         ];
+        args.extend_from_slice(extra);
         if digests {
             args.extend(["-g", "-G"]);
         }
-        let r = bench(t.port(), DEFAULT_NQN, &args);
-        check_bench(
-            &r,
-            bytes,
-            &["read", "write"],
-            &format!("{bs}, digests {digests}"),
-        );
+        let r = bench(port, DEFAULT_NQN, &args);
+        let what = format!("{bs}, digests {digests}");
+        check_bench(&r, bytes, &["read", "write"], &what);
     }
 }
 
@@ -1198,30 +1200,7 @@ fn works_with_spdk_style_completions() {
         folded > 0,
         "the discovery's Identify and log pages came without capsules"
     );
-    for (bs, bytes, digests) in [("4k", 4096.0, false), ("256k", 262144.0, true)] {
-        let mut args = vec![
-            "--verify",
-            "--rw",
-            "randrw",
-            "--qd",
-            "16",
-            "--bs",
-            bs,
-            "--runtime",
-            "1s",
-            "--json",
-        ];
-        if digests {
-            args.extend(["-g", "-G"]);
-        }
-        let r = bench(proxy.port(), DEFAULT_NQN, &args);
-        check_bench(
-            &r,
-            bytes,
-            &["read", "write"],
-            &format!("{bs}, digests {digests}"),
-        );
-    }
+    verify_small_and_large(proxy.port(), &[]);
     assert!(
         proxy.changed() > folded + 100,
         "reads completed in their data"
