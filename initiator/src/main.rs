@@ -8,7 +8,7 @@ use rdmablk::frontend::ublk;
 use rdmablk::host::engine::Engine;
 use rdmablk::host::{HostError, Params, Session, Transport};
 use rdmablk::hostid;
-use rdmablk_common::fabrics::discovery::{adrfam, subtype, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, trtype, DiscoveryEntry};
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -88,9 +88,12 @@ struct Target {
 struct Subsys {
     #[command(flatten)]
     target: Target,
-    /// Subsystem NQN.
+    /// Subsystem NQN. Without it, the discovery log at the address must
+    /// list exactly one NVMe subsystem on this transport: that one is used,
+    /// at the address its entry gives, with SQ flow control disabled when
+    /// the entry allows it (TREQ), as `nvme connect-all` does.
     #[arg(short = 'n', long = "nqn")]
-    nqn: String,
+    nqn: Option<String>,
     /// Namespace id (default: the first active namespace).
     #[arg(long)]
     nsid: Option<u32>,
@@ -280,7 +283,12 @@ fn print_entry(i: usize, e: &DiscoveryEntry) {
     println!("trtype:  {trtype}");
     println!("adrfam:  {adrfam}");
     println!("subtype: {subtype}");
-    println!("treq:    {treq}");
+    let sqflow = if e.treq & treq::SQ_FLOW_CONTROL_DISABLE != 0 {
+        ", sq flow control disable supported"
+    } else {
+        ""
+    };
+    println!("treq:    {treq}{sqflow}");
     println!("portid:  {}", e.portid);
     println!("trsvcid: {}", e.trsvcid);
     println!("subnqn:  {}", e.subnqn);
@@ -289,18 +297,79 @@ fn print_entry(i: usize, e: &DiscoveryEntry) {
 
 /// Connects and picks the namespace to use.
 fn open(s: &Subsys, io_queues: u16) -> Result<(Session, rdmablk::host::NamespaceInfo), HostError> {
-    let p = params(&s.target, &s.nqn, s.keep_alive_tmo, s.queue_size, io_queues)
-        .map_err(HostError::Protocol)?;
+    let p = match &s.nqn {
+        Some(nqn) => params(&s.target, nqn, s.keep_alive_tmo, s.queue_size, io_queues)
+            .map_err(HostError::Protocol)?,
+        None => discovered(s, io_queues)?,
+    };
     let session = Session::connect(&p)?;
     let nsid = match s.nsid {
         Some(n) => n,
-        None => *session
-            .namespaces()?
-            .first()
-            .ok_or_else(|| HostError::Protocol(format!("subsystem {} has no namespaces", s.nqn)))?,
+        None => *session.namespaces()?.first().ok_or_else(|| {
+            HostError::Protocol(format!("subsystem {} has no namespaces", p.subnqn))
+        })?,
     };
     let ns = session.namespace(nsid)?;
     Ok((session, ns))
+}
+
+/// The parameters of the one NVMe subsystem the discovery log at the
+/// target lists on this transport: its entry's address, and SQ flow control
+/// disabled when the entry says the controller allows it (TREQ bit 2).
+fn discovered(s: &Subsys, io_queues: u16) -> Result<Params, HostError> {
+    let mut p = params(&s.target, "", s.keep_alive_tmo, s.queue_size, io_queues)
+        .map_err(HostError::Protocol)?;
+    let want = match p.transport {
+        Transport::Tcp => trtype::TCP,
+        Transport::Rdma => trtype::RDMA,
+    };
+    let entries: Vec<DiscoveryEntry> = Session::discover(&p)?
+        .into_iter()
+        .filter(|e| e.subtype == subtype::NVME && e.trtype == want)
+        .collect();
+    let mut nqns: Vec<&str> = entries.iter().map(|e| e.subnqn.as_str()).collect();
+    nqns.sort_unstable();
+    nqns.dedup();
+    let e = match nqns.as_slice() {
+        [_] => &entries[0],
+        [] => {
+            return Err(HostError::Protocol(format!(
+                "the discovery log at {} lists no NVMe subsystem over {}: nothing to connect",
+                p.addr, s.target.transport
+            )))
+        }
+        many => {
+            return Err(HostError::Protocol(format!(
+                "the discovery log at {} lists {} subsystems; choose one with -n: {}",
+                p.addr,
+                many.len(),
+                many.join(", ")
+            )))
+        }
+    };
+    let bad = |what: &str| {
+        HostError::Protocol(format!(
+            "the discovery log entry of {} has an unusable {what}: traddr {:?}, trsvcid {:?}",
+            e.subnqn, e.traddr, e.trsvcid
+        ))
+    };
+    let ip: std::net::IpAddr = e.traddr.trim().parse().map_err(|_| bad("address"))?;
+    let port: u16 = e.trsvcid.trim().parse().map_err(|_| bad("port"))?;
+    // An entry naming a wildcard address: the address we reached.
+    p.addr = if ip.is_unspecified() {
+        SocketAddr::new(p.addr.ip(), port)
+    } else {
+        SocketAddr::new(ip, port)
+    };
+    p.subnqn = e.subnqn.clone();
+    p.disable_sqflow |= e.treq & treq::SQ_FLOW_CONTROL_DISABLE != 0;
+    tracing::info!(
+        subnqn = %p.subnqn,
+        addr = %p.addr,
+        disable_sqflow = p.disable_sqflow,
+        "using the subsystem the discovery log lists"
+    );
+    Ok(p)
 }
 
 fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {

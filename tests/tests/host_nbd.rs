@@ -1152,6 +1152,48 @@ fn host_takes_completions_in_data_pdus() {
     verify_small_and_large(t.port(), &["--disable-sqflow"]);
 }
 
+/// Without `-n`, the host reads the discovery log and uses the one NVMe
+/// subsystem it lists for this host, at the address its entry names, and
+/// disables SQ flow control because the entry allows it (TREQ bit 2, NVMe
+/// over Fabrics 1.1 Figure 40; the Connect responses' SQHD FFFFh confirm
+/// it). Where the log lists two subsystems, the host names both and asks
+/// for `-n` instead of guessing.
+#[test]
+fn host_uses_the_subsystem_the_discovery_log_lists() {
+    let _s = serial();
+    let t = Target::start_config(&two_subsystems_config());
+    let port = t.port().to_string();
+    let bench_without_nqn = |extra: &[&str]| {
+        let mut c = Command::new(rdmablk_tests::bin_path("rdmablk"));
+        c.args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s", &port])
+            .args(["--verify", "--rw", "randrw", "--bs", "4k", "--qd", "16"])
+            .args(["--runtime", "1s", "--json"])
+            .args(extra)
+            .env("RUST_LOG", "rdmablk=debug");
+        run("rdmablk bench without -n", &mut c, TOOL_TIMEOUT)
+    };
+    // This host may use only the open subsystem: that one is connected.
+    let r = bench_without_nqn(&[]);
+    check_bench(&r, 4096.0, &["read", "write"], "bench without -n");
+    assert!(
+        r.stderr.contains(&format!("subnqn={OPEN_NQN}")),
+        "the discovered subsystem is not named in the log\n{}",
+        r.report()
+    );
+    let disabled = r.stderr.matches("sq_flow_control=false").count();
+    assert!(
+        disabled >= 2,
+        "SQ flow control not disabled on the admin and I/O queues ({disabled} queues)\n{}",
+        r.report()
+    );
+    // HOST_A may use both: the host asks which.
+    let r = bench_without_nqn(&["-q", HOST_A]);
+    assert!(!r.status.success(), "{}", r.report());
+    for want in ["choose one with -n", OPEN_NQN, PRIVATE_NQN] {
+        assert!(r.stderr.contains(want), "no {want:?}\n{}", r.report());
+    }
+}
+
 /// bench --verify with 4 KiB I/Os, then 256 KiB ones with digests, each
 /// with `extra` options.
 fn verify_small_and_large(port: u16, extra: &[&str]) {

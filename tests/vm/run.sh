@@ -36,7 +36,7 @@ for s in "${scenarios[@]}"; do
   [ -f "$here/scenarios/$s.sh" ] || die "no scenario $s (see tests/vm/scenarios/)"
 done
 
-for b in rdmablk-target rdmablk blkload rdma_stall hold_queues; do
+for b in rdmablk-target rdmablk blkload rdma_stall rdma_keys hold_queues; do
   [ -x "$repo/build/release/$b" ] || die "build/release/$b missing: run cargo build --release first"
 done
 
@@ -158,7 +158,7 @@ for prov in rxe siw; do
   done
   cp "$sr/etc/libibverbs.d/$prov.driver" "$ir/etc/libibverbs.d/"
 done
-for b in rdmablk-target rdmablk blkload rdma_stall hold_queues; do
+for b in rdmablk-target rdmablk blkload rdma_stall rdma_keys hold_queues; do
   add_bin "$repo/build/release/$b" "$b"
   strip --strip-debug "$ir/usr/bin/$b" 2>/dev/null || true
 done

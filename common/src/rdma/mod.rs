@@ -7,8 +7,8 @@ pub mod verbs;
 
 pub use cm::{CmChannel, CmEvent, CmEventKind, CmId, ConnParam, NewId, QpConfig};
 pub use verbs::{
-    access, device_names, CompChannel, Completion, Cq, Device, DeviceAttrs, Mr, Pd, SendOp, SendWr,
-    Sge, Srq,
+    access, device_names, next_rkey, CompChannel, Completion, Cq, Device, DeviceAttrs, Mr, Mw, Pd,
+    SendOp, SendWr, Sge, Srq,
 };
 
 /// The message for `-t rdma` / `rdma://` on a machine without RDMA devices.

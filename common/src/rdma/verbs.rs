@@ -46,6 +46,18 @@ pub struct DeviceAttrs {
     pub max_qp_wr: u32,
     pub max_sge: u32,
     pub max_cqe: u32,
+    /// Type 2 memory windows (2A or 2B): [`Mw`] and [`SendOp::BindWindow`].
+    pub memory_windows: bool,
+    /// The IEEE vendor id (soft-RoCE: 0xFFFFFF, 0 before Linux 5.5).
+    pub vendor_id: u32,
+}
+
+impl DeviceAttrs {
+    /// Whether the device is soft-RoCE (rxe), told by its vendor id as SPDK
+    /// does.
+    pub fn is_soft_roce(&self) -> bool {
+        self.vendor_id == 0xff_ffff || self.vendor_id == 0
+    }
 }
 
 impl Device {
@@ -92,6 +104,11 @@ impl Device {
             max_qp_wr: a.max_qp_wr.max(0) as u32,
             max_sge: a.max_sge.max(0) as u32,
             max_cqe: a.max_cqe.max(0) as u32,
+            memory_windows: a.device_cap_flags
+                & (ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2A.0
+                    | ibv_device_cap_flags::IBV_DEVICE_MEM_WINDOW_TYPE_2B.0)
+                != 0,
+            vendor_id: a.vendor_id,
         })
     }
 }
@@ -158,6 +175,8 @@ pub mod access {
     pub const LOCAL_WRITE: u32 = 1;
     pub const REMOTE_WRITE: u32 = 2;
     pub const REMOTE_READ: u32 = 4;
+    /// Memory windows may be bound to the region.
+    pub const MW_BIND: u32 = 16;
 }
 
 /// A registered memory region.
@@ -222,11 +241,78 @@ impl Mr {
     }
 }
 
+impl std::fmt::Debug for Mr {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.debug_struct("Mr")
+            .field("addr", &self.addr)
+            .field("len", &self.len)
+            .field("lkey", &self.lkey())
+            .finish()
+    }
+}
+
 impl Drop for Mr {
     fn drop(&mut self) {
         // SAFETY: registered once, deregistered once.
         unsafe { ibv_dereg_mr(self.ptr) };
     }
+}
+
+/// A type 2 memory window: remote access to a range of a region (one with
+/// [`access::MW_BIND`]) over one queue pair, granted by a
+/// [`SendOp::BindWindow`] on that queue pair and revoked by invalidation
+/// (the peer's SEND with Invalidate, or a [`SendOp::LocalInvalidate`]).
+pub struct Mw {
+    ptr: *mut ibv_mw,
+    _pd: Arc<Pd>,
+}
+
+// SAFETY: verbs objects may be used from any thread.
+unsafe impl Send for Mw {}
+// SAFETY: as above.
+unsafe impl Sync for Mw {}
+
+impl Mw {
+    /// Allocates an unbound window (the device must have `memory_windows`).
+    pub fn new(pd: &Arc<Pd>) -> io::Result<Mw> {
+        // SAFETY: the PD is alive; the window holds it.
+        let ptr = unsafe { ibv_alloc_mw(pd.as_ptr(), ibv_mw_type::IBV_MW_TYPE_2) }
+            .unwrap_or(std::ptr::null_mut());
+        if ptr.is_null() {
+            return Err(last_error("ibv_alloc_mw (type 2)"));
+        }
+        Ok(Mw {
+            ptr,
+            _pd: pd.clone(),
+        })
+    }
+
+    /// The key of the window's latest bind posted (at first, the one it was
+    /// allocated with); each bind uses a new one ([`next_rkey`]).
+    pub fn rkey(&self) -> u32 {
+        // SAFETY: the window is allocated.
+        unsafe { (*self.ptr).rkey }
+    }
+}
+
+impl std::fmt::Debug for Mw {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.debug_struct("Mw").field("rkey", &self.rkey()).finish()
+    }
+}
+
+impl Drop for Mw {
+    fn drop(&mut self) {
+        // SAFETY: allocated once, deallocated once (a bound window is
+        // unbound by its deallocation).
+        unsafe { ibv_dealloc_mw(self.ptr) };
+    }
+}
+
+/// The key a window's next bind gets: its low 8 bits (the consumer-owned
+/// tag) advanced, so a key of an earlier bind no longer matches.
+pub fn next_rkey(rkey: u32) -> u32 {
+    (rkey & !0xff) | (rkey.wrapping_add(1) & 0xff)
 }
 
 /// A completion channel: its file descriptor becomes readable when a CQ
@@ -284,7 +370,8 @@ pub struct Completion {
     pub status: u32,
     pub byte_len: u32,
     pub qp_num: u32,
-    /// The rkey the peer invalidated with SEND_WITH_INV, if it did.
+    /// For a receive: the rkey the peer's SEND with Invalidate named, if
+    /// the completion reports one (see [`Cq::poll`]).
     pub invalidated_rkey: Option<u32>,
 }
 
@@ -422,8 +509,15 @@ impl Cq {
         if n < 0 {
             return Err(io::Error::other("ibv_poll_cq failed"));
         }
+        // Where a receive's completion says its SEND carried Invalidate:
+        // libibverbs' IBV_WC_WITH_INV, or bit 2, the kernel's
+        // IB_WC_WITH_INVALIDATE, which rxe (and providers polled through the
+        // kernel) pass on unchanged; libibverbs names that bit
+        // IBV_WC_IP_CSUM_OK, a flag of raw packet queue pairs. Callers check
+        // the rkey against keys they gave out.
+        let with_inv = ibv_wc_flags::IBV_WC_WITH_INV.0 | ibv_wc_flags::IBV_WC_IP_CSUM_OK.0;
         for wc in &self.wcs[..n as usize] {
-            let inv = if wc.wc_flags & ibv_wc_flags::IBV_WC_WITH_INV.0 != 0 {
+            let inv = if wc.opcode == ibv_wc_opcode::IBV_WC_RECV && wc.wc_flags & with_inv != 0 {
                 // SAFETY: with IBV_WC_WITH_INV the union holds the rkey.
                 Some(unsafe { wc.imm_data_invalidated_rkey_union.invalidated_rkey })
             } else {
@@ -536,7 +630,7 @@ impl Drop for Srq {
 
 /// What a send-queue work request does.
 #[derive(Clone, Copy, Debug)]
-pub enum SendOp {
+pub enum SendOp<'a> {
     /// A SEND; `invalidate` asks the peer to invalidate that rkey.
     Send {
         invalidate: Option<u32>,
@@ -549,12 +643,27 @@ pub enum SendOp {
         remote_addr: u64,
         rkey: u32,
     },
+    /// Binds `window` with the new key `rkey` to `len` bytes at `addr`
+    /// inside `region`, for the peer to use as `access` allows
+    /// ([`access::REMOTE_READ`], [`access::REMOTE_WRITE`]).
+    BindWindow {
+        window: &'a Mw,
+        rkey: u32,
+        region: &'a Mr,
+        addr: *const u8,
+        len: u32,
+        access: u32,
+    },
+    /// Invalidates the window bound with `rkey`: no peer can use it after.
+    LocalInvalidate {
+        rkey: u32,
+    },
 }
 
 /// One send-queue work request.
 pub struct SendWr<'a> {
     pub wr_id: u64,
-    pub op: SendOp,
+    pub op: SendOp<'a>,
     pub sges: &'a [Sge],
     pub signaled: bool,
     /// Copy the data into the work request (small SENDs).
@@ -607,6 +716,30 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> io::Result<()> {
                 r.wr.rdma.remote_addr = remote_addr;
                 r.wr.rdma.rkey = rkey;
             }
+            SendOp::BindWindow {
+                window,
+                rkey,
+                region,
+                addr,
+                len,
+                access,
+            } => {
+                r.opcode = ibv_wr_opcode::IBV_WR_BIND_MW;
+                r.bind_mw_tso_union.bind_mw = bind_mw_t {
+                    mw: window.ptr,
+                    rkey,
+                    bind_info: ibv_mw_bind_info {
+                        mr: region.ptr,
+                        addr: addr as u64,
+                        length: len as u64,
+                        mw_access_flags: access,
+                    },
+                };
+            }
+            SendOp::LocalInvalidate { rkey } => {
+                r.opcode = ibv_wr_opcode::IBV_WR_LOCAL_INV;
+                r.imm_data_invalidated_rkey_union.invalidated_rkey = rkey;
+            }
         }
     }
     for i in 1..raw.len() {
@@ -616,10 +749,18 @@ pub unsafe fn post_send(qp: *mut ibv_qp, wrs: &[SendWr]) -> io::Result<()> {
     let mut bad = std::ptr::null_mut();
     // SAFETY: the chain and its lists live through the call; the caller
     // guarantees the queue pair and the memory.
-    check(
-        unsafe { ibv_post_send(qp, raw.as_mut_ptr(), &mut bad) },
-        "ibv_post_send",
-    )
+    let rc = unsafe { ibv_post_send(qp, raw.as_mut_ptr(), &mut bad) };
+    check(rc, "ibv_post_send")?;
+    // The provider names a window by its current key in the next bind (rxe
+    // refuses a stale one): keep it, as libibverbs' ibv_bind_mw does.
+    for w in wrs {
+        if let SendOp::BindWindow { window, rkey, .. } = w.op {
+            // SAFETY: the window is allocated; only verbs calls made with
+            // it read this field, and the caller posts from one thread.
+            unsafe { (*window.ptr).rkey = rkey };
+        }
+    }
+    Ok(())
 }
 
 /// Posts one receive to a queue pair's own receive queue.

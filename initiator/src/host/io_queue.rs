@@ -262,7 +262,6 @@ impl IoQueue {
         }
     }
 
-    /// Ends the queue: every command in flight completes with an error.
     /// Ends the queue: every command in flight completes with an error, and
     /// so does every command waiting for its retry.
     pub fn fail(&mut self, why: String) {

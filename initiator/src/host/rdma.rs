@@ -1,9 +1,14 @@
 //! An NVMe/RDMA queue of the host: RDMA CM connect with the NVMe/RDMA
 //! private data, command capsules sent from a registered capsule area (small
 //! writes with their data in the capsule), keyed SGLs that let the target
-//! RDMA READ/WRITE the caller's registered buffers, responses received into
-//! registered slots. Driven by the caller's io_uring (polls on the
+//! RDMA READ/WRITE the buffer of one command in flight, responses received
+//! into registered slots. Driven by the caller's io_uring (polls on the
 //! completion and CM channels) or, for the admin queue, by blocking waits.
+//!
+//! The caller's memory is registered for local access only. A command's
+//! key reaches just its buffer, in the one direction its transfer needs,
+//! and only until it completes ([`RemoteAccess`]): the target can touch no
+//! other buffer, and none after the command is over.
 
 use super::Done;
 use super::{HostError, QueueLimits};
@@ -11,8 +16,8 @@ use io_uring::{opcode, squeue, types};
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status, CQE_LEN, SQE_LEN};
 use rdmablk_common::rdma::private_data::{decode_reject, ConnectReply, ConnectRequest};
 use rdmablk_common::rdma::{
-    access, CmChannel, CmEventKind, CmId, CompChannel, Completion, ConnParam, Cq, Mr, Pd, QpConfig,
-    SendOp, SendWr, Sge,
+    access, next_rkey, CmChannel, CmEventKind, CmId, CompChannel, Completion, ConnParam, Cq, Mr,
+    Mw, Pd, QpConfig, SendOp, SendWr, Sge,
 };
 use std::net::SocketAddr;
 use std::sync::Arc;
@@ -20,8 +25,45 @@ use std::time::{Duration, Instant};
 
 /// How long address and route resolution and the connection may take.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(5);
-/// Send completions carry this bit in their wr_id; receives do not.
-const SEND_BIT: u64 = 1 << 32;
+/// What a work request was, in the bits of its wr_id above the command id
+/// (receives carry their response slot and kind 0).
+mod wr_kind {
+    pub const SHIFT: u32 = 32;
+    pub const RECV: u64 = 0;
+    pub const SEND: u64 = 1;
+    pub const BIND: u64 = 2;
+    pub const INVALIDATE: u64 = 3;
+}
+
+fn wr_id(kind: u64, cid: u16) -> u64 {
+    kind << wr_kind::SHIFT | cid as u64
+}
+
+/// How the target is given access to a command's data.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum RemoteAccess {
+    /// One type 2 memory window per command slot, bound to the command's
+    /// buffer just before its capsule is sent (same doorbell) and revoked
+    /// when it completes: by the target's SEND with Invalidate, which the
+    /// keyed SGL asks for (subtype Fh), else by a local invalidate before
+    /// the command completes. Where the device has type 2 windows (RoCE
+    /// and InfiniBand NICs), soft-RoCE excepted.
+    Windows,
+    /// A registration of the command's buffer, deregistered when it
+    /// completes (a system call each way): devices without windows, and
+    /// soft-RoCE, whose retransmissions after an RNR NAK run a queue
+    /// pair's window binds again.
+    Registrations,
+}
+
+/// The key a command's data is reachable by, until revoked.
+enum Key {
+    /// The slot's window, bound with `rkey` (kept while a local invalidate
+    /// of it is in flight).
+    Window { rkey: u32 },
+    /// A registration of the buffer alone, deregistered on drop.
+    Registration(Mr),
+}
 
 /// Registered memory the queue owns: capsules out, responses in.
 struct Area<const N: usize> {
@@ -55,11 +97,19 @@ struct Inflight {
     sent: bool,
     /// The response arrived.
     cqe: Option<Cqe>,
+    /// The target's access to the command's data, until revoked.
+    key: Option<Key>,
 }
 
 /// One NVMe/RDMA queue (admin or I/O).
 pub struct RdmaQueue {
-    /// Declared first: the queue pair goes before the memory it may touch.
+    /// One per command slot (`RemoteAccess::Windows`). Declared first: a
+    /// bound window holds its queue pair (rxe cannot destroy a queue pair
+    /// that windows are still bound to), and without windows nothing of
+    /// ours is remotely reachable while the queue pair goes.
+    windows: Vec<Mw>,
+    /// Declared before the memory areas: the queue pair goes before the
+    /// memory it may touch.
     id: CmId,
     cm: Arc<CmChannel>,
     cq: Cq,
@@ -67,7 +117,9 @@ pub struct RdmaQueue {
     addr: SocketAddr,
     capsules: Area<SQE_LEN>,
     responses: Area<CQE_LEN>,
-    /// Caller memory registered for data (remote read and write).
+    remote: RemoteAccess,
+    /// Caller memory registered for data: local access, and memory window
+    /// binding with `RemoteAccess::Windows`.
     regions: Vec<Mr>,
     limits: QueueLimits,
     cmds: Vec<Option<Inflight>>,
@@ -130,8 +182,15 @@ fn wait_cm(
 }
 
 impl RdmaQueue {
-    /// Connects queue `qid` with `depth` entries to the target at `addr`.
-    pub fn connect(addr: SocketAddr, qid: u16, depth: u16) -> Result<RdmaQueue, HostError> {
+    /// Connects queue `qid` with `depth` entries to the target at `addr`,
+    /// giving the target access to command data as `remote` says (`None`:
+    /// windows where the device has them).
+    pub fn connect(
+        addr: SocketAddr,
+        qid: u16,
+        depth: u16,
+        remote: Option<RemoteAccess>,
+    ) -> Result<RdmaQueue, HostError> {
         rdmablk_common::rdma::require_device()
             .map_err(|e| HostError::Unsupported(e.to_string()))?;
         let cm = CmChannel::new().map_err(|e| rdma_err(addr, e))?;
@@ -158,21 +217,66 @@ impl RdmaQueue {
         }
         let attrs = device.attrs().map_err(|e| rdma_err(addr, e))?;
         let pd = Pd::new(device).map_err(|e| rdma_err(addr, e))?;
+        let remote = match remote {
+            Some(RemoteAccess::Windows) if !attrs.memory_windows => {
+                return Err(HostError::Unsupported(format!(
+                    "NVMe/RDMA connection to {addr}: {} has no type 2 memory windows",
+                    device.name()
+                )))
+            }
+            Some(r) => r,
+            // rxe re-executes the binds behind a request it retransmits
+            // after an RNR NAK, and a second bind of a bound window fails
+            // the queue pair.
+            None if attrs.memory_windows && !attrs.is_soft_roce() => RemoteAccess::Windows,
+            None => {
+                static ONCE: std::sync::Once = std::sync::Once::new();
+                ONCE.call_once(|| {
+                    let why = if attrs.memory_windows {
+                        "soft-RoCE re-executes memory window binds when it retransmits"
+                    } else {
+                        "the RDMA device has no type 2 memory windows"
+                    };
+                    tracing::warn!(
+                        device = %device.name(),
+                        "{why}: each command's buffer is registered and deregistered on its own (slower)"
+                    )
+                });
+                RemoteAccess::Registrations
+            }
+        };
+        // Per command: a bind, the capsule's SEND and a local invalidate
+        // on the send queue, the two signaled ones and the response in the CQ.
+        let (send_wrs_per_command, cqes_per_command) = match remote {
+            RemoteAccess::Windows => (3, 3),
+            RemoteAccess::Registrations => (1, 2),
+        };
         let channel = CompChannel::new(device).map_err(|e| rdma_err(addr, e))?;
         let depth_n = depth as u32;
-        let cq = Cq::new(device, 2 * depth_n + 8, &channel).map_err(|e| rdma_err(addr, e))?;
+        let cq = Cq::new(device, cqes_per_command * depth_n + 8, &channel)
+            .map_err(|e| rdma_err(addr, e))?;
         id.create_qp(&QpConfig {
             pd: &pd,
             send_cq: &cq,
             recv_cq: &cq,
             srq: None,
-            max_send_wr: depth_n + 1,
+            max_send_wr: send_wrs_per_command * depth_n + 1,
             max_recv_wr: depth_n + 1,
             max_send_sge: 2,
             max_recv_sge: 1,
             max_inline_data: 0,
         })
         .map_err(|e| rdma_err(addr, e))?;
+        // Allocated after the queue pair: when the process dies, the kernel
+        // releases its objects newest first, and rxe can release a queue
+        // pair only once the windows bound on it are gone.
+        let windows = match remote {
+            RemoteAccess::Windows => (0..depth)
+                .map(|_| Mw::new(&pd))
+                .collect::<std::io::Result<Vec<_>>>()
+                .map_err(|e| rdma_err(addr, e))?,
+            RemoteAccess::Registrations => Vec::new(),
+        };
         let capsules = Area::new(&pd, depth as usize)?;
         let responses = Area::new(&pd, depth as usize + 1)?;
         let mut q = RdmaQueue {
@@ -183,6 +287,8 @@ impl RdmaQueue {
             addr,
             capsules,
             responses,
+            remote,
+            windows,
             regions: Vec::new(),
             limits: QueueLimits {
                 digests: Default::default(),
@@ -228,7 +334,7 @@ impl RdmaQueue {
                 q.limits.depth = n;
             }
         }
-        tracing::debug!(%addr, qid, depth = q.limits.depth, device = %device.name(), "NVMe/RDMA queue connected");
+        tracing::debug!(%addr, qid, depth = q.limits.depth, device = %device.name(), remote_access = ?q.remote, qp = q.id.qp_num(), "NVMe/RDMA queue connected");
         Ok(q)
     }
 
@@ -236,10 +342,17 @@ impl RdmaQueue {
         let sge = [self.responses.sge(i)];
         // SAFETY: the response slot is registered and belongs to this receive
         // until it completes.
-        unsafe { rdmablk_common::rdma::verbs::post_recv(self.id.qp(), i as u64, &sge) }
+        unsafe {
+            rdmablk_common::rdma::verbs::post_recv(
+                self.id.qp(),
+                wr_id(wr_kind::RECV, i as u16),
+                &sge,
+            )
+        }
     }
 
-    /// Registers caller memory for data (LOCAL_WRITE | REMOTE_READ | REMOTE_WRITE).
+    /// Registers caller memory for data: local access only (and memory
+    /// window binding); the target reaches a command's buffer by its key.
     ///
     /// # Safety
     /// The memory must stay mapped while the queue lives.
@@ -247,7 +360,10 @@ impl RdmaQueue {
         if self.regions.iter().any(|r| r.contains(base, len)) {
             return Ok(());
         }
-        let rights = access::LOCAL_WRITE | access::REMOTE_READ | access::REMOTE_WRITE;
+        let rights = match self.remote {
+            RemoteAccess::Windows => access::LOCAL_WRITE | access::MW_BIND,
+            RemoteAccess::Registrations => access::LOCAL_WRITE,
+        };
         // SAFETY: the caller keeps the memory mapped while the queue (which
         // owns the region) lives.
         let mr = unsafe { Mr::register(&self.pd, base, len, rights) }?;
@@ -309,35 +425,70 @@ impl RdmaQueue {
         }
         let cid = self.free.pop()?;
         sqe.set_cid(cid);
-        let region = if len > 0 {
-            match self.regions.iter().find(|r| r.contains(buf, len)) {
-                Some(r) => Some((r.lkey(), r.rkey())),
+        let region = match len {
+            0 => None,
+            _ => match self.regions.iter().position(|r| r.contains(buf, len)) {
+                Some(i) => Some(i),
                 None => {
                     self.free.push(cid);
                     self.fail("an I/O buffer lies outside the registered memory".into());
                     return None;
                 }
-            }
-        } else {
-            None
+            },
         };
         let inline = !to_host && len > 0 && len <= self.limits.in_capsule;
-        let sgl = match region {
+        // What the target may do with a keyed buffer: write into it for a
+        // transfer to the host, read it for one to the controller.
+        let rights = if to_host {
+            access::REMOTE_WRITE
+        } else {
+            access::REMOTE_READ
+        };
+        let key = match region {
+            Some(_) if inline => None,
+            None => None,
+            Some(_) if self.remote == RemoteAccess::Windows => Some(Key::Window {
+                rkey: next_rkey(self.windows[cid as usize].rkey()),
+            }),
+            Some(_) => {
+                // SAFETY: the caller keeps the buffer valid until the
+                // command completes; the registration is dropped (and its
+                // key gone) before that.
+                match unsafe { Mr::register(&self.pd, buf, len, access::LOCAL_WRITE | rights) } {
+                    Ok(mr) => Some(Key::Registration(mr)),
+                    Err(e) => {
+                        self.free.push(cid);
+                        self.fail(format!("registering a command's buffer: {e}"));
+                        return None;
+                    }
+                }
+            }
+        };
+        let sgl = match (&key, region) {
             // NVMe/RDMA says "no data" with a zero-length keyed descriptor.
-            None => Sgl::Keyed {
+            (_, None) => Sgl::Keyed {
                 addr: 0,
                 len: 0,
                 key: 0,
                 invalidate: false,
             },
-            Some(_) if inline => Sgl::InCapsule {
+            (None, Some(_)) => Sgl::InCapsule {
                 offset: 0,
                 len: len as u32,
             },
-            Some((_, rkey)) => Sgl::Keyed {
+            (Some(Key::Window { rkey }), Some(_)) => Sgl::Keyed {
                 addr: buf as u64,
                 len: len as u32,
-                key: rkey,
+                key: *rkey,
+                // Subtype Fh: the target's SEND with Invalidate revokes it.
+                invalidate: true,
+            },
+            // A registration's key cannot be invalidated remotely: it goes
+            // with the deregistration.
+            (Some(Key::Registration(mr)), Some(_)) => Sgl::Keyed {
+                addr: buf as u64,
+                len: len as u32,
+                key: mr.rkey(),
                 invalidate: false,
             },
         };
@@ -345,24 +496,47 @@ impl RdmaQueue {
         self.capsules.mem[cid as usize].copy_from_slice(&sqe.0);
         let mut sges: smallvec::SmallVec<[Sge; 2]> =
             smallvec::smallvec![self.capsules.sge(cid as usize)];
-        if let (true, Some((lkey, _))) = (inline, region) {
+        if let (true, Some(r)) = (inline, region) {
             sges.push(Sge {
                 addr: buf,
                 len: len as u32,
-                lkey,
+                lkey: self.regions[r].lkey(),
             });
         }
-        let wr = SendWr {
-            wr_id: SEND_BIT | cid as u64,
+        let mut wrs: smallvec::SmallVec<[SendWr; 2]> = smallvec::SmallVec::new();
+        if let (Some(Key::Window { rkey }), Some(r)) = (&key, region) {
+            // Unsignaled: only a failure completes; the SEND behind it on
+            // the same send queue sees the window bound.
+            wrs.push(SendWr {
+                wr_id: wr_id(wr_kind::BIND, cid),
+                op: SendOp::BindWindow {
+                    window: &self.windows[cid as usize],
+                    rkey: *rkey,
+                    region: &self.regions[r],
+                    addr: buf,
+                    len: len as u32,
+                    access: rights,
+                },
+                sges: &[],
+                signaled: false,
+                inline: false,
+            });
+        }
+        wrs.push(SendWr {
+            wr_id: wr_id(wr_kind::SEND, cid),
             op: SendOp::Send { invalidate: None },
             sges: &sges,
             signaled: true,
             inline: false,
-        };
+        });
         // SAFETY: the QP is alive; the capsule slot and the caller's buffer
         // (registered, guaranteed valid by the caller) stay untouched until
-        // the SEND completes, which the command waits for.
-        if let Err(e) = unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &[wr]) } {
+        // the SEND completes, which the command waits for; the window is
+        // the command slot's own, unbound (its last key was revoked before
+        // the slot was freed), and bound to the caller's buffer only.
+        let posted = unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &wrs) };
+        drop(wrs);
+        if let Err(e) = posted {
             self.free.push(cid);
             self.fail(format!("posting a command: {e}"));
             return None;
@@ -371,6 +545,7 @@ impl RdmaQueue {
             tag,
             sent: false,
             cqe: None,
+            key,
         });
         Some(cid)
     }
@@ -428,6 +603,11 @@ impl RdmaQueue {
                     break;
                 }
             }
+            // A request that failed puts the queue pair in error and flushes
+            // the others: report it, not a flush ahead of it in the batch.
+            if let Some(wc) = wcs.iter().find(|wc| !wc.ok() && !wc.is_flush()) {
+                self.on_completion(wc);
+            }
             for wc in &wcs {
                 self.on_completion(wc);
             }
@@ -456,22 +636,41 @@ impl RdmaQueue {
         if self.failed.is_some() {
             return;
         }
+        let kind = wc.wr_id >> wr_kind::SHIFT;
+        let cid = wc.wr_id as u16;
         if !wc.ok() {
-            let what = if wc.wr_id & SEND_BIT != 0 {
-                "command SEND"
-            } else {
-                "response receive"
+            let what = match kind {
+                wr_kind::SEND => "command SEND",
+                wr_kind::BIND => "binding a memory window",
+                wr_kind::INVALIDATE => "invalidating a memory window",
+                _ => "response receive",
             };
-            return self.fail(format!("{what} failed: {}", wc.status_str()));
+            let why = if wc.is_flush() {
+                " (the queue pair was already in the error state: the target's access was refused, or see the kernel log)"
+            } else {
+                ""
+            };
+            return self.fail(format!("{what} failed: {}{why}", wc.status_str()));
         }
-        if wc.wr_id & SEND_BIT != 0 {
-            let cid = wc.wr_id as u16;
-            if let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) {
-                c.sent = true;
+        match kind {
+            wr_kind::SEND => {
+                if let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) {
+                    c.sent = true;
+                }
+                self.finish(cid)
             }
-            return self.finish(cid);
+            wr_kind::INVALIDATE => {
+                if let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) {
+                    c.key = None;
+                }
+                self.finish(cid)
+            }
+            _ => self.on_response(cid as usize, wc),
         }
-        let slot = wc.wr_id as usize;
+    }
+
+    /// A response arrived in receive slot `slot`.
+    fn on_response(&mut self, slot: usize, wc: &Completion) {
         if (wc.byte_len as usize) < CQE_LEN {
             return self.fail(format!("a {}-byte response", wc.byte_len));
         }
@@ -479,25 +678,64 @@ impl RdmaQueue {
         if let Err(e) = self.post_recv(slot) {
             return self.fail(format!("posting a receive: {e}"));
         }
-        if let Some(inv) = wc.invalidated_rkey {
-            tracing::warn!(
-                rkey = inv,
-                "the target invalidated a key it was not asked to"
-            );
-        }
-        match self.cmds.get_mut(cqe.cid as usize).and_then(Option::as_mut) {
-            Some(c) if c.cqe.is_none() => {
-                c.cqe = Some(cqe);
-                self.finish(cqe.cid);
+        let cid = cqe.cid;
+        let Some(c) = self
+            .cmds
+            .get_mut(cid as usize)
+            .and_then(Option::as_mut)
+            .filter(|c| c.cqe.is_none())
+        else {
+            return self.fail(format!("a response for unknown command id {cid}"));
+        };
+        c.cqe = Some(cqe);
+        let key = c.key.take();
+        let invalidated = wc.invalidated_rkey;
+        if let Some(k) = invalidated {
+            // Another command's key revoked: its window would be invalidated
+            // twice, and that command's buffer handed back while the target
+            // may think it still has it.
+            let other = self.cmds.iter().enumerate().find(|(i, c)| {
+                *i != cid as usize && matches!(c, Some(Inflight { key: Some(Key::Window { rkey }), .. }) if *rkey == k)
+            });
+            if let Some((other, _)) = other {
+                return self.fail(format!(
+                    "the target invalidated key {k:#x} of command {other} with the response to command {cid}"
+                ));
             }
-            _ => self.fail(format!("a response for unknown command id {}", cqe.cid)),
         }
+        match key {
+            None | Some(Key::Registration(_)) => {}
+            // Revoked by the target, as the keyed SGL asked.
+            Some(Key::Window { rkey }) if invalidated == Some(rkey) => {}
+            // The target did not invalidate: revoke the key before the
+            // buffer goes back to the caller.
+            Some(Key::Window { rkey }) => {
+                let wr = SendWr {
+                    wr_id: wr_id(wr_kind::INVALIDATE, cid),
+                    op: SendOp::LocalInvalidate { rkey },
+                    sges: &[],
+                    signaled: true,
+                    inline: false,
+                };
+                // SAFETY: the QP is alive; a local invalidate touches no
+                // memory of ours.
+                let posted = unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &[wr]) };
+                if let Err(e) = posted {
+                    return self.fail(format!("invalidating a memory window: {e}"));
+                }
+                if let Some(Some(c)) = self.cmds.get_mut(cid as usize) {
+                    c.key = Some(Key::Window { rkey });
+                }
+            }
+        }
+        self.finish(cid);
     }
 
-    /// Completes a command once both its SEND and its response are done.
+    /// Completes a command once its SEND and its response are done and the
+    /// target's access to its buffer is revoked.
     fn finish(&mut self, cid: u16) {
-        let ready =
-            matches!(self.cmds.get(cid as usize), Some(Some(c)) if c.sent && c.cqe.is_some());
+        let ready = matches!(self.cmds.get(cid as usize),
+            Some(Some(c)) if c.sent && c.cqe.is_some() && c.key.is_none());
         if ready {
             let c = self.cmds[cid as usize].take().expect("checked above");
             self.done.push(Done {

@@ -35,7 +35,7 @@ impl SyncQueue {
         Ok(match p.transport {
             Transport::Tcp => SyncQueue::Tcp(TcpSync::open(p.addr, p.digests)?),
             Transport::Rdma => {
-                let mut q = RdmaQueue::connect(p.addr, qid, depth)?;
+                let mut q = RdmaQueue::connect(p.addr, qid, depth, None)?;
                 let mut buf = vec![0u8; MAX_DATA];
                 // SAFETY: `buf` is never reallocated and outlives the queue
                 // (field order of `RdmaSync`).

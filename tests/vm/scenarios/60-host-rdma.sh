@@ -1,14 +1,22 @@
 # rdmablk host -> rdmablk-target over soft-RoCE: bench --verify with 4 KiB
 # and 1 MiB blocks at QD 32, an NBD export driven by fio with verify, and a
 # host killed mid-write: the target keeps serving and every arena buffer
-# comes back (read from the target's stats file).
+# comes back (read from the target's stats file). First, rdma_keys: the
+# host's keys reach one command's buffer, in its direction, while it runs
+# (memory windows and registrations per command).
 . /scenarios/lib.sh
 rxe_up
+rdma_keys "$RDMA_IP" > /tmp/keys.log 2>&1 || { cat /tmp/keys.log; fail "rdma_keys: a target reached host memory beyond a command in flight"; }
+cat /tmp/keys.log
+[ "$(grep -c '^ok: ' /tmp/keys.log)" -eq 6 ] || fail "rdma_keys ran $(grep -c '^ok: ' /tmp/keys.log) of 6 cases"
 NQN=nqn.2026-11.io.rdmablk:vm-rdma
 start_target /tmp/target.log --listen "rdma://$RDMA_IP:4420" --memory 256MiB --nqn $NQN --stats /tmp/stats.json
 T="-t rdma -a $RDMA_IP -s 4420 -n $NQN"
-rdmablk bench $T --rw randrw --bs 4k --qd 32 --runtime 3s --verify > /tmp/bench.log 2>&1 || fail "bench --verify 4k over rdma"
+RUST_LOG=rdmablk=debug rdmablk bench $T --rw randrw --bs 4k --qd 32 --runtime 3s --verify > /tmp/bench.log 2>&1 || fail "bench --verify 4k over rdma"
 tail -2 /tmp/bench.log
+# Soft-RoCE runs a queue pair's window binds again when it retransmits after
+# an RNR NAK: on rxe the host registers each command's buffer instead.
+grep -q 'remote_access=Registrations' /tmp/bench.log || fail "the host did not register per command on rxe: $(grep -m1 'queue connected' /tmp/bench.log)"
 rdmablk bench $T --rw randrw --bs 1m --qd 32 --runtime 3s --verify > /tmp/bench2.log 2>&1 || fail "bench --verify 1 MiB over rdma"
 tail -2 /tmp/bench2.log
 

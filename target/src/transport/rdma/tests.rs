@@ -46,6 +46,9 @@ impl QueuePair for FakeQp {
                 SendOp::Send { invalidate } => Op::Send { invalidate },
                 SendOp::RdmaWrite { remote_addr, rkey } => Op::Write { remote_addr, rkey },
                 SendOp::RdmaRead { remote_addr, rkey } => Op::Read { remote_addr, rkey },
+                SendOp::BindWindow { .. } | SendOp::LocalInvalidate { .. } => {
+                    unreachable!("the target binds no memory windows")
+                }
             };
             let mut bytes = vec![0u8; sge.len as usize];
             if !matches!(op, Op::Read { .. }) {
