@@ -12,3 +12,4 @@ pub mod rdma;
 pub mod ring;
 pub mod tcp;
 pub mod units;
+pub mod usage;

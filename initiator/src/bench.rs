@@ -175,6 +175,9 @@ pub struct Stats {
     /// Blocks that did not read back as written.
     pub verify_errors: u64,
     pub elapsed: Duration,
+    /// CPU time (user and system) the process spent while the run went on:
+    /// set for the whole run, not per thread.
+    pub cpu: Duration,
 }
 
 impl Stats {
@@ -183,6 +186,16 @@ impl Stats {
         self.write.merge(&o.write);
         self.verify_errors += o.verify_errors;
         self.elapsed = self.elapsed.max(o.elapsed);
+        self.cpu += o.cpu;
+    }
+
+    /// The process's CPU time per I/O, microseconds (0 without I/O).
+    pub fn cpu_us_per_io(&self) -> f64 {
+        let ios = self.read.ios + self.write.ios;
+        if ios == 0 {
+            return 0.0;
+        }
+        self.cpu.as_secs_f64() * 1e6 / ios as f64
     }
 }
 
@@ -201,6 +214,8 @@ pub struct Bench {
     progress: Arc<Progress>,
     slots: Vec<Slot>,
     idle: Vec<usize>,
+    /// Units with an I/O in flight, kept with --verify only: a unit is
+    /// never read and written at once, so what a read returns is known.
     in_flight_units: HashSet<u64>,
     written: Vec<u64>,
     next_seq: u64,
@@ -407,7 +422,9 @@ impl Bench {
         bad
     }
 
-    fn start_io(&mut self, slot: usize, cx: &mut Cx) -> bool {
+    /// Starts an I/O in `slot`; `now` (this pump's clock reading) is its
+    /// start for the latency.
+    fn start_io(&mut self, slot: usize, cx: &mut Cx, now: Instant) -> bool {
         let (unit, write) = self.pick();
         let bs = self.job.bs;
         let Some(buf) = cx.arena.alloc(bs) else {
@@ -440,14 +457,16 @@ impl Bench {
             let ok = unsafe { cx.queue.submit(sqe, ptr, len, !write, slot as u64) };
             debug_assert!(ok, "free slots were checked");
         }
-        self.in_flight_units.insert(unit);
+        if self.job.verify {
+            self.in_flight_units.insert(unit);
+        }
         let s = &mut self.slots[slot];
         s.buf = Some(buf);
         s.unit = unit;
         s.write = write;
         s.parts_left = parts;
         s.failed = false;
-        s.started = Instant::now();
+        s.started = now;
         true
     }
 
@@ -474,7 +493,9 @@ impl Bench {
             }
         }
         cx.arena.free(buf);
-        self.in_flight_units.remove(&unit);
+        if self.job.verify {
+            self.in_flight_units.remove(&unit);
+        }
         let d = if write {
             &mut self.stats.write
         } else {
@@ -498,9 +519,8 @@ impl Bench {
         self.idle.push(slot);
     }
 
-    fn running(&self) -> bool {
-        !self.progress.stop.load(Ordering::Relaxed)
-            && self.deadline.is_none_or(|d| Instant::now() < d)
+    fn running(&self, now: Instant) -> bool {
+        !self.progress.stop.load(Ordering::Relaxed) && self.deadline.is_none_or(|d| now < d)
     }
 }
 
@@ -521,9 +541,9 @@ impl Driver for Bench {
         // Kept current: a run that ends on a failed queue reports its rates
         // over the time it ran.
         self.stats.elapsed = now - start;
-        if self.running() {
+        if self.running(now) {
             while let Some(slot) = self.idle.pop() {
-                if !self.start_io(slot, cx) {
+                if !self.start_io(slot, cx, now) {
                     self.idle.push(slot);
                     break;
                 }
@@ -597,6 +617,8 @@ struct StatsJson {
     iops: f64,
     bw_bytes: u64,
     runtime_s: f64,
+    /// The process's CPU time (user + system) per I/O.
+    cpu_us_per_io: f64,
     verify_errors: u64,
     read: DirJson,
     write: DirJson,
@@ -629,6 +651,7 @@ pub fn to_json(s: &Stats) -> String {
         iops: tenths(ios as f64 / secs),
         bw_bytes: (bytes as f64 / secs).round() as u64,
         runtime_s: (secs * 1000.0).round() / 1000.0,
+        cpu_us_per_io: (s.cpu_us_per_io() * 100.0).round() / 100.0,
         verify_errors: s.verify_errors,
         read: DirJson::new(&s.read, secs),
         write: DirJson::new(&s.write, secs),
@@ -657,7 +680,12 @@ pub fn to_text(s: &Stats) -> String {
             max
         );
     }
-    out += &format!("  run: {secs:.2} s, verify errors: {}\n", s.verify_errors);
+    out += &format!(
+        "  run: {secs:.2} s, cpu {:.2} s ({:.2} us per I/O), verify errors: {}\n",
+        s.cpu.as_secs_f64(),
+        s.cpu_us_per_io(),
+        s.verify_errors
+    );
     out
 }
 

@@ -449,6 +449,7 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
         ^ now_nanos();
     let progress = Arc::new(Progress::default());
     spawn_signal_watch(progress.clone());
+    let cpu_before = rdmablk_common::usage::process_cpu();
     let mut threads = Vec::new();
     for q in 0..queues {
         let queue = session
@@ -516,6 +517,7 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
             failure = Some(e);
         }
     }
+    total.cpu = rdmablk_common::usage::process_cpu().saturating_sub(cpu_before);
     if let Err(e) = session.shutdown() {
         tracing::warn!("controller shutdown: {e}");
     }

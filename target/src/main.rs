@@ -26,7 +26,7 @@ use nix::sys::signal::{SigSet, Signal};
 use poller::{PollerLink, Shared};
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Arc;
 use subsystem::Registry;
 
@@ -193,6 +193,7 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
         buffers_in_use: (0..cfg.pollers.count)
             .map(|_| AtomicUsize::new(0))
             .collect(),
+        io_commands: (0..cfg.pollers.count).map(|_| AtomicU64::new(0)).collect(),
     });
     let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
         .map(|i| {

@@ -9,7 +9,7 @@ use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::{Op, Ring, Wakeup};
 use std::any::Any;
 use std::io;
-use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
@@ -149,6 +149,8 @@ pub struct Io<'a> {
     pub registry: &'a Arc<Registry>,
     /// The daemon is stopping: take no new commands.
     pub stopping: bool,
+    /// I/O commands this poller has answered (the stats file).
+    pub answered: &'a mut u64,
 }
 
 /// State shared by all pollers.
@@ -159,6 +161,8 @@ pub struct Shared {
     pub connections: AtomicUsize,
     /// Arena buffers in use, per poller (for the stats file).
     pub buffers_in_use: Vec<AtomicUsize>,
+    /// I/O commands answered, per poller (for the stats file).
+    pub io_commands: Vec<AtomicU64>,
 }
 
 /// A new queue for a poller, from the listener of the transport whose
@@ -214,6 +218,7 @@ pub fn spawn(
     let make = move || Poller {
         endpoints: crate::transport::endpoints(id),
         budget: PollerBudget::new(discovery_limit),
+        answered: 0,
         freed: 0,
         trimmed: Instant::now(),
         ring,
@@ -237,6 +242,8 @@ struct Poller {
     endpoints: Vec<Box<dyn Endpoint>>,
     ring: Ring,
     budget: PollerBudget,
+    /// I/O commands answered.
+    answered: u64,
     /// Queues freed since the heap was last trimmed, and when that was.
     freed: usize,
     trimmed: Instant,
@@ -302,6 +309,7 @@ impl Poller {
                 sq: Submissions::new(&mut self.ring.pending),
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
+                answered: &mut self.answered,
             },
             &mut self.endpoints,
             &self.shared,
@@ -349,6 +357,7 @@ impl Poller {
         let standing: usize = endpoints.iter().map(|e| e.standing_buffers()).sum();
         let in_use = io.arena.buffers_in_use() - standing;
         shared.buffers_in_use[id].store(in_use, Ordering::Relaxed);
+        shared.io_commands[id].store(*io.answered, Ordering::Relaxed);
         if stop_at.is_some_and(|t| t.elapsed() > DRAIN_TIMEOUT) {
             for e in endpoints.iter_mut() {
                 e.close_all("drain timeout at shutdown");

@@ -502,6 +502,9 @@ impl Queue {
         if !cmd.status.is_success() {
             tracing::debug!(peer = %self.peer, cid = cmd.sqe.cid(), status = %cmd.status, "command failed");
         }
+        if matches!(cmd.work, Work::Io(_)) {
+            *io.answered += 1;
+        }
         let cqe = binding::response(
             &self.bind,
             (cmd.sqe.cid(), cmd.status),

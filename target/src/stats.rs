@@ -1,5 +1,8 @@
 //! The stats file: counters an operator (or a test) can read while the
-//! daemon runs, rewritten atomically every second.
+//! daemon runs, rewritten atomically every second. `io_commands` and
+//! `cpu_us` (the process's CPU time) only grow: their changes between two
+//! readings give the CPU time per I/O of that interval; `cpu_us_per_io` is
+//! their ratio since the start.
 
 use crate::poller::Shared;
 use std::path::Path;
@@ -20,8 +23,19 @@ fn render(shared: &Shared, started: Instant) -> String {
         .iter()
         .map(|b| b.load(Ordering::Relaxed).to_string())
         .collect();
+    let io_commands: u64 = shared
+        .io_commands
+        .iter()
+        .map(|c| c.load(Ordering::Relaxed))
+        .sum();
+    let cpu_us = rdmablk_common::usage::process_cpu().as_micros() as u64;
+    let per_io = if io_commands == 0 {
+        0.0
+    } else {
+        cpu_us as f64 / io_commands as f64
+    };
     format!(
-        "{{\"uptime_s\":{},\"connections\":{},\"queues_connected\":{},\"controllers\":{},\"arena_buffers_in_use\":[{}]}}\n",
+        "{{\"uptime_s\":{},\"connections\":{},\"queues_connected\":{},\"controllers\":{},\"arena_buffers_in_use\":[{}],\"io_commands\":{io_commands},\"cpu_us\":{cpu_us},\"cpu_us_per_io\":{per_io:.2}}}\n",
         started.elapsed().as_secs(),
         shared.connections.load(Ordering::Acquire),
         r.admission.queues_connected(),

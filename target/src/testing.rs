@@ -122,6 +122,8 @@ pub struct Rig {
     pub registry: Arc<Registry>,
     pub arena: Arena,
     pub budget: PollerBudget,
+    /// I/O commands answered through [`Rig::io`].
+    pub answered: u64,
     pub submitted: Vec<squeue::Entry>,
 }
 
@@ -138,6 +140,7 @@ impl Rig {
             registry,
             arena: Arena::new(16 << 20, false).expect("arena"),
             budget: PollerBudget::new(discovery),
+            answered: 0,
             submitted: Vec::new(),
         }
     }
@@ -149,6 +152,7 @@ impl Rig {
             sq: Submissions::new(&mut self.submitted),
             registry: &self.registry,
             stopping: false,
+            answered: &mut self.answered,
         }
     }
 

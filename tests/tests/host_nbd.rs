@@ -854,6 +854,8 @@ fn check_bench(r: &Ran, bs: f64, dirs: &[&str], what: &str) -> Value {
     r.assert_success(what);
     let v = bench_json(r);
     let ctx = format!("{what}: {v}");
+    let cpu = num(&v, "cpu_us_per_io", r);
+    assert!(cpu > 0.0, "{ctx}: no CPU time per I/O");
     let mut sum_iops = 0.0;
     let mut sum_bw = 0.0;
     for d in ["read", "write"] {

@@ -1485,6 +1485,32 @@ fn stats_file_tracks_connections_and_buffers() {
         assert_status(&q.wait(cid).or_panic("write"), Status::SUCCESS, "write");
     }
     stats_until(&path, "after the writes", |s| s == (2, 1, 0));
+    // The eight writes are the I/O commands answered, and the daemon's CPU
+    // time per I/O follows from its counters.
+    let start = Instant::now();
+    let (ios, cpu_us, per_io) = loop {
+        let text = std::fs::read_to_string(&path).unwrap_or_default();
+        let v: serde_json::Value = serde_json::from_str(&text).unwrap_or_default();
+        let got = (
+            v["io_commands"].as_u64(),
+            v["cpu_us"].as_u64(),
+            v["cpu_us_per_io"].as_f64(),
+        );
+        if let (Some(8), Some(c), Some(p)) = got {
+            break (8, c, p);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(5),
+            "stats file after eight writes: {text}"
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    assert!(cpu_us > 0, "the daemon reports no CPU time");
+    let want = cpu_us as f64 / ios as f64;
+    assert!(
+        (per_io - want).abs() <= 0.006,
+        "cpu_us_per_io {per_io} is not cpu_us / io_commands ({want})"
+    );
     drop(c);
     stats_until(&path, "after the host left", |s| s == (0, 0, 0));
 }

@@ -187,7 +187,9 @@ impl IoQueue {
             Link::Rdma(q) => q.take_done(&mut self.done),
         }
         let live = self.failed().is_none();
-        for d in std::mem::take(&mut self.done).drain(..) {
+        // Taken and put back: its room is reused, nothing is allocated per call.
+        let mut done = std::mem::take(&mut self.done);
+        for d in done.drain(..) {
             let cmd = self
                 .submitted
                 .get_mut(d.cqe.cid as usize)
@@ -207,6 +209,7 @@ impl IoQueue {
                 _ => out.push(d),
             }
         }
+        self.done = done;
     }
 
     /// Keeps the queue's operations in the ring: for NVMe/TCP a receive
@@ -222,6 +225,9 @@ impl IoQueue {
 
     /// Submits again the commands whose retry delay has passed.
     fn resubmit_due(&mut self) {
+        if self.waiting.is_empty() {
+            return;
+        }
         let now = Instant::now();
         let mut i = 0;
         while i < self.waiting.len() {
