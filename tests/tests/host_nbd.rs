@@ -915,6 +915,13 @@ fn bench_verify_memory_and_file() {
         &with(&["--bs", "2m", "--runtime", "2s"]),
     );
     check_bench(&r, 2.0 * MIB as f64, &["read", "write"], "memory, 2 MiB");
+    // Spinning on the ring instead of sleeping in it.
+    let r = bench(
+        mem.port(),
+        DEFAULT_NQN,
+        &with(&["--bs", "4k", "--runtime", "1s", "--busy-poll"]),
+    );
+    check_bench(&r, 4096.0, &["read", "write"], "memory, 4 KiB, --busy-poll");
     // Header and data digests, with reads large enough to be received in
     // place and small ones through the receive buffer.
     for bs in ["4k", "256k"] {
