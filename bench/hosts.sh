@@ -14,6 +14,7 @@
 # Prints one line per load with the ratios new/old.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 old=${1:?usage: $0 OLD_RDMABLK NEW_RDMABLK [ROUNDS] [SECONDS]}
 new=${2:?usage: $0 OLD_RDMABLK NEW_RDMABLK [ROUNDS] [SECONDS]}
 rounds=${3:-5}
@@ -22,15 +23,11 @@ busy=false; [ -n "${BUSY_TARGET:-}" ] && busy=true
 target=build/release/rdmablk-target
 [ -x "$target" ] || cargo build --release --quiet -p rdmablk-target
 nqn=nqn.2026-11.io.rdmablk:hosts
-work=$(mktemp -d /tmp/rdmablk-hosts.XXXXXX)
-tpid=""
-cleanup() { [ -n "$tpid" ] && kill "$tpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
 
 # One measurement: prints "IOPS CPU_US_PER_IO".
 measure() { # host rw bs qd
   local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$(free_port)
   printf '[pollers]\ncount = 1\nbusy_poll = %s\n\n[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:%s"\n\n[[subsystem]]\nnqn = "%s"\nallow_any_host = true\n\n[[subsystem.namespace]]\nbackend = "memory"\nsize = "512MiB"\n' \
     "$busy" "$port" "$nqn" > "$work/target.toml"
   taskset -c 0 "$target" --config "$work/target.toml" 2> "$work/target.log" &
@@ -44,21 +41,4 @@ measure() { # host rw bs qd
   kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
 }
 
-IFS=, read -ra loads <<< "${LOADS:-randread 4k 32,randwrite 4k 32}"
-for load in "${loads[@]}"; do
-  set -- $load
-  : > "$work/old"; : > "$work/new"
-  for _ in $(seq "$rounds"); do
-    measure "$old" "$1" "$2" "$3" >> "$work/old"
-    measure "$new" "$1" "$2" "$3" >> "$work/new"
-  done
-  python3 - "$work/old" "$work/new" "$1 $2 QD$3" <<'EOF'
-import statistics, sys
-def load(p):
-    rows = [tuple(map(float, l.split())) for l in open(p) if l.strip()]
-    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
-(oi, oc), (ni, nc) = load(sys.argv[1]), load(sys.argv[2])
-print(f"{sys.argv[3]:>16}: old {oi:,.0f} IOPS {oc:.2f} us CPU/IO | new {ni:,.0f} IOPS {nc:.2f} us CPU/IO"
-      f" | new/old IOPS {ni/oi:.3f}x, CPU/IO {nc/oc:.3f}x")
-EOF
-done
+compare_loads "$old" "$new" "$rounds" "${LOADS:-randread 4k 32,randwrite 4k 32}"

@@ -12,6 +12,7 @@
 # Prints one line per load with the ratio new/old.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/lib.sh
 old=${1:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
 new=${2:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
 rounds=${3:-5}
@@ -19,15 +20,11 @@ secs=${4:-5}
 host=build/release/rdmablk
 [ -x "$host" ] || cargo build --release --quiet -p rdmablk
 nqn=nqn.2026-11.io.rdmablk:targets
-work=$(mktemp -d /tmp/rdmablk-targets.XXXXXX)
-tpid=""
-cleanup() { [ -n "$tpid" ] && kill "$tpid" 2>/dev/null; wait 2>/dev/null || true; rm -rf "$work"; }
-trap cleanup EXIT
 
 # One measurement: prints "IOPS CPU_US_PER_IO".
 measure() { # binary rw bs qd
   local port
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  port=$(free_port)
   taskset -c 0 "$1" --listen tcp://127.0.0.1:$port --memory 512MiB --nqn $nqn --pollers 1 \
     2> "$work/target.log" &
   tpid=$!
@@ -46,21 +43,4 @@ print(r["iops"], (int(sys.argv[3]) - int(sys.argv[2])) / hz * 1e6 / max(ios, 1))
 ' "$out" "$ticks0" "$ticks1"
 }
 
-IFS=, read -ra loads <<< "${LOADS:-randread 4k 32,randwrite 4k 32,read 128k 8}"
-for load in "${loads[@]}"; do
-  set -- $load
-  : > "$work/old"; : > "$work/new"
-  for _ in $(seq "$rounds"); do
-    measure "$old" "$1" "$2" "$3" >> "$work/old"
-    measure "$new" "$1" "$2" "$3" >> "$work/new"
-  done
-  python3 - "$work/old" "$work/new" "$1 $2 QD$3" <<'EOF'
-import statistics, sys
-def load(p):
-    rows = [tuple(map(float, l.split())) for l in open(p) if l.strip()]
-    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
-(oi, oc), (ni, nc) = load(sys.argv[1]), load(sys.argv[2])
-print(f"{sys.argv[3]:>16}: old {oi:,.0f} IOPS {oc:.2f} us CPU/IO | new {ni:,.0f} IOPS {nc:.2f} us CPU/IO"
-      f" | new/old IOPS {ni/oi:.3f}x, CPU/IO {nc/oc:.3f}x")
-EOF
-done
+compare_loads "$old" "$new" "$rounds" "${LOADS:-randread 4k 32,randwrite 4k 32,read 128k 8}"
