@@ -31,6 +31,9 @@ const CLIENT_SHARE: usize = 8;
 const SEND_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(30);
 /// Times a request is tried again after transient transport errors.
 const MAX_ATTEMPTS: u32 = 5;
+/// A client's receive buffer for request headers (and the start of a
+/// write's payload that comes with them): room for over a hundred headers.
+const RX_LEN: usize = 4096;
 /// Most blocks one Write Zeroes command covers (16-bit NLB).
 const MAX_ZEROES_BLOCKS: u64 = 1 << 16;
 
@@ -103,8 +106,14 @@ struct Client {
     fd: OwnedFd,
     neg: Negotiated,
     peer: String,
-    hdr: [u8; REQUEST_LEN],
-    hdr_fill: usize,
+    /// Bytes received and not yet taken: request headers, and the first
+    /// bytes of a write's payload (`rx[rx_start..rx_end]`). One receive
+    /// brings as many headers as the client has sent.
+    rx: [u8; RX_LEN],
+    rx_start: usize,
+    rx_end: usize,
+    /// The receive in flight writes into `rx` (else into a payload's buffer).
+    recv_into_rx: bool,
     /// The request whose payload is being received, if any.
     receiving: Option<usize>,
     reqs: Vec<Option<Req>>,
@@ -130,14 +139,28 @@ impl Client {
 
     /// Part of a request (header or payload) has arrived, the rest has not.
     fn mid_request(&self) -> bool {
-        self.hdr_fill > 0 || self.receiving.is_some() || self.parked.is_some()
+        self.rx_end > self.rx_start || self.receiving.is_some() || self.parked.is_some()
+    }
+
+    /// Bytes received and not yet taken.
+    fn staged(&self) -> &[u8] {
+        &self.rx[self.rx_start..self.rx_end]
+    }
+
+    /// Takes `n` staged bytes; an emptied buffer starts over at its front.
+    fn take_staged(&mut self, n: usize) {
+        self.rx_start += n;
+        if self.rx_start == self.rx_end {
+            self.rx_start = 0;
+            self.rx_end = 0;
+        }
     }
 }
 
 /// Serves the NBD clients handed to one engine.
 pub struct NbdDriver {
     export: ExportInfo,
-    /// Boxed: a client's receive writes into its `hdr` while the table may
+    /// Boxed: a client's receive writes into its `rx` while the table may
     /// grow; a box keeps it at one address until the client is freed, which
     /// waits for its receive and send to complete.
     clients: Vec<Option<Box<Client>>>,
@@ -154,7 +177,6 @@ pub struct NbdDriver {
     /// sending a request they started.
     stop_seen: Option<std::time::Instant>,
     sent: Vec<u64>,
-    scratch: Vec<u8>,
 }
 
 /// How long a stopping export waits for clients to finish sending a request.
@@ -186,7 +208,6 @@ impl NbdDriver {
             blocked: Vec::new(),
             stop_seen: None,
             sent: Vec::new(),
-            scratch: Vec::new(),
         }
     }
 
@@ -200,8 +221,10 @@ impl NbdDriver {
                 fd: n.fd,
                 neg: n.negotiated,
                 peer: n.peer,
-                hdr: [0; REQUEST_LEN],
-                hdr_fill: 0,
+                rx: [0; RX_LEN],
+                rx_start: 0,
+                rx_end: 0,
+                recv_into_rx: false,
                 receiving: None,
                 reqs: (0..MAX_REQUESTS).map(|_| None).collect(),
                 recv_busy: false,
@@ -229,34 +252,45 @@ impl NbdDriver {
         if c.recv_busy || c.parked.is_some() || (c.closing && !c.mid_request()) {
             return;
         }
-        let (ptr, len) = match c.receiving {
-            Some(ri) => {
+        // A payload whose start is not waiting in `rx` goes straight into
+        // its buffer; everything else (headers, discarded payloads) into `rx`.
+        let direct = match c.receiving {
+            Some(ri) if c.rx_end == c.rx_start => {
                 let req = c.reqs[ri].as_ref().expect("receiving request");
-                let left = req.r.length as usize - req.got;
                 match (&req.buf, req.stage) {
                     (Some(b), Stage::Payload) => {
                         let at = (req.r.offset - req.base) as usize + req.got;
-                        (cx.arena.addr(b, at), left)
+                        Some((cx.arena.addr(b, at), req.r.length as usize - req.got))
                     }
-                    _ => {
-                        self.scratch.resize(64 << 10, 0);
-                        (self.scratch.as_mut_ptr(), left.min(self.scratch.len()))
-                    }
+                    _ => None,
                 }
             }
+            Some(_) => return, // staged bytes are taken first (drain_rx)
+            None => None,
+        };
+        let (ptr, len) = match direct {
+            Some(d) => d,
             None => {
-                if c.reqs.iter().all(Option::is_some) {
-                    return; // wait for a request to finish
+                let free_slot = c.reqs.iter().any(Option::is_none);
+                let whole_header = c.rx_end - c.rx_start >= REQUEST_LEN;
+                if c.receiving.is_none() && (!free_slot || whole_header) {
+                    return; // a request must finish, or drain_rx take what is here
                 }
-                (c.hdr[c.hdr_fill..].as_mut_ptr(), REQUEST_LEN - c.hdr_fill)
+                if c.rx_start > 0 {
+                    c.rx.copy_within(c.rx_start..c.rx_end, 0);
+                    c.rx_end -= c.rx_start;
+                    c.rx_start = 0;
+                }
+                (c.rx[c.rx_end..].as_mut_ptr(), RX_LEN - c.rx_end)
             }
         };
+        c.recv_into_rx = direct.is_none();
         let e = opcode::Recv::new(types::Fd(c.fd.as_raw_fd()), ptr, len as u32).build();
-        // SAFETY: the receive writes into the boxed client's `hdr`, into the
-        // driver's scratch buffer (sized once, never reallocated after), or
-        // into the arena buffer of the request whose payload it is; the
-        // request keeps its buffer and the client stays in its box until
-        // `recv_busy` is cleared by this receive's completion.
+        // SAFETY: the receive writes into the boxed client's `rx` (its free
+        // tail) or into the arena buffer of the request whose payload it is;
+        // the request keeps its buffer and the client stays in its box until
+        // `recv_busy` is cleared by this receive's completion, and nothing
+        // moves `rx` meanwhile (compaction happens only before a receive).
         unsafe { cx.submit(e, token(ci, false)) };
         c.recv_busy = true;
     }
@@ -269,7 +303,7 @@ impl NbdDriver {
         }
         if res <= 0 {
             if !c.closing {
-                let mid = c.hdr_fill > 0 || c.receiving.is_some();
+                let mid = c.mid_request();
                 let why = if res == 0 {
                     "closed the connection".to_string()
                 } else {
@@ -285,28 +319,64 @@ impl NbdDriver {
             return;
         }
         let n = res as usize;
-        match c.receiving {
-            Some(ri) => {
-                let req = c.reqs[ri].as_mut().expect("receiving request");
-                req.got += n;
-                if req.got == req.r.length as usize {
-                    c.receiving = None;
-                    match req.stage {
-                        Stage::Discard => self.reply(ci, ri, cx),
-                        _ => self.start(ci, ri, cx),
-                    }
-                }
+        if c.recv_into_rx {
+            c.rx_end += n;
+        } else {
+            let ri = c.receiving.expect("a payload receive has its request");
+            let req = c.reqs[ri].as_mut().expect("receiving request");
+            req.got += n;
+            if req.got == req.r.length as usize {
+                c.receiving = None;
+                self.start(ci, ri, cx);
             }
-            None => {
-                c.hdr_fill += n;
-                if c.hdr_fill == REQUEST_LEN {
-                    c.hdr_fill = 0;
-                    let hdr = c.hdr;
-                    if !self.on_request(ci, &hdr, cx) {
-                        let c = self.clients[ci].as_mut().expect("live client");
-                        c.parked = Some(hdr);
-                    }
+        }
+        self.drain_rx(ci, cx);
+    }
+
+    /// Takes what `rx` holds: the rest of the payload being received, then
+    /// whole request headers while a request slot is free. Stops at a
+    /// request that must wait for arena space (the client is parked).
+    fn drain_rx(&mut self, ci: usize, cx: &mut Cx) {
+        loop {
+            let Some(c) = self.clients[ci].as_mut() else {
+                return;
+            };
+            if c.shut || c.closing || c.parked.is_some() || c.rx_end == c.rx_start {
+                return;
+            }
+            if let Some(ri) = c.receiving {
+                let req = c.reqs[ri].as_mut().expect("receiving request");
+                let k = (req.r.length as usize - req.got).min(c.rx_end - c.rx_start);
+                if let (Some(b), Stage::Payload) = (&req.buf, req.stage) {
+                    let at = (req.r.offset - req.base) as usize + req.got;
+                    cx.arena.write(b, at, &c.rx[c.rx_start..c.rx_start + k]);
                 }
+                req.got += k;
+                let done = req.got == req.r.length as usize;
+                let discard = req.stage == Stage::Discard;
+                c.take_staged(k);
+                if !done {
+                    return;
+                }
+                c.receiving = None;
+                if discard {
+                    self.reply(ci, ri, cx);
+                } else {
+                    self.start(ci, ri, cx);
+                }
+                continue;
+            }
+            if c.rx_end - c.rx_start < REQUEST_LEN || c.reqs.iter().all(Option::is_some) {
+                return;
+            }
+            let mut hdr = [0u8; REQUEST_LEN];
+            hdr.copy_from_slice(&c.staged()[..REQUEST_LEN]);
+            c.take_staged(REQUEST_LEN);
+            if !self.on_request(ci, &hdr, cx) {
+                if let Some(c) = self.clients[ci].as_mut() {
+                    c.parked = Some(hdr);
+                }
+                return;
             }
         }
     }
@@ -819,6 +889,8 @@ impl Driver for NbdDriver {
                     }
                 }
             }
+            // Headers that waited for a free request slot or for the parked one.
+            self.drain_rx(ci, cx);
             let Some(c) = self.clients[ci].as_mut() else {
                 continue;
             };
