@@ -471,7 +471,10 @@ impl Bench {
     }
 
     fn finish(&mut self, slot: usize, cx: &mut Cx) {
-        let lat = self.slots[slot].started.elapsed().as_nanos() as u64;
+        let lat = cx
+            .now()
+            .saturating_duration_since(self.slots[slot].started)
+            .as_nanos() as u64;
         let (unit, write, failed) = (
             self.slots[slot].unit,
             self.slots[slot].write,
@@ -533,7 +536,7 @@ fn block_crc(block: &[u8]) -> u32 {
 
 impl Driver for Bench {
     fn pump(&mut self, cx: &mut Cx) -> bool {
-        let now = Instant::now();
+        let now = cx.now();
         let start = *self.start.get_or_insert(now);
         if self.deadline.is_none() {
             self.deadline = Some(now + self.job.runtime);

@@ -7,7 +7,7 @@ use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::{Op, Ring};
 use std::sync::mpsc::{Receiver, Sender};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 const RING_ENTRIES: u32 = 512;
 /// What engines submit besides the rings' common operations: socket I/O
@@ -32,9 +32,25 @@ pub struct Cx<'a> {
     pub arena: &'a mut Arena,
     pub queue: &'a mut IoQueue,
     sq: &'a mut Vec<squeue::Entry>,
+    now: Option<Instant>,
 }
 
-impl Cx<'_> {
+impl<'a> Cx<'a> {
+    fn new(arena: &'a mut Arena, queue: &'a mut IoQueue, sq: &'a mut Vec<squeue::Entry>) -> Self {
+        Cx {
+            arena,
+            queue,
+            sq,
+            now: None,
+        }
+    }
+
+    /// The time, read once per round of the event loop: the completions
+    /// handed over in one round arrived together.
+    pub fn now(&mut self) -> Instant {
+        *self.now.get_or_insert_with(Instant::now)
+    }
+
     /// Queues a driver operation; its completion comes back to
     /// [`Driver::on_op`] with `token`.
     ///
@@ -198,11 +214,11 @@ impl Engine {
             // Run the driver and the queue until neither has anything new:
             // a completion may let the driver reply or submit more.
             loop {
-                let mut cx = Cx {
-                    arena: &mut self.ring.arena,
-                    queue: &mut self.queue,
-                    sq: &mut self.ring.pending,
-                };
+                let mut cx = Cx::new(
+                    &mut self.ring.arena,
+                    &mut self.queue,
+                    &mut self.ring.pending,
+                );
                 if !finished {
                     finished = !driver.pump(&mut cx);
                 }
@@ -241,11 +257,11 @@ impl Engine {
             events.clear();
             self.ring.reap(&mut events);
             for &(ud, res) in &events {
-                let mut cx = Cx {
-                    arena: &mut self.ring.arena,
-                    queue: &mut self.queue,
-                    sq: &mut self.ring.pending,
-                };
+                let mut cx = Cx::new(
+                    &mut self.ring.arena,
+                    &mut self.queue,
+                    &mut self.ring.pending,
+                );
                 match ud >> 56 {
                     KIND_RECV | KIND_SEND
                         if ud & GENERATION_MASK != self.generation & GENERATION_MASK =>
