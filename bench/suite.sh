@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # The benchmark suite: the paths users have to a namespace, measured in one
-# run with cores pinned (servers on core 0, clients on core 1) and rounds
-# interleaved between paths, written as JSON and drawn as SVG charts (IOPS
-# and latency against queue depth) by rdmablk-chart. Not part of CI.
+# run with cores pinned (servers on core 0, clients on core 1: our NBD export
+# and ublk daemon serve fio, so they run beside the target, where qemu-nbd and
+# nbdkit run) and rounds interleaved between paths, written as JSON and
+# drawn as SVG charts (IOPS and latency against queue depth) by
+# rdmablk-chart. Not part of CI.
 #
 #   bench/suite.sh [--full] [OUT_DIR]     (default bench/results/suite-DATE)
 #
@@ -45,7 +47,7 @@ nqn=nqn.2026-11.io.rdmablk:suite
 taskset -c 0 $bin/rdmablk-target --listen tcp://127.0.0.1:$port --memory $size --nqn $nqn --pollers 1 \
   2> "$work/target.log" & pids+=($!)
 for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
-taskset -c 1 $bin/rdmablk connect -t tcp -a 127.0.0.1 -s $port -n $nqn -Q 256 --nbd unix:$work/rdmablk.sock \
+taskset -c 0 $bin/rdmablk connect -t tcp -a 127.0.0.1 -s $port -n $nqn -Q 256 --nbd unix:$work/rdmablk.sock \
   > "$work/connect.out" 2> "$work/connect.log" & pids+=($!)
 taskset -c 0 nbdkit -U "$work/nbdkit.sock" --exit-with-parent memory $size & pids+=($!)
 truncate -s $size /dev/shm/rdmablk-suite.raw
@@ -58,7 +60,7 @@ done
 paths="bench rdmablk qemu nbdkit"
 ublk_dev=""
 if [ -e /dev/ublk-control ]; then
-  taskset -c 1 $bin/rdmablk connect -t tcp -a 127.0.0.1 -s $port -n $nqn --ublk --ublk-id 7 \
+  taskset -c 0 $bin/rdmablk connect -t tcp -a 127.0.0.1 -s $port -n $nqn --ublk --ublk-id 7 \
     > "$work/ublk.out" 2> "$work/ublk.log" & pids+=($!)
   for _ in $(seq 100); do grep -q '^ready: ' "$work/ublk.out" && break; sleep 0.1; done
   ublk_dev=$(sed -n 's/^ready: //p' "$work/ublk.out")

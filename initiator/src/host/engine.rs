@@ -210,10 +210,13 @@ impl Engine {
         let mut done = Vec::new();
         let mut events: Vec<(u64, i32)> = Vec::new();
         let mut finished = false;
+        // Whether the last round reaped anything: a busy-polling engine
+        // whose ring had nothing new goes straight back to it.
+        let mut news = true;
         loop {
             // Run the driver and the queue until neither has anything new:
             // a completion may let the driver reply or submit more.
-            loop {
+            while news {
                 let mut cx = Cx::new(
                     &mut self.ring.arena,
                     &mut self.queue,
@@ -256,6 +259,7 @@ impl Engine {
             submitted.map_err(|e| format!("io_uring: {e}"))?;
             events.clear();
             self.ring.reap(&mut events);
+            news = !events.is_empty() || !self.busy_poll;
             for &(ud, res) in &events {
                 let mut cx = Cx::new(
                     &mut self.ring.arena,
