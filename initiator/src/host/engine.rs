@@ -214,30 +214,8 @@ impl Engine {
         // whose ring had nothing new goes straight back to it.
         let mut news = true;
         loop {
-            // Run the driver and the queue until neither has anything new:
-            // a completion may let the driver reply or submit more.
-            while news {
-                let mut cx = Cx::new(
-                    &mut self.ring.arena,
-                    &mut self.queue,
-                    &mut self.ring.pending,
-                );
-                if !finished {
-                    finished = !driver.pump(&mut cx);
-                }
-                let generation = self.generation & GENERATION_MASK;
-                cx.queue.pump(
-                    cx.sq,
-                    KIND_RECV << 56 | generation,
-                    KIND_SEND << 56 | generation,
-                );
-                cx.queue.take_done(&mut done);
-                if done.is_empty() {
-                    break;
-                }
-                for d in done.drain(..) {
-                    driver.on_done(d, &mut cx);
-                }
+            if news {
+                self.settle(driver, &mut finished, &mut done);
             }
             if finished && self.queue.idle() && driver.ops_in_flight() == 0 {
                 return Ok(());
@@ -287,6 +265,34 @@ impl Engine {
                     KIND_WAKE => self.arm_wake(),
                     _ => {}
                 }
+            }
+        }
+    }
+
+    /// Runs the driver and the queue until neither has anything new: a
+    /// completion may let the driver reply or submit more.
+    fn settle(&mut self, driver: &mut dyn Driver, finished: &mut bool, done: &mut Vec<Done>) {
+        loop {
+            let mut cx = Cx::new(
+                &mut self.ring.arena,
+                &mut self.queue,
+                &mut self.ring.pending,
+            );
+            if !*finished {
+                *finished = !driver.pump(&mut cx);
+            }
+            let generation = self.generation & GENERATION_MASK;
+            cx.queue.pump(
+                cx.sq,
+                KIND_RECV << 56 | generation,
+                KIND_SEND << 56 | generation,
+            );
+            cx.queue.take_done(done);
+            if done.is_empty() {
+                return;
+            }
+            for d in done.drain(..) {
+                driver.on_done(d, &mut cx);
             }
         }
     }
