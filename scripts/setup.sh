@@ -8,7 +8,9 @@ set -euo pipefail
 # and libclang for rdma-sys (its bindings are generated at build time).
 BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev)
 # Tests with real clients we did not write, and the VM suite's QEMU.
-TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86)
+# prometheus ships promtool, which lints the metrics endpoint's output.
+TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86
+  prometheus)
 
 want=("${BUILD_PKGS[@]}")
 case "${1:-}" in

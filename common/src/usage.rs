@@ -20,6 +20,20 @@ pub fn process_cpu() -> Duration {
     t(u.ru_utime) + t(u.ru_stime)
 }
 
+/// CPU time the calling thread has used so far.
+pub fn thread_cpu() -> Duration {
+    // SAFETY: timespec is plain data; zeroed is a valid value.
+    let mut ts: libc::timespec = unsafe { std::mem::zeroed() };
+    // SAFETY: `ts` is writable; the clock id is a constant the kernel knows.
+    if unsafe { libc::clock_gettime(libc::CLOCK_THREAD_CPUTIME_ID, &mut ts) } != 0 {
+        return Duration::ZERO;
+    }
+    Duration::new(
+        ts.tv_sec.max(0) as u64,
+        ts.tv_nsec.clamp(0, 999_999_999) as u32,
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -33,5 +47,31 @@ mod tests {
             x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
         }
         assert!(process_cpu() > before, "50 ms of spinning used no CPU time");
+    }
+
+    #[test]
+    fn thread_cpu_time_counts_this_thread_only() {
+        let spin = |ms| {
+            let mut x = 0u64;
+            let start = std::time::Instant::now();
+            while start.elapsed() < Duration::from_millis(ms) {
+                x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
+            }
+        };
+        let before = thread_cpu();
+        std::thread::spawn(move || spin(200))
+            .join()
+            .expect("spinner");
+        let idle = thread_cpu() - before;
+        spin(50);
+        let busy = thread_cpu() - before;
+        assert!(
+            idle < Duration::from_millis(100),
+            "another thread's 200 ms counted: {idle:?}"
+        );
+        assert!(
+            busy >= Duration::from_millis(40),
+            "50 ms of spinning counted {busy:?}"
+        );
     }
 }

@@ -8,7 +8,7 @@ use rdmablk::frontend::ublk;
 use rdmablk::host::engine::Engine;
 use rdmablk::host::{HostError, Params, Session, Transport};
 use rdmablk::hostid;
-use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, trtype, DiscoveryEntry};
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -294,6 +294,17 @@ fn print_entry(i: usize, e: &DiscoveryEntry) {
         ""
     };
     println!("treq:    {treq}{sqflow}");
+    let flags: Vec<&str> = [
+        (eflags::EPCSD, "explicit discovery connections"),
+        (eflags::DUPRETINFO, "duplicate discovery information"),
+    ]
+    .iter()
+    .filter(|(bit, _)| e.eflags & bit != 0)
+    .map(|(_, name)| *name)
+    .collect();
+    if !flags.is_empty() {
+        println!("eflags:  {}", flags.join(", "));
+    }
     println!("portid:  {}", e.portid);
     println!("trsvcid: {}", e.trsvcid);
     println!("subnqn:  {}", e.subnqn);

@@ -75,6 +75,8 @@ pub struct Command {
     pub staged: Option<Vec<u8>>,
     /// When the command last waited for the host (its data).
     pub since: std::time::Instant,
+    /// When its capsule arrived (its latency in metrics runs from here).
+    pub arrived: std::time::Instant,
     /// Final status, once known.
     pub status: Status,
     /// CQE dwords 0 and 1.
@@ -88,9 +90,15 @@ pub struct Command {
     zeroing_fallback: bool,
 }
 
-/// Classifies a capsule. `sgl_len` is the length its data pointer describes.
+/// Classifies a capsule. `sgl_len` is the length its data pointer describes;
+/// `poller` is the poller's index (an I/O command counts in its metrics).
 /// An `Err` is the status to complete the command with at once.
-pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Command, Status> {
+pub fn plan(
+    assoc: Option<&Association>,
+    sqe: &Sqe,
+    sgl_len: u32,
+    poller: usize,
+) -> Result<Command, Status> {
     // As nvmet_req_init: no fused operations (Compare and Write is not
     // supported), and every Fabrics command uses SGLs (NVMe over Fabrics
     // 1.1, 2.1: PSDT 01b).
@@ -108,6 +116,7 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
             sqe,
             sgl_len,
             a.ctrl.caps().max_transfer(),
+            poller,
         )?),
     };
     let dir = DataDirection::from_code(if is_fabrics {
@@ -151,6 +160,7 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
         Work::Io(req) => req.data_to_host() > 0,
         _ => dir == DataDirection::ToHost,
     };
+    let now = std::time::Instant::now();
     Ok(Command {
         sqe: *sqe,
         state: State::Received,
@@ -161,7 +171,8 @@ pub fn plan(assoc: Option<&Association>, sqe: &Sqe, sgl_len: u32) -> Result<Comm
         received: 0,
         requested: 0,
         staged: None,
-        since: std::time::Instant::now(),
+        since: now,
+        arrived: now,
         status: Status::SUCCESS,
         dw0: 0,
         dw1: 0,
@@ -453,7 +464,7 @@ mod tests {
     /// The status `plan` answers a command with at once, or its data length.
     fn planned(assoc: Option<&Association>, mut sqe: Sqe, sgl_len: u32) -> Result<usize, Status> {
         sqe.set_sgl(&Sgl::Transport { len: sgl_len });
-        plan(assoc, &sqe, sgl_len).map(|c| c.len)
+        plan(assoc, &sqe, sgl_len, 0).map(|c| c.len)
     }
 
     /// NVMe Base 2.1, Figure 91 (CDW0) and nvmet_req_init: fabrics commands
@@ -464,11 +475,11 @@ mod tests {
         let a = enabled(&reg, 1);
         let mut sqe = Sqe::new(admin::KEEP_ALIVE, 1);
         sqe.set_sgl(&Sgl::Transport { len: 0 });
-        assert!(plan(Some(&a), &sqe, 0).is_ok());
+        assert!(plan(Some(&a), &sqe, 0, 0).is_ok());
         for flags in [0x00, 0x80, 0xc0, 0x41, 0x42] {
             sqe.set_flags(flags);
             assert_eq!(
-                plan(Some(&a), &sqe, 0).err(),
+                plan(Some(&a), &sqe, 0, 0).err(),
                 Some(Status::INVALID_FIELD),
                 "flags {flags:#04x}"
             );

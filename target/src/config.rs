@@ -53,6 +53,9 @@ pub struct Config {
     pub subsystems: Vec<Subsystem>,
     /// What hosts may hold, and how long the target waits for them.
     pub limits: Limits,
+    /// Where the Prometheus metrics endpoint listens (`[metrics] listen`);
+    /// off when `None`.
+    pub metrics: Option<SocketAddr>,
 }
 
 /// Resource limits and deadlines (`[limits]`): what any one host can make
@@ -321,6 +324,25 @@ impl Config {
         validate_pollers(&self.pollers)?;
         validate_limits(&self.limits, self.pollers.arena_bytes)?;
         validate_listeners(&self.listeners)?;
+        if let Some(m) = self.metrics {
+            let clash = self.listeners.iter().find(|l| {
+                l.transport == Transport::Tcp
+                    && l.address.port() == m.port()
+                    && (l.address.ip() == m.ip()
+                        || l.address.ip().is_unspecified()
+                        || m.ip().is_unspecified())
+            });
+            if let Some(l) = clash {
+                return Err(invalid(
+                    "metrics.listen",
+                    format!(
+                        "{m} overlaps the NVMe/TCP listener on {}; give the metrics endpoint its own port, e.g. {}",
+                        l.address,
+                        SocketAddr::new(m.ip(), 9469)
+                    ),
+                ));
+            }
+        }
         if self.subsystems.is_empty() {
             return Err(invalid(
                 "subsystem",
@@ -469,6 +491,7 @@ pub fn embedded_default() -> Config {
             }],
         }],
         limits: Limits::default(),
+        metrics: None,
     }
 }
 
@@ -567,6 +590,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
             }],
         }],
         limits: Limits::default(),
+        metrics: None,
     };
     config.validate()?;
     Ok(config)
@@ -655,6 +679,7 @@ pub fn validate_nqn(nqn: &str) -> Result<(), NqnError> {
 struct RawConfig {
     pollers: Option<RawPollers>,
     limits: Option<RawLimits>,
+    metrics: Option<RawMetrics>,
     #[serde(default)]
     listener: Vec<RawListener>,
     #[serde(default)]
@@ -683,6 +708,12 @@ struct RawLimits {
     data_timeout: Option<RawDuration>,
     send_timeout: Option<RawDuration>,
     discovery_keep_alive: Option<RawDuration>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawMetrics {
+    listen: Option<String>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -767,6 +798,7 @@ enum RawDuration {
 fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
     let pollers = convert_pollers(raw.pollers.unwrap_or_default())?;
     let limits = convert_limits(raw.limits.unwrap_or_default())?;
+    let metrics = convert_metrics(raw.metrics.unwrap_or_default())?;
     let listeners = raw
         .listener
         .into_iter()
@@ -784,7 +816,22 @@ fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
         listeners,
         subsystems,
         limits,
+        metrics,
     })
+}
+
+/// `[metrics] listen`: an IP address and a port; without it, no endpoint.
+fn convert_metrics(raw: RawMetrics) -> Result<Option<SocketAddr>, ConfigError> {
+    let Some(text) = raw.listen else {
+        return Ok(None);
+    };
+    match text.parse::<SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(Some(a)),
+        _ => Err(invalid(
+            "metrics.listen",
+            format!("{text:?} is not an IP address with a port; give e.g. \"127.0.0.1:9469\""),
+        )),
+    }
 }
 
 fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
@@ -1454,6 +1501,7 @@ mod tests {
         );
         assert_eq!(config.pollers.arena_bytes, 64 << 20);
         assert!(!config.pollers.busy_poll);
+        assert_eq!(config.metrics, Some("127.0.0.1:9469".parse().unwrap()));
         assert_eq!(
             config.limits,
             Limits::default(),
@@ -1479,6 +1527,33 @@ mod tests {
             ramdisk.namespaces[0].backend,
             Backend::Memory { .. }
         ));
+    }
+
+    /// `[metrics] listen`: an address with a port, not an NVMe/TCP
+    /// listener's; without it (or the table), no endpoint.
+    #[test]
+    fn metrics_rules() {
+        assert_eq!(parse(&minimal("", "")).expect("valid").metrics, None);
+        assert_eq!(
+            parse(&minimal("", "[metrics]")).expect("valid").metrics,
+            None
+        );
+        let on = parse(&minimal("", "[metrics]\nlisten = \"[::1]:9469\""))
+            .expect("valid")
+            .metrics;
+        assert_eq!(on, Some("[::1]:9469".parse().unwrap()));
+        for bad in ["localhost:9469", "127.0.0.1", "127.0.0.1:0", ""] {
+            let text = minimal("", &format!("[metrics]\nlisten = {bad:?}"));
+            assert_invalid(&text, "metrics.listen", "not an IP address with a port");
+        }
+        let clash = minimal("", "[metrics]\nlisten = \"0.0.0.0:4420\"");
+        assert_invalid(
+            &clash,
+            "metrics.listen",
+            "overlaps the NVMe/TCP listener on 127.0.0.1:4420",
+        );
+        let typo = minimal("", "[metrics]\naddress = \"127.0.0.1:9469\"");
+        assert!(matches!(parse(&typo), Err(ConfigError::Syntax(_))));
     }
 
     #[test]

@@ -96,6 +96,8 @@ pub struct TransportCaps {
     pub in_capsule_data: u32,
     /// SGL support bits (Identify Controller SGLS).
     pub sgls: u32,
+    /// The transport's name, as metrics label it ("tcp", "rdma").
+    pub transport: &'static str,
 }
 
 impl TransportCaps {
@@ -455,6 +457,12 @@ impl Controller {
     /// What the transport of the admin queue serves.
     pub fn caps(&self) -> TransportCaps {
         self.caps
+    }
+
+    /// Queues connected to the controller: its admin queue and I/O queues.
+    pub fn queues_connected(&self) -> usize {
+        let st = self.state.lock().expect("controller state");
+        1 + st.connected.iter().filter(|&&c| c).count()
     }
 
     /// Whether the association is still alive (no keep-alive expiry, no

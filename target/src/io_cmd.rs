@@ -1,6 +1,7 @@
 //! NVM command set I/O commands: decoding and validation against the
 //! namespace, before any data moves. Transport independent.
 
+use crate::metrics::Op;
 use crate::subsystem::{Namespace, Subsystem};
 use rdmablk_common::bytes::{get_u32, get_u64};
 use rdmablk_common::nvme::{nvm, Sqe, Status};
@@ -38,9 +39,26 @@ pub struct IoRequest {
     pub offset: u64,
     /// Bytes of data the command moves (Read/Write/DSM), or zeroes (Write Zeroes).
     pub len: u64,
+    /// The poller whose metrics slot of the namespace counts the command.
+    pub poller: usize,
+}
+
+impl Drop for IoRequest {
+    fn drop(&mut self) {
+        self.ns.metrics.of(self.poller).end();
+    }
 }
 
 impl IoRequest {
+    /// The operation class metrics count the command under.
+    pub fn op(&self) -> Op {
+        match self.kind {
+            IoKind::Read => Op::Read,
+            IoKind::Write { .. } => Op::Write,
+            _ => Op::Other,
+        }
+    }
+
     /// Bytes the host sends (Write, DSM ranges).
     pub fn data_to_controller(&self) -> usize {
         match self.kind {
@@ -58,12 +76,15 @@ impl IoRequest {
     }
 }
 
-/// Decodes an I/O command; `sgl_len` is the length the data pointer describes.
+/// Decodes an I/O command; `sgl_len` is the length the data pointer
+/// describes. The namespace's metrics slot of `poller` counts it: as
+/// started, or as refused when it names a namespace but fails a check.
 pub fn decode(
     subsys: &Subsystem,
     sqe: &Sqe,
     sgl_len: u32,
     max_transfer: usize,
+    poller: usize,
 ) -> Result<IoRequest, Status> {
     // The opcode first: an admin command on an I/O queue (Keep Alive) is an
     // Invalid Opcode, whatever its namespace field.
@@ -73,6 +94,41 @@ pub fn decode(
     ) {
         return Err(Status::INVALID_OPCODE);
     }
+    let ns = subsys
+        .namespace(sqe.nsid())
+        .ok_or(Status::INVALID_NAMESPACE)?;
+    let counters = ns.metrics.of(poller);
+    match check(ns, sqe, sgl_len, max_transfer) {
+        Ok((kind, offset, len)) => {
+            counters.start();
+            Ok(IoRequest {
+                kind,
+                ns: ns.clone(),
+                offset,
+                len,
+                poller,
+            })
+        }
+        Err(st) => {
+            let op = match sqe.opcode() {
+                nvm::READ => Op::Read,
+                nvm::WRITE => Op::Write,
+                _ => Op::Other,
+            };
+            counters.refused(op, st);
+            Err(st)
+        }
+    }
+}
+
+/// Checks an I/O command against its namespace: what it does, at which
+/// byte offset, over how many bytes.
+fn check(
+    ns: &Namespace,
+    sqe: &Sqe,
+    sgl_len: u32,
+    max_transfer: usize,
+) -> Result<(IoKind, u64, u64), Status> {
     let no_data = || {
         if sgl_len == 0 {
             Ok(())
@@ -80,10 +136,6 @@ pub fn decode(
             Err(Status::SGL_DATA_LENGTH_INVALID)
         }
     };
-    let ns = subsys
-        .namespace(sqe.nsid())
-        .ok_or(Status::INVALID_NAMESPACE)?
-        .clone();
     let bs = ns.block_size as u64;
     let rw_range = |ns: &Namespace| -> Result<(u64, u64), Status> {
         let slba = sqe.cdw10_11();
@@ -102,7 +154,7 @@ pub fn decode(
     };
     let (kind, offset, len) = match sqe.opcode() {
         nvm::READ | nvm::WRITE => {
-            let (offset, len) = rw_range(&ns)?;
+            let (offset, len) = rw_range(ns)?;
             if len > max_transfer as u64 {
                 return Err(Status::INVALID_FIELD);
             }
@@ -112,7 +164,7 @@ pub fn decode(
             if sqe.opcode() == nvm::READ {
                 (IoKind::Read, offset, len)
             } else {
-                writable(&ns)?;
+                writable(ns)?;
                 let fua = sqe.cdw(12) & (1 << 30) != 0;
                 (IoKind::Write { fua }, offset, len)
             }
@@ -123,8 +175,8 @@ pub fn decode(
         }
         nvm::WRITE_ZEROES => {
             no_data()?;
-            writable(&ns)?;
-            let (offset, len) = rw_range(&ns)?;
+            writable(ns)?;
+            let (offset, len) = rw_range(ns)?;
             let deallocate = sqe.cdw(12) & (1 << 25) != 0;
             (IoKind::WriteZeroes { deallocate }, offset, len)
         }
@@ -136,18 +188,13 @@ pub fn decode(
             }
             let deallocate = sqe.cdw(11) & (1 << 2) != 0;
             if deallocate {
-                writable(&ns)?;
+                writable(ns)?;
             }
             (IoKind::Dsm { deallocate }, 0, len)
         }
         _ => return Err(Status::INVALID_OPCODE),
     };
-    Ok(IoRequest {
-        kind,
-        ns,
-        offset,
-        len,
-    })
+    Ok((kind, offset, len))
 }
 
 /// Decodes DSM ranges into byte (offset, length) pairs, checking each.

@@ -10,6 +10,7 @@ mod config;
 mod controller;
 mod error;
 mod io_cmd;
+mod metrics;
 mod notify;
 mod poller;
 mod queue;
@@ -22,6 +23,7 @@ mod transport;
 use clap::Parser;
 use config::{Config, ConfigError, QuickArgs};
 use error::{starting, DaemonError};
+use metrics::PollerCounters;
 use nix::sys::signal::{SigSet, Signal};
 use poller::{PollerLink, Shared};
 use std::path::PathBuf;
@@ -194,7 +196,11 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
             .map(|_| AtomicUsize::new(0))
             .collect(),
         io_commands: (0..cfg.pollers.count).map(|_| AtomicU64::new(0)).collect(),
+        pollers: (0..cfg.pollers.count)
+            .map(|_| PollerCounters::default())
+            .collect(),
     });
+    let started = std::time::Instant::now();
     let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
         .map(|i| {
             poller::spawn(
@@ -244,6 +250,19 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
             l.address.port(),
             cfg.subsystems[0].nqn
         );
+    }
+    if let Some(addr) = cfg.metrics {
+        let listener = std::net::TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
+            url: format!("http://{addr}/metrics"),
+            source,
+            hint: "",
+        })?;
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || metrics::http::serve(listener, || metrics::render(&shared, started)))
+            .map_err(starting("the metrics endpoint"))?;
+        tracing::info!("metrics on http://{addr}/metrics");
     }
     if let Some(path) = stats {
         let shared = shared.clone();

@@ -3,6 +3,7 @@
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
 use crate::budget::PollerBudget;
+use crate::metrics::PollerCounters;
 use crate::subsystem::Registry;
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
@@ -151,6 +152,8 @@ pub struct Io<'a> {
     pub stopping: bool,
     /// I/O commands this poller has answered (the stats file).
     pub answered: &'a mut u64,
+    /// The poller's index (its slot in namespaces' metrics).
+    pub poller: usize,
 }
 
 /// State shared by all pollers.
@@ -163,6 +166,8 @@ pub struct Shared {
     pub buffers_in_use: Vec<AtomicUsize>,
     /// I/O commands answered, per poller (for the stats file).
     pub io_commands: Vec<AtomicU64>,
+    /// Each poller's own metrics.
+    pub pollers: Vec<PollerCounters>,
 }
 
 /// A new queue for a poller, from the listener of the transport whose
@@ -310,6 +315,7 @@ impl Poller {
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
                 answered: &mut self.answered,
+                poller: self.id,
             },
             &mut self.endpoints,
             &self.shared,
@@ -357,6 +363,10 @@ impl Poller {
         let standing: usize = endpoints.iter().map(|e| e.standing_buffers()).sum();
         let in_use = io.arena.buffers_in_use() - standing;
         shared.buffers_in_use[id].store(in_use, Ordering::Relaxed);
+        // Bytes include standing receive buffers (NVMe/RDMA's SRQ).
+        shared.pollers[id]
+            .arena_bytes
+            .set(io.arena.bytes_in_use() as u64);
         shared.io_commands[id].store(*io.answered, Ordering::Relaxed);
         if stop_at.is_some_and(|t| t.elapsed() > DRAIN_TIMEOUT) {
             for e in endpoints.iter_mut() {
@@ -367,6 +377,8 @@ impl Poller {
     }
 
     fn on_tick(&mut self) {
+        let busy = rdmablk_common::usage::thread_cpu().as_nanos() as u64;
+        self.shared.pollers[self.id].busy_ns.set(busy);
         let (mut io, endpoints, _) = self.split();
         for e in endpoints.iter_mut() {
             e.on_tick(&mut io);

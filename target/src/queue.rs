@@ -231,7 +231,7 @@ impl Queue {
         if let Some(st) = status {
             return self.refuse(sqe, st, io, w);
         }
-        let mut cmd = match command::plan(self.bind.assoc.as_ref(), sqe, sgl.len()) {
+        let mut cmd = match command::plan(self.bind.assoc.as_ref(), sqe, sgl.len(), io.poller) {
             Ok(c) => c,
             Err(st) => return self.refuse(sqe, st, io, w),
         };
@@ -240,7 +240,7 @@ impl Queue {
         // data to the host never travels in the capsule.
         let in_capsule = matches!(sgl, Sgl::InCapsule { .. });
         if (sgl.len() as usize) < cmd.len || in_capsule && cmd.to_host {
-            return self.refuse(sqe, Status::SGL_DATA_LENGTH_INVALID, io, w);
+            return self.refuse_planned(&cmd, Status::SGL_DATA_LENGTH_INVALID, io, w);
         }
         let Some(slot) = self.vacant() else {
             return Intake::Overrun;
@@ -269,7 +269,7 @@ impl Queue {
                                 Staged::Stall => return Intake::Stall,
                                 Staged::Refuse => {
                                     let st = self.bind.retry_later();
-                                    return self.refuse(sqe, st, io, w);
+                                    return self.refuse_planned(&cmd, st, io, w);
                                 }
                             }
                         }
@@ -323,6 +323,21 @@ impl Queue {
             io,
         );
         Intake::Taken
+    }
+
+    /// [`Queue::refuse`] for a command already planned: an I/O command's
+    /// namespace counts the refusal.
+    fn refuse_planned<W: Wire>(
+        &mut self,
+        cmd: &Command,
+        status: Status,
+        io: &mut Io,
+        w: &mut W,
+    ) -> Intake {
+        if let Work::Io(req) = &cmd.work {
+            req.ns.metrics.of(io.poller).refused(req.op(), status);
+        }
+        self.refuse(&cmd.sqe, status, io, w)
     }
 
     /// Moves a command on as far as it goes now: a buffer for its data,
@@ -502,8 +517,14 @@ impl Queue {
         if !cmd.status.is_success() {
             tracing::debug!(peer = %self.peer, cid = cmd.sqe.cid(), status = %cmd.status, "command failed");
         }
-        if matches!(cmd.work, Work::Io(_)) {
+        if let Work::Io(req) = &cmd.work {
             *io.answered += 1;
+            let bytes = req.data_to_host().max(req.data_to_controller()) as u64;
+            let latency = cmd.arrived.elapsed();
+            req.ns
+                .metrics
+                .of(io.poller)
+                .answered(req.op(), bytes, latency, cmd.status);
         }
         let cqe = binding::response(
             &self.bind,

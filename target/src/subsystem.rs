@@ -6,7 +6,8 @@ use crate::backend::{Backend, FileBackend, MemoryBackend};
 use crate::config::{self, Config, Listener};
 use crate::controller::Controller;
 use crate::error::DaemonError;
-use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
+use crate::metrics::NsMetrics;
+use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::net::IpAddr;
@@ -25,6 +26,8 @@ pub struct Namespace {
     pub nguid: [u8; 16],
     /// UUID, stable across restarts.
     pub uuid: [u8; 16],
+    /// Commands, bytes, errors and latency, per poller.
+    pub metrics: NsMetrics,
 }
 
 impl Namespace {
@@ -125,6 +128,12 @@ impl Subsystem {
         c.live.values().filter(|w| w.strong_count() > 0).count()
     }
 
+    /// The controllers alive now.
+    pub fn live_controllers(&self) -> Vec<Arc<Controller>> {
+        let c = self.controllers.lock().expect("controllers lock");
+        c.live.values().filter_map(Weak::upgrade).collect()
+    }
+
     /// The live controller with this id.
     pub fn controller(&self, cntlid: u16) -> Option<Arc<Controller>> {
         let c = self.controllers.lock().expect("controllers lock");
@@ -149,10 +158,12 @@ impl Registry {
             let mut namespaces = Vec::new();
             for (ni, n) in s.namespaces.iter().enumerate() {
                 let key = format!("subsystem[{si}].namespace[{ni}]");
-                let ns = open_namespace(&s.nqn, n).map_err(|source| DaemonError::Namespace {
-                    key,
-                    nqn: s.nqn.clone(),
-                    source,
+                let ns = open_namespace(&s.nqn, n, cfg.pollers.count).map_err(|source| {
+                    DaemonError::Namespace {
+                        key,
+                        nqn: s.nqn.clone(),
+                        source,
+                    }
                 })?;
                 tracing::info!(
                     subsystem = %s.nqn,
@@ -188,19 +199,32 @@ impl Registry {
         self.subsystems.iter().find(|s| s.nqn == nqn)
     }
 
-    /// The discovery log page as `hostnqn` may see it: one entry per
-    /// (subsystem it is allowed on, listener), as seen by a host whose
-    /// discovery queue reached us at `local`.
+    /// The discovery log page as `hostnqn` may see it, as seen by a host
+    /// whose discovery queue reached us at `local`: first this discovery
+    /// subsystem on each listener (SUBTYPE 3h, TP 8013; DUPRETINFO so that
+    /// hosts do not connect to it again, EPCSD), then one entry per
+    /// (subsystem the host is allowed on, listener).
     pub fn discovery_log(&self, hostnqn: &str, local: Option<IpAddr>) -> Vec<u8> {
+        let current = std::iter::once((DISCOVERY_NQN, subtype::CURRENT_DISCOVERY));
+        let allowed = self
+            .subsystems
+            .iter()
+            .filter(|s| s.admits(hostnqn))
+            .map(|s| (s.nqn.as_str(), subtype::NVME));
         let mut entries = Vec::new();
-        for s in self.subsystems.iter().filter(|s| s.admits(hostnqn)) {
+        for (nqn, kind) in current.chain(allowed) {
             for (port, l) in self.listeners.iter().enumerate() {
                 let (_, transport) = crate::transport::of(l.transport);
-                entries.push(DiscoveryEntry {
+                let mut e = DiscoveryEntry {
                     portid: port as u16 + 1,
-                    subnqn: s.nqn.clone(),
+                    subnqn: nqn.to_string(),
                     ..transport.profile().discovery_entry(l.address, local)
-                });
+                };
+                if kind == subtype::CURRENT_DISCOVERY {
+                    e.subtype = kind;
+                    e.eflags = eflags::DUPRETINFO | eflags::EPCSD;
+                }
+                entries.push(e);
             }
         }
         // The generation counter changes only with the configuration, which is
@@ -209,7 +233,8 @@ impl Registry {
     }
 }
 
-fn open_namespace(nqn: &str, n: &config::Namespace) -> std::io::Result<Namespace> {
+/// Opens a namespace's backend; its metrics have a slot for each of `pollers`.
+fn open_namespace(nqn: &str, n: &config::Namespace, pollers: usize) -> std::io::Result<Namespace> {
     let (backend, size) = match &n.backend {
         config::Backend::File { path, create_size } => {
             let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
@@ -239,6 +264,7 @@ fn open_namespace(nqn: &str, n: &config::Namespace) -> std::io::Result<Namespace
         backend,
         nguid,
         uuid,
+        metrics: NsMetrics::new(pollers),
     })
 }
 

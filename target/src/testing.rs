@@ -21,6 +21,7 @@ pub const CAPS: TransportCaps = TransportCaps {
     max_queue_entries: 128,
     in_capsule_data: 8192,
     sgls: sgls::SUPPORTED | sgls::TRANSPORT | sgls::OFFSET,
+    transport: "tcp",
 };
 
 /// A registry with one 16 MiB memory namespace any host may use.
@@ -153,6 +154,7 @@ impl Rig {
             registry: &self.registry,
             stopping: false,
             answered: &mut self.answered,
+            poller: 0,
         }
     }
 

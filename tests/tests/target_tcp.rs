@@ -2,7 +2,7 @@
 //! `rdmablk_tests::client`. Each test runs its own daemon on its own port;
 //! a failing test prints the daemon's log tail.
 
-use rdmablk_common::fabrics::discovery::{adrfam, subtype, trtype};
+use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, trtype};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use rdmablk_common::nvme::identify::{cns, cntrltype, parse_ns_list, sgls, NamespaceId};
 use rdmablk_common::nvme::log::lid;
@@ -1086,6 +1086,10 @@ fn keep_alive_timeout_disconnects() {
         .or_panic("I/O after 3 s of keep-alives");
 }
 
+/// The log also lists the discovery subsystem itself on each listener
+/// (SUBTYPE 3h, NVMe over Fabrics 1.1a Figure 38 and TP 8013) with
+/// DUPRETINFO, which tells hosts (nvme connect-all) not to connect to it
+/// again, and EPCSD.
 #[test]
 fn discovery_log_lists_allowed_subsystems() {
     let t = Target::start_config(&two_subsystems_config());
@@ -1093,6 +1097,22 @@ fn discovery_log_lists_allowed_subsystems() {
     let subsystems = |host: &str| {
         let entries =
             Controller::discover(t.addr(), host).or_panic(format_args!("discovery as {host}"));
+        let current: Vec<_> = entries
+            .iter()
+            .filter(|e| e.subnqn == DISCOVERY_NQN)
+            .collect();
+        assert_eq!(current.len(), 1, "one current discovery entry per listener");
+        let c = current[0];
+        assert_eq!(
+            (c.subtype, c.eflags, c.traddr.as_str(), c.trsvcid.as_str()),
+            (
+                subtype::CURRENT_DISCOVERY,
+                eflags::DUPRETINFO | eflags::EPCSD,
+                "127.0.0.1",
+                port.as_str()
+            ),
+            "current discovery entry"
+        );
         let mut nqns = Vec::new();
         for e in entries.iter().filter(|e| e.subnqn != DISCOVERY_NQN) {
             let what = format!("entry for {} as seen by {host}", e.subnqn);

@@ -38,6 +38,17 @@ pub mod treq {
     pub const SQ_FLOW_CONTROL_DISABLE: u8 = 1 << 2;
 }
 
+/// Entry flags (EFLAGS, bytes 11:10), NVMe over Fabrics 1.1a Figure 38
+/// (TP 8013).
+pub mod eflags {
+    /// Duplicate Returned Information: this discovery controller returns
+    /// the same log as the one reading it (hosts need not connect to it).
+    pub const DUPRETINFO: u16 = 1 << 0;
+    /// Explicit Persistent Connection Support for Discovery: hosts may keep
+    /// a connection to it and take Discovery Log Page Change events.
+    pub const EPCSD: u16 = 1 << 1;
+}
+
 /// The RDMA transport specific address subtype (TSAS), NVMe over Fabrics
 /// 1.1 Figure 41: queue pair type, provider type, connection management.
 pub mod rdma_tsas {
@@ -70,6 +81,8 @@ pub struct DiscoveryEntry {
     pub cntlid: u16,
     /// Admin max SQ size.
     pub asqsz: u16,
+    /// Entry flags ([`eflags`]).
+    pub eflags: u16,
     pub trsvcid: String,
     pub subnqn: String,
     pub traddr: String,
@@ -86,6 +99,7 @@ impl DiscoveryEntry {
         put_u16(b, 4, self.portid);
         put_u16(b, 6, self.cntlid);
         put_u16(b, 8, self.asqsz);
+        put_u16(b, 10, self.eflags);
         put_str(b, 32, 32, &self.trsvcid, b' ');
         put_str(b, 256, 256, &self.subnqn, 0);
         put_str(b, 512, 256, &self.traddr, b' ');
@@ -103,6 +117,7 @@ impl DiscoveryEntry {
             portid: get_u16(b, 4),
             cntlid: get_u16(b, 6),
             asqsz: get_u16(b, 8),
+            eflags: get_u16(b, 10),
             trsvcid: get_str(b, 32, 32),
             subnqn: get_str(b, 256, 256),
             traddr: get_str(b, 512, 256),
@@ -157,6 +172,7 @@ mod tests {
             portid: 1,
             cntlid: 0xffff,
             asqsz: 32,
+            eflags: eflags::EPCSD,
             trsvcid: "4420".into(),
             subnqn: "nqn.2026-11.io.rdmablk:a".into(),
             traddr: "127.0.0.1".into(),
@@ -167,6 +183,7 @@ mod tests {
         assert_eq!(parse_log_header(&b), (5, 2));
         assert_eq!(b[1024], 3);
         assert_eq!(&b[1024 + 32..1024 + 36], b"4420");
+        assert_eq!(b[1024 + 10], 2, "EFLAGS at bytes 11:10");
         assert_eq!(parse_log_entries(&b), vec![e.clone(), e]);
     }
 }

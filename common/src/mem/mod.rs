@@ -141,6 +141,8 @@ pub struct Arena {
     /// Free blocks of each order (block size `MIN_BUF << order`).
     free: Vec<FreeList>,
     in_use: usize,
+    /// Bytes of the buffers in use (their whole blocks).
+    bytes_in_use: usize,
     huge: bool,
 }
 
@@ -177,6 +179,7 @@ impl Arena {
             map,
             free,
             in_use: 0,
+            bytes_in_use: 0,
             huge,
         })
     }
@@ -207,6 +210,11 @@ impl Arena {
         self.in_use
     }
 
+    /// Bytes of the buffers handed out and not yet freed.
+    pub fn bytes_in_use(&self) -> usize {
+        self.bytes_in_use
+    }
+
     /// A buffer of at least `len` bytes, or `None` when the arena is exhausted
     /// (or `len` exceeds [`MAX_BUF`]).
     pub fn alloc(&mut self, len: usize) -> Option<ArenaBuf> {
@@ -222,6 +230,7 @@ impl Arena {
             self.free[o].push(upper / (MIN_BUF << o));
         }
         self.in_use += 1;
+        self.bytes_in_use += MIN_BUF << want;
         Some(ArenaBuf {
             offset,
             order: want as u8,
@@ -244,6 +253,7 @@ impl Arena {
         }
         self.free[order].push(offset / (MIN_BUF << order));
         self.in_use -= 1;
+        self.bytes_in_use -= MIN_BUF << buf.order;
     }
 
     /// Copies `src` into `buf` from its byte `at` on.

@@ -37,13 +37,14 @@ pub struct Profile {
 
 /// What transports serve unless they say otherwise: 1 MiB transfers (MDTS
 /// 8), 128-entry I/O queues, 8 KiB of in-capsule data, SGLs with offsets
-/// and the descriptor type `sgl` of the transport.
-pub const fn base_caps_with(sgl: u32) -> TransportCaps {
+/// and the descriptor type `sgl` of the transport named `transport`.
+pub const fn base_caps_with(sgl: u32, transport: &'static str) -> TransportCaps {
     TransportCaps {
         mdts: 8,
         max_queue_entries: 128,
         in_capsule_data: 8192,
         sgls: sgls::SUPPORTED | sgls::OFFSET | sgl,
+        transport,
     }
 }
 
@@ -93,6 +94,7 @@ impl Profile {
             portid: 0,
             cntlid: 0xffff,
             asqsz: ADMIN_QUEUE_SIZE,
+            eflags: 0,
             trsvcid: addr.port().to_string(),
             subnqn: String::new(),
             traddr: ip.to_string(),

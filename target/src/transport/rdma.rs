@@ -55,7 +55,7 @@ pub struct NvmeRdma;
 /// NVMe/RDMA as controllers and discovery see it.
 const PROFILE: Profile = Profile {
     kind: config::Transport::Rdma,
-    caps: base_caps_with(sgls::KEYED),
+    caps: base_caps_with(sgls::KEYED, "rdma"),
     // Completion and CM channels are polled, a common operation.
     ring_ops: &[],
     trtype: trtype::RDMA,

@@ -56,7 +56,7 @@ pub struct NvmeTcp;
 /// NVMe/TCP as controllers and discovery see it.
 const PROFILE: Profile = Profile {
     kind: config::Transport::Tcp,
-    caps: base_caps_with(sgls::TRANSPORT),
+    caps: base_caps_with(sgls::TRANSPORT, "tcp"),
     ring_ops: &[
         Op(opcode::Recv::CODE, "RECV"),
         Op(opcode::SendMsg::CODE, "SENDMSG"),
