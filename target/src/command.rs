@@ -112,7 +112,7 @@ pub fn plan(
         Some(_) if is_fabrics => Work::Fabrics,
         Some(a) if a.qid == 0 => Work::Admin,
         Some(a) => Work::Io(io_cmd::decode(
-            &a.ctrl.subsys,
+            |nsid| a.namespace(nsid),
             sqe,
             sgl_len,
             a.ctrl.caps().max_transfer(),

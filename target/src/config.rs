@@ -443,7 +443,8 @@ impl Config {
 }
 
 /// The machine's memory in bytes (MemTotal), if it can be read.
-fn machine_memory() -> Option<u64> {
+/// The machine's memory in bytes (MemTotal).
+pub fn machine_memory() -> Option<u64> {
     let info = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;

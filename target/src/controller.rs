@@ -5,7 +5,7 @@
 
 use crate::admission::{Gauge, Permit};
 use crate::config::Limits;
-use crate::subsystem::{Registry, Subsystem};
+use crate::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
 use rdmablk_common::fabrics::{
     cattr, fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN,
 };
@@ -15,7 +15,8 @@ use rdmablk_common::nvme::identify::{
 };
 use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status, FABRICS_OPCODE, SQE_LEN};
-use std::collections::HashMap;
+use std::cell::RefCell;
+use std::collections::{BTreeSet, HashMap, VecDeque};
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
@@ -158,7 +159,42 @@ struct State {
     /// Advanced Command Retry Enable (Host Behavior Support).
     acre: bool,
     features: HashMap<u8, u32>,
+    events: Events,
 }
+
+/// Asynchronous events (NVMe Base 2.1, 5.2.2): those waiting for an
+/// Asynchronous Event Request, the kinds reported and not yet acknowledged
+/// by a read of their log page (masked until then), and the namespaces
+/// changed since the host last read the Changed Namespace List.
+#[derive(Default)]
+struct Events {
+    /// Completion dword 0 of each event to report, oldest first.
+    pending: VecDeque<u32>,
+    /// [`aen`] kinds reported and not acknowledged.
+    masked: u32,
+    changed_ns: BTreeSet<u32>,
+}
+
+/// The asynchronous events a controller reports: their Async Event
+/// Configuration bit (also their OAES bit, and their mask bit here) and
+/// completion dword 0 (type Notice, information, log page).
+pub mod aen {
+    /// Namespace Attribute Notices (NVMe Base 2.1, Figure 201, bit 8).
+    pub const NS_ATTR: u32 = 1 << 8;
+    /// Discovery Log Page Change Notices (bit 31; discovery controllers).
+    pub const DISCOVERY: u32 = 1 << 31;
+    /// Asynchronous Event Type Notice (NVMe Base 2.1, Figure 150).
+    const NOTICE: u32 = 2;
+    /// Notice: Namespace Attribute Changed (information 00h), Changed
+    /// Namespace List (04h).
+    pub const NS_ATTR_DW0: u32 = NOTICE | 0x04 << 16;
+    /// Notice: Discovery Log Page Change, Discovery log (70h).
+    pub const DISCOVERY_DW0: u32 = NOTICE | 0xf0 << 8 | 0x70 << 16;
+}
+
+/// Namespaces the Changed Namespace List holds; beyond, it says "more than
+/// that" with FFFFFFFFh as its only entry (NVMe Base 2.1, 5.16.1.5).
+const CHANGED_NS_MAX: usize = 1024;
 
 /// A queue's binding after a successful Connect.
 pub struct Association {
@@ -170,11 +206,19 @@ pub struct Association {
     pub sq_flow_disabled: bool,
     /// The controller's generation when the queue connected.
     generation: u32,
+    /// This queue's copy of the subsystem's namespaces.
+    namespaces: RefCell<NamespaceView>,
     /// This queue's place among the daemon's connected queues (limits.connections).
     _queue: Permit,
 }
 
 impl Association {
+    /// Namespace `nsid` of the subsystem, as of now (no lock unless a
+    /// reload changed the namespaces since the queue last looked).
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces.borrow_mut().find(&self.ctrl.subsys, nsid)
+    }
+
     /// Whether a controller reset deleted this (I/O) queue.
     pub fn is_deleted(&self) -> bool {
         self.qid != 0 && self.ctrl.generation() != self.generation
@@ -338,6 +382,7 @@ pub fn connect(
                 connected: Vec::new(),
                 acre: false,
                 features: HashMap::new(),
+                events: Events::default(),
             }),
         };
         let Some(ctrl) = subsys.add_controller(make) else {
@@ -352,6 +397,7 @@ pub fn connect(
             "controller created"
         );
         return Ok(Association {
+            namespaces: RefCell::new(ctrl.subsys.view()),
             ctrl,
             qid: 0,
             depth: depth as u16,
@@ -434,6 +480,7 @@ pub fn connect(
         }
     };
     Ok(Association {
+        namespaces: RefCell::new(ctrl.subsys.view()),
         ctrl,
         qid: cmd.qid,
         depth: depth as u16,
@@ -457,6 +504,41 @@ impl Controller {
     /// What the transport of the admin queue serves.
     pub fn caps(&self) -> TransportCaps {
         self.caps
+    }
+
+    /// Reports an event of kind `kind` ([`aen`]) with completion dword 0
+    /// `dw0`, unless the host did not enable it (Asynchronous Event
+    /// Configuration) or has not acknowledged the last one of its kind.
+    fn raise(&self, st: &mut State, kind: u32, dw0: u32) {
+        let enabled = st.features.get(&feature::ASYNC_EVENT).copied().unwrap_or(0);
+        if enabled & kind != 0 && st.events.masked & kind == 0 {
+            st.events.masked |= kind;
+            st.events.pending.push_back(dw0);
+        }
+    }
+
+    /// Namespaces `nsids` were added, removed or changed (a reload):
+    /// Namespace Attribute Changed.
+    pub fn namespaces_changed(&self, nsids: &[u32]) {
+        let mut st = self.state.lock().expect("controller state");
+        st.events.changed_ns.extend(nsids);
+        self.raise(&mut st, aen::NS_ATTR, aen::NS_ATTR_DW0);
+    }
+
+    /// The discovery log changed (a reload): Discovery Log Page Change.
+    pub fn discovery_changed(&self) {
+        let mut st = self.state.lock().expect("controller state");
+        self.raise(&mut st, aen::DISCOVERY, aen::DISCOVERY_DW0);
+    }
+
+    /// Completion dword 0 of the oldest event waiting for an AER.
+    pub fn take_event(&self) -> Option<u32> {
+        self.state
+            .lock()
+            .expect("controller state")
+            .events
+            .pending
+            .pop_front()
     }
 
     /// Queues connected to the controller: its admin queue and I/O queues.
@@ -496,7 +578,8 @@ impl Controller {
         self.release_queue(a.qid, a.generation);
     }
 
-    fn generation(&self) -> u32 {
+    /// Bumped by each controller reset or shutdown.
+    pub fn generation(&self) -> u32 {
         self.generation.load(Ordering::Acquire)
     }
 
@@ -624,6 +707,9 @@ impl Controller {
             // NVMe over Fabrics 1.1, 3.5); the admin queue stays, and the
             // host has `enable_timeout` to enable the controller again.
             self.generation.fetch_add(1, Ordering::AcqRel);
+            // Held AERs are aborted by their queue, which sees the new
+            // generation; events not yet reported go with them.
+            st.events = Events::default();
             st.connected.iter_mut().for_each(|c| *c = false);
             st.csts &= !property::CSTS_RDY;
             st.disabled_since = Some(Instant::now());
@@ -673,13 +759,13 @@ impl Controller {
             cns::NAMESPACE => match self.subsys.namespace(nsid) {
                 Some(ns) => Reply::data(
                     NamespaceId {
-                        nsze: ns.blocks,
-                        ncap: ns.blocks,
-                        nuse: ns.blocks,
+                        nsze: ns.blocks(),
+                        ncap: ns.blocks(),
+                        nuse: ns.blocks(),
                         nsfeat: 0,
                         nmic: 1,
                         dlfeat: 1 | 1 << 3,
-                        nsattr: ns.read_only as u8,
+                        nsattr: ns.read_only() as u8,
                         nguid: ns.nguid,
                         eui64: [0; 8],
                         lba_shift: ns.lba_shift() as u8,
@@ -692,7 +778,7 @@ impl Controller {
                 None => Reply::status(Status::INVALID_NAMESPACE),
             },
             cns::ACTIVE_NS_LIST if nsid < NSID_RESERVED => Reply::data(encode_ns_list(
-                self.subsys.namespaces.iter().map(|n| n.nsid),
+                self.subsys.namespaces().iter().map(|n| n.nsid),
                 nsid,
             )),
             cns::NS_DESCRIPTORS => match self.subsys.namespace(nsid) {
@@ -716,7 +802,8 @@ impl Controller {
             mdts: self.caps.mdts,
             cntlid: self.cntlid,
             ver: VERSION,
-            oaes: 0,
+            // Exactly the notices implemented (NVMe Base 2.1, Figure 312).
+            oaes: if disc { aen::DISCOVERY } else { aen::NS_ATTR },
             cntrltype: if disc {
                 cntrltype::DISCOVERY
             } else {
@@ -762,6 +849,9 @@ impl Controller {
         }
         let page = match req.lid {
             lid::DISCOVERY if self.subsys.is_discovery() => {
+                if !req.rae {
+                    self.acknowledge(aen::DISCOVERY);
+                }
                 self.registry.discovery_log(&self.hostnqn, self.local)
             }
             _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
@@ -773,7 +863,7 @@ impl Controller {
                 rdmablk_common::bytes::put_str(&mut b, 8, 8, env!("CARGO_PKG_VERSION"), b' ');
                 b
             }
-            lid::CHANGED_NS => vec![0; 4096],
+            lid::CHANGED_NS => self.changed_ns_log(req.rae),
             lid::CMD_EFFECTS => effects_log(),
             _ => return Reply::status(Status::INVALID_LOG_PAGE),
         };
@@ -783,6 +873,33 @@ impl Controller {
             return Reply::status(Status::INVALID_FIELD);
         }
         Reply::data(req.window(&page))
+    }
+
+    /// The host read the log page of event kind `kind` with RAE clear: it
+    /// may be reported again.
+    fn acknowledge(&self, kind: u32) {
+        self.state.lock().expect("controller state").events.masked &= !kind;
+    }
+
+    /// The Changed Namespace List (NVMe Base 2.1, 5.16.1.5): namespaces
+    /// changed since the last read with RAE clear, which empties it and
+    /// acknowledges Namespace Attribute Changed.
+    fn changed_ns_log(&self, rae: bool) -> Vec<u8> {
+        let mut st = self.state.lock().expect("controller state");
+        let mut b = vec![0u8; 4096];
+        let ev = &mut st.events;
+        if ev.changed_ns.len() > CHANGED_NS_MAX {
+            rdmablk_common::bytes::put_u32(&mut b, 0, u32::MAX);
+        } else {
+            for (i, nsid) in ev.changed_ns.iter().enumerate() {
+                rdmablk_common::bytes::put_u32(&mut b, i * 4, *nsid);
+            }
+        }
+        if !rae {
+            ev.changed_ns.clear();
+            ev.masked &= !aen::NS_ATTR;
+        }
+        b
     }
 
     fn set_features(&self, sqe: &Sqe, data: &[u8]) -> Reply {

@@ -2,7 +2,7 @@
 //! namespace, before any data moves. Transport independent.
 
 use crate::metrics::Op;
-use crate::subsystem::{Namespace, Subsystem};
+use crate::subsystem::Namespace;
 use rdmablk_common::bytes::{get_u32, get_u64};
 use rdmablk_common::nvme::{nvm, Sqe, Status};
 use std::sync::Arc;
@@ -76,11 +76,12 @@ impl IoRequest {
     }
 }
 
-/// Decodes an I/O command; `sgl_len` is the length the data pointer
-/// describes. The namespace's metrics slot of `poller` counts it: as
-/// started, or as refused when it names a namespace but fails a check.
+/// Decodes an I/O command; `namespace` finds a namespace by id, and
+/// `sgl_len` is the length the data pointer describes. The namespace's
+/// metrics slot of `poller` counts it: as started, or as refused when it
+/// names a namespace but fails a check.
 pub fn decode(
-    subsys: &Subsystem,
+    namespace: impl FnOnce(u32) -> Option<Arc<Namespace>>,
     sqe: &Sqe,
     sgl_len: u32,
     max_transfer: usize,
@@ -94,11 +95,9 @@ pub fn decode(
     ) {
         return Err(Status::INVALID_OPCODE);
     }
-    let ns = subsys
-        .namespace(sqe.nsid())
-        .ok_or(Status::INVALID_NAMESPACE)?;
+    let ns = namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?;
     let counters = ns.metrics.of(poller);
-    match check(ns, sqe, sgl_len, max_transfer) {
+    match check(&ns, sqe, sgl_len, max_transfer) {
         Ok((kind, offset, len)) => {
             counters.start();
             Ok(IoRequest {
@@ -141,12 +140,12 @@ fn check(
         let slba = sqe.cdw10_11();
         let nlb = (sqe.cdw(12) & 0xffff) as u64 + 1;
         match slba.checked_add(nlb) {
-            Some(end) if end <= ns.blocks => Ok((slba * bs, nlb * bs)),
+            Some(end) if end <= ns.blocks() => Ok((slba * bs, nlb * bs)),
             _ => Err(Status::LBA_OUT_OF_RANGE),
         }
     };
     let writable = |ns: &Namespace| {
-        if ns.read_only {
+        if ns.read_only() {
             Err(Status::NAMESPACE_WRITE_PROTECTED)
         } else {
             Ok(())
@@ -205,7 +204,7 @@ pub fn dsm_ranges(ns: &Namespace, data: &[u8]) -> Result<Vec<(u64, u64)>, Status
             let nlb = get_u32(r, 4) as u64;
             let slba = get_u64(r, 8);
             match slba.checked_add(nlb) {
-                Some(end) if end <= ns.blocks => Ok((slba * bs, nlb * bs)),
+                Some(end) if end <= ns.blocks() => Ok((slba * bs, nlb * bs)),
                 _ => Err(Status::LBA_OUT_OF_RANGE),
             }
         })

@@ -7,6 +7,7 @@ mod binding;
 mod budget;
 mod command;
 mod config;
+mod control;
 mod controller;
 mod error;
 mod io_cmd;
@@ -14,7 +15,9 @@ mod metrics;
 mod notify;
 mod poller;
 mod queue;
+mod reload;
 mod stats;
+mod status;
 mod subsystem;
 #[cfg(test)]
 mod testing;
@@ -26,10 +29,11 @@ use error::{starting, DaemonError};
 use metrics::PollerCounters;
 use nix::sys::signal::{SigSet, Signal};
 use poller::{PollerLink, Shared};
+use reload::Running;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use subsystem::Registry;
 
 /// NVMe over Fabrics target: serves files, block devices and memory as NVMe
@@ -78,6 +82,34 @@ struct Args {
     /// poller) as JSON to this file every second.
     #[arg(long, value_name = "FILE")]
     stats: Option<PathBuf>,
+    /// Answer `rdmablk-target reload` and `status` on this Unix socket
+    /// (owner only; the systemd unit uses /run/rdmablk/control.sock).
+    #[arg(long, value_name = "SOCKET")]
+    control: Option<PathBuf>,
+    #[command(subcommand)]
+    action: Option<Action>,
+}
+
+/// Requests to a running daemon, through its control socket.
+#[derive(clap::Subcommand, Debug)]
+enum Action {
+    /// Make the running daemon re-read its configuration file and apply the
+    /// difference: subsystems, namespaces (added, removed, grown,
+    /// read-only), allowed hosts, listeners. Waits for the result; exits 1
+    /// naming the key when the new configuration is refused (the daemon
+    /// keeps the running one). SIGHUP does the same without the answer.
+    Reload {
+        /// The daemon's control socket.
+        #[arg(long, value_name = "SOCKET", default_value = control::DEFAULT_PATH)]
+        control: PathBuf,
+    },
+    /// Print what the running daemon serves: listeners, subsystems,
+    /// namespaces with their current IOPS and bandwidth, connected hosts.
+    Status {
+        /// The daemon's control socket.
+        #[arg(long, value_name = "SOCKET", default_value = control::DEFAULT_PATH)]
+        control: PathBuf,
+    },
 }
 
 const EXAMPLES: &str = "Examples:
@@ -85,10 +117,27 @@ const EXAMPLES: &str = "Examples:
   rdmablk-target --listen tcp://0.0.0.0:4420 --memory 4GiB --nqn nqn.2026-11.io.example:ram
   rdmablk-target --listen tcp://10.0.0.1:4420 --file /dev/nvme0n1 --nqn nqn.2026-11.io.example:disk
   rdmablk-target --config /etc/rdmablk/target.toml
-  rdmablk-target --check --config /etc/rdmablk/target.toml";
+  rdmablk-target --check --config /etc/rdmablk/target.toml
+  rdmablk-target --config /etc/rdmablk/target.toml --control /run/rdmablk/control.sock
+  rdmablk-target reload        # after editing the file: apply it, or say which key is refused
+  rdmablk-target status";
 
 fn main() -> ExitCode {
     let args = Args::parse();
+    if let Some(action) = &args.action {
+        let (path, what) = match action {
+            Action::Reload { control } => (control, "reload"),
+            Action::Status { control } => (control, "status"),
+        };
+        return match control::request(path, what) {
+            Ok(true) => ExitCode::SUCCESS,
+            Ok(false) => ExitCode::FAILURE,
+            Err(e) => {
+                eprintln!("rdmablk-target {what}: {e}");
+                ExitCode::from(2)
+            }
+        };
+    }
     init_logging(&args.log_level);
     let cfg = match load_config(&args) {
         Ok(c) => c,
@@ -114,7 +163,12 @@ fn main() -> ExitCode {
         return ExitCode::SUCCESS;
     }
     let embedded = args.config.is_none() && args.listen.is_empty() && !has_quick_backend(&args);
-    match serve(cfg, embedded, args.stats) {
+    let daemon = Daemon {
+        config_path: args.config.clone(),
+        stats: args.stats.clone(),
+        control: args.control.clone(),
+    };
+    match serve(cfg, embedded, daemon) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             tracing::error!("{e}");
@@ -173,12 +227,21 @@ fn load_config(a: &Args) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
-fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), DaemonError> {
+/// What the daemon was asked for besides its configuration.
+struct Daemon {
+    /// The configuration file (a reload re-reads it).
+    config_path: Option<PathBuf>,
+    stats: Option<PathBuf>,
+    control: Option<PathBuf>,
+}
+
+fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError> {
     // Signals are taken synchronously by this thread; block them before any
     // other thread exists so that all inherit the mask.
     let mut signals = SigSet::empty();
     signals.add(Signal::SIGTERM);
     signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGHUP);
     signals
         .thread_block()
         .map_err(|source| DaemonError::Signals {
@@ -216,14 +279,9 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
         .unzip();
     let pollers = Arc::new(links);
 
+    let mut listeners = Vec::new();
     for l in &cfg.listeners {
-        let (ep, transport) = transport::of(l.transport);
-        transport.listen(transport::Listen {
-            addr: l.address,
-            ep,
-            pollers: pollers.clone(),
-            registry: registry.clone(),
-        })?;
+        listeners.push((*l, transport::start(l, &pollers, &registry)?));
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
             tracing::warn!(
@@ -231,14 +289,14 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
                 l.address
             );
         }
-        tracing::info!("listening on {}://{}", l.transport, l.address);
     }
-    for s in &registry.subsystems {
+    for s in registry.subsystems() {
+        let access = s.access();
         tracing::info!(
             subsystem = %s.nqn,
-            namespaces = s.namespaces.len(),
-            allow_any_host = s.allow_any_host,
-            hosts = s.hosts.len(),
+            namespaces = s.namespaces().len(),
+            allow_any_host = access.allow_any_host,
+            hosts = access.hosts.len(),
             "subsystem ready"
         );
     }
@@ -264,7 +322,27 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
             .map_err(starting("the metrics endpoint"))?;
         tracing::info!("metrics on http://{addr}/metrics");
     }
-    if let Some(path) = stats {
+    let running = Arc::new(Mutex::new(Running {
+        path: daemon.config_path,
+        cfg: cfg.clone(),
+        listeners,
+        pollers: pollers.clone(),
+        registry: registry.clone(),
+    }));
+    if let Some(path) = &daemon.control {
+        let listener = control::bind(path).map_err(|source| DaemonError::Listen {
+            url: format!("unix:{}", path.display()),
+            source,
+            hint: " (the control socket)",
+        })?;
+        let (running, shared) = (running.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || control::serve(listener, running, shared, started))
+            .map_err(starting("the control socket"))?;
+        tracing::info!("control socket {}", path.display());
+    }
+    if let Some(path) = daemon.stats {
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("stats".into())
@@ -273,10 +351,23 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
     }
     notify::notify("READY=1");
 
-    let sig = signals.wait().map_err(|source| DaemonError::Signals {
-        what: "waiting for signals",
-        source,
-    })?;
+    let sig = loop {
+        let sig = signals.wait().map_err(|source| DaemonError::Signals {
+            what: "waiting for signals",
+            source,
+        })?;
+        if sig != Signal::SIGHUP {
+            break sig;
+        }
+        notify::notify("RELOADING=1");
+        match reload::reload(&mut running.lock().expect("running configuration")) {
+            Ok(changes) => tracing::info!("SIGHUP: reloaded ({} change(s))", changes.len()),
+            Err(e) => {
+                tracing::warn!("SIGHUP: reload refused, the running configuration stays: {e}")
+            }
+        }
+        notify::notify("READY=1");
+    };
     notify::notify("STOPPING=1");
     tracing::info!(
         "{sig:?}: draining {} connection(s)",
@@ -290,8 +381,8 @@ fn serve(cfg: Config, embedded: bool, stats: Option<PathBuf>) -> Result<(), Daem
         let _ = t.join();
     }
     let mut result = Ok(());
-    for s in &registry.subsystems {
-        for ns in &s.namespaces {
+    for s in registry.subsystems() {
+        for ns in s.namespaces().iter() {
             if let Err(source) = ns.backend.sync_all() {
                 result = Err(DaemonError::Flush {
                     nqn: s.nqn.clone(),

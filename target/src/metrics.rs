@@ -13,6 +13,7 @@ use rdmablk_common::nvme::Status;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// Upper bounds of the latency histogram's buckets, in microseconds.
@@ -146,6 +147,19 @@ impl NsMetrics {
         &self.0[poller % self.0.len()]
     }
 
+    /// Commands answered and bytes moved, over all pollers.
+    pub fn totals(&self) -> (u64, u64) {
+        let commands = self.sum(|c| c.commands.iter().map(Counter::get).sum());
+        let bytes = self.sum(|c| c.bytes.iter().map(Counter::get).sum());
+        (commands, bytes)
+    }
+
+    /// Commands decoded and not yet gone.
+    pub fn in_flight(&self) -> u64 {
+        let started = self.sum(|c| c.started.get());
+        (started.wrapping_sub(self.sum(|c| c.ended.get())) as i64).max(0) as u64
+    }
+
     fn sum(&self, f: impl Fn(&NsCounters) -> u64) -> u64 {
         self.0.iter().map(f).fold(0, u64::wrapping_add)
     }
@@ -236,10 +250,15 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         shared.connections.load(Ordering::Acquire)
     );
 
-    let namespaces: Vec<(&str, &Namespace)> = r
-        .subsystems
+    let subsystems = r.subsystems();
+    let namespaces: Vec<(&str, Arc<Namespace>)> = subsystems
         .iter()
-        .flat_map(|s| s.namespaces.iter().map(|n| (s.nqn.as_str(), &**n)))
+        .flat_map(|s| {
+            s.namespaces()
+                .iter()
+                .map(|n| (s.nqn.as_str(), n.clone()))
+                .collect::<Vec<_>>()
+        })
         .collect();
     let ns_labels =
         |nqn: &str, n: &Namespace| format!("subsystem=\"{}\",nsid=\"{}\"", label(nqn), n.nsid);
@@ -254,7 +273,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
             out,
             "rdmablk_namespace_size_bytes{{{}}} {}",
             ns_labels(nqn, n),
-            n.blocks * n.block_size as u64
+            n.blocks() * n.block_size as u64
         );
     }
     family(
@@ -326,15 +345,11 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         "I/O commands received and not yet answered.",
     );
     for (nqn, n) in &namespaces {
-        let v = n
-            .metrics
-            .sum(|c| c.started.get())
-            .wrapping_sub(n.metrics.sum(|c| c.ended.get()));
         let _ = writeln!(
             out,
             "rdmablk_namespace_commands_in_flight{{{}}} {}",
             ns_labels(nqn, n),
-            v as i64
+            n.metrics.in_flight()
         );
     }
     family(
@@ -371,7 +386,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
 
     // Hosts: live controllers and their queues, by host NQN and transport.
     let mut hosts: BTreeMap<(String, &'static str), (u64, u64)> = BTreeMap::new();
-    for s in r.subsystems.iter().chain([&r.discovery]) {
+    for s in subsystems.iter().chain([&r.discovery]) {
         for c in s.live_controllers() {
             let e = hosts
                 .entry((c.hostnqn.clone(), c.caps().transport))

@@ -110,8 +110,9 @@ pub struct Queue {
     /// Command slots: twice the queue's depth at most, as a response's
     /// send may complete here after the host already reused its entry.
     cmds: Vec<Option<Command>>,
-    /// CIDs of held Asynchronous Event Requests.
-    held_aers: Vec<u16>,
+    /// Held Asynchronous Event Requests, and the controller generation
+    /// they were held in (a reset aborts them).
+    held_aers: Vec<(Sqe, u32)>,
     /// Submission queue head reported in responses.
     sq_head: u16,
     /// Commands waiting for arena space, in arrival order.
@@ -325,6 +326,63 @@ impl Queue {
         Intake::Taken
     }
 
+    /// Completes held AERs: with the events their controller has for them,
+    /// or, after a controller reset, as Command Aborted due to SQ Deletion
+    /// (the reset aborts outstanding commands, NVMe Base 2.1, 3.7.2).
+    pub fn deliver_events<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
+        if self.held_aers.is_empty() {
+            return;
+        }
+        let Some(ctrl) = self.bind.assoc.as_ref().map(|a| a.ctrl.clone()) else {
+            return;
+        };
+        let generation = ctrl.generation();
+        let (stale, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held_aers)
+            .into_iter()
+            .partition(|&(_, g)| g != generation);
+        self.held_aers = live;
+        for (sqe, _) in stale {
+            self.answer_held(&sqe, Status::ABORTED_SQ_DELETION, 0, io, w);
+        }
+        while !self.held_aers.is_empty() {
+            let Some(dw0) = ctrl.take_event() else {
+                break;
+            };
+            let (sqe, _) = self.held_aers.remove(0);
+            tracing::info!(peer = %self.peer, cntlid = ctrl.cntlid, dw0 = format_args!("{dw0:#x}"), "asynchronous event reported");
+            self.answer_held(&sqe, Status::SUCCESS, dw0, io, w);
+        }
+    }
+
+    /// Sends the completion of a held AER (its SQ entry was consumed when
+    /// it arrived).
+    fn answer_held<W: Wire>(
+        &mut self,
+        sqe: &Sqe,
+        status: Status,
+        dw0: u32,
+        io: &mut Io,
+        w: &mut W,
+    ) {
+        self.unslotted += 1;
+        let cqe = binding::response(
+            &self.bind,
+            (sqe.cid(), status),
+            (dw0, 0),
+            self.sq_head,
+            self.qid,
+        );
+        w.respond(
+            Response {
+                slot: None,
+                sqe,
+                cqe,
+                data: None,
+            },
+            io,
+        );
+    }
+
     /// [`Queue::refuse`] for a command already planned: an I/O command's
     /// namespace counts the refusal.
     fn refuse_planned<W: Wire>(
@@ -459,7 +517,7 @@ impl Queue {
             }
             Progress::Complete => self.complete(slot, io, w),
             Progress::Held => {
-                self.held_aers.push(cmd.sqe.cid());
+                self.held_aers.push((cmd.sqe, a.ctrl.generation()));
                 self.free(slot, io);
             }
             Progress::Waiting(entries) => {

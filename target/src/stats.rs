@@ -13,7 +13,7 @@ use std::time::{Duration, Instant};
 fn render(shared: &Shared, started: Instant) -> String {
     let r = &shared.registry;
     let controllers: usize = r
-        .subsystems
+        .subsystems()
         .iter()
         .chain([&r.discovery])
         .map(|s| s.controller_count())

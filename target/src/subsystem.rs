@@ -11,16 +11,18 @@ use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::{Arc, Mutex, Weak};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, RwLock, Weak};
 
 /// An exported namespace.
 pub struct Namespace {
     pub nsid: u32,
     /// Logical block size in bytes (512 or 4096).
     pub block_size: u32,
-    /// Size in logical blocks.
-    pub blocks: u64,
-    pub read_only: bool,
+    /// Size in logical blocks: grows on a reload.
+    blocks: AtomicU64,
+    /// Writes refused (flipped by a reload).
+    read_only: AtomicBool,
     pub backend: Backend,
     /// Namespace globally unique identifier, stable across restarts.
     pub nguid: [u8; 16],
@@ -35,17 +37,65 @@ impl Namespace {
     pub fn lba_shift(&self) -> u32 {
         self.block_size.trailing_zeros()
     }
+
+    /// Size in logical blocks.
+    pub fn blocks(&self) -> u64 {
+        self.blocks.load(Ordering::Acquire)
+    }
+
+    pub fn read_only(&self) -> bool {
+        self.read_only.load(Ordering::Acquire)
+    }
+
+    pub fn set_read_only(&self, read_only: bool) {
+        self.read_only.store(read_only, Ordering::Release);
+    }
+
+    /// Makes `bytes` (a whole number of blocks, not less than now) the
+    /// namespace's size; the backend must already hold them.
+    pub fn grow_to(&self, bytes: u64) {
+        self.blocks
+            .fetch_max(bytes / self.block_size as u64, Ordering::AcqRel);
+    }
 }
 
 /// An NVM subsystem (or the discovery subsystem).
 pub struct Subsystem {
     pub nqn: String,
-    pub allow_any_host: bool,
-    pub hosts: Vec<String>,
-    pub namespaces: Vec<Arc<Namespace>>,
+    /// Who may connect (a reload changes it).
+    access: Mutex<Access>,
+    /// The namespaces now; a reload swaps the table and bumps `generation`,
+    /// which queues compare on every I/O command (a read-only load) to
+    /// refresh their copy ([`NamespaceView`]).
+    namespaces: Mutex<Arc<[Arc<Namespace>]>>,
+    generation: AtomicU64,
     /// Serial number reported by every controller of the subsystem.
     pub serial: String,
     controllers: Mutex<Controllers>,
+}
+
+/// Who may connect to a subsystem.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Access {
+    pub allow_any_host: bool,
+    pub hosts: Vec<String>,
+}
+
+/// A queue's copy of its subsystem's namespace table, refreshed when the
+/// subsystem's generation moves: the I/O path takes no lock.
+pub struct NamespaceView {
+    generation: u64,
+    table: Arc<[Arc<Namespace>]>,
+}
+
+impl NamespaceView {
+    /// The namespace `nsid` of `subsys` as of now.
+    pub fn find(&mut self, subsys: &Subsystem, nsid: u32) -> Option<Arc<Namespace>> {
+        if subsys.generation.load(Ordering::Acquire) != self.generation {
+            *self = subsys.view();
+        }
+        self.table.iter().find(|n| n.nsid == nsid).cloned()
+    }
 }
 
 struct Controllers {
@@ -57,12 +107,7 @@ struct Controllers {
 const MAX_CNTLID: u16 = 0xffef;
 
 impl Subsystem {
-    fn new(
-        nqn: &str,
-        allow_any_host: bool,
-        hosts: Vec<String>,
-        namespaces: Vec<Arc<Namespace>>,
-    ) -> Self {
+    fn new(nqn: &str, access: Access, namespaces: Vec<Arc<Namespace>>) -> Self {
         let serial = format!(
             "{:08x}{:08x}",
             crc32c::crc32c(nqn.as_bytes()),
@@ -70,9 +115,9 @@ impl Subsystem {
         );
         Subsystem {
             nqn: nqn.to_string(),
-            allow_any_host,
-            hosts,
-            namespaces,
+            access: Mutex::new(access),
+            namespaces: Mutex::new(namespaces.into()),
+            generation: AtomicU64::new(1),
             serial,
             controllers: Mutex::new(Controllers {
                 live: HashMap::new(),
@@ -88,21 +133,59 @@ impl Subsystem {
 
     /// Whether `hostnqn` may connect.
     pub fn admits(&self, hostnqn: &str) -> bool {
-        self.allow_any_host || self.is_discovery() || self.hosts.iter().any(|h| h == hostnqn)
+        let a = self.access.lock().expect("access lock");
+        a.allow_any_host || self.is_discovery() || a.hosts.iter().any(|h| h == hostnqn)
     }
 
-    pub fn namespace(&self, nsid: u32) -> Option<&Arc<Namespace>> {
-        self.namespaces.iter().find(|n| n.nsid == nsid)
+    /// Who may connect now.
+    pub fn access(&self) -> Access {
+        self.access.lock().expect("access lock").clone()
+    }
+
+    /// Changes who may connect; returns the live controllers of hosts no
+    /// longer admitted (the caller ends them).
+    pub fn set_access(&self, access: Access) -> Vec<Arc<Controller>> {
+        *self.access.lock().expect("access lock") = access;
+        self.live_controllers()
+            .into_iter()
+            .filter(|c| !self.admits(&c.hostnqn))
+            .collect()
+    }
+
+    /// The namespace table now.
+    pub fn namespaces(&self) -> Arc<[Arc<Namespace>]> {
+        self.namespaces.lock().expect("namespaces lock").clone()
+    }
+
+    /// A copy of the table for a queue, with the generation it is of.
+    pub fn view(&self) -> NamespaceView {
+        let table = self.namespaces.lock().expect("namespaces lock");
+        NamespaceView {
+            generation: self.generation.load(Ordering::Acquire),
+            table: table.clone(),
+        }
+    }
+
+    /// Replaces the namespace table (a reload): queues see it at their next
+    /// command.
+    pub fn set_namespaces(&self, namespaces: Vec<Arc<Namespace>>) {
+        let mut table = self.namespaces.lock().expect("namespaces lock");
+        *table = namespaces.into();
+        self.generation.fetch_add(1, Ordering::AcqRel);
+    }
+
+    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespaces().iter().find(|n| n.nsid == nsid).cloned()
     }
 
     /// Highest namespace id (Identify NN).
     pub fn max_nsid(&self) -> u32 {
-        self.namespaces.iter().map(|n| n.nsid).max().unwrap_or(0)
+        self.namespaces().iter().map(|n| n.nsid).max().unwrap_or(0)
     }
 
     /// Whether any namespace has a volatile write cache.
     pub fn volatile_cache(&self) -> bool {
-        self.namespaces.iter().any(|n| n.backend.volatile_cache())
+        self.namespaces().iter().any(|n| n.backend.volatile_cache())
     }
 
     /// Creates a controller with a free id (`make` receives it) and records
@@ -141,13 +224,19 @@ impl Subsystem {
     }
 }
 
-/// Everything the target exports, shared by all pollers.
+/// Everything the target exports, shared by all pollers. A reload
+/// replaces subsystems and listeners and moves the discovery log's
+/// generation counter.
 pub struct Registry {
-    pub subsystems: Vec<Arc<Subsystem>>,
+    subsystems: RwLock<Vec<Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
-    pub listeners: Vec<Listener>,
+    listeners: RwLock<Vec<Listener>>,
+    /// The discovery log's generation counter (GENCTR).
+    genctr: AtomicU64,
     /// What hosts may hold, daemon-wide.
     pub admission: Admission,
+    /// Poller threads (namespaces' metrics have a slot for each).
+    pub pollers: usize,
 }
 
 impl Registry {
@@ -165,55 +254,69 @@ impl Registry {
                         source,
                     }
                 })?;
-                tracing::info!(
-                    subsystem = %s.nqn,
-                    nsid = ns.nsid,
-                    blocks = ns.blocks,
-                    block_size = ns.block_size,
-                    read_only = ns.read_only,
-                    "namespace on {}",
-                    ns.backend.describe()
-                );
                 namespaces.push(Arc::new(ns));
             }
-            subsystems.push(Arc::new(Subsystem::new(
-                &s.nqn,
-                s.allow_any_host,
-                s.hosts.clone(),
-                namespaces,
-            )));
+            subsystems.push(Arc::new(new_subsystem(s, namespaces)));
         }
+        let discovery = Access {
+            allow_any_host: true,
+            hosts: Vec::new(),
+        };
         Ok(Registry {
-            subsystems,
-            discovery: Arc::new(Subsystem::new(DISCOVERY_NQN, true, Vec::new(), Vec::new())),
-            listeners: cfg.listeners.clone(),
+            subsystems: RwLock::new(subsystems),
+            discovery: Arc::new(Subsystem::new(DISCOVERY_NQN, discovery, Vec::new())),
+            listeners: RwLock::new(cfg.listeners.clone()),
+            genctr: AtomicU64::new(1),
             admission: Admission::new(cfg.limits.clone()),
+            pollers: cfg.pollers.count,
         })
     }
 
+    /// The NVM subsystems now.
+    pub fn subsystems(&self) -> Vec<Arc<Subsystem>> {
+        self.subsystems.read().expect("subsystems lock").clone()
+    }
+
+    /// The listeners now.
+    pub fn listeners(&self) -> Vec<Listener> {
+        self.listeners.read().expect("listeners lock").clone()
+    }
+
+    /// Replaces subsystems and listeners (a reload) and moves the discovery
+    /// log's generation counter.
+    pub fn replace(&self, subsystems: Vec<Arc<Subsystem>>, listeners: Vec<Listener>) {
+        *self.subsystems.write().expect("subsystems lock") = subsystems;
+        *self.listeners.write().expect("listeners lock") = listeners;
+        self.genctr.fetch_add(1, Ordering::AcqRel);
+    }
+
     /// The subsystem (or the discovery subsystem) with this NQN.
-    pub fn find(&self, nqn: &str) -> Option<&Arc<Subsystem>> {
+    pub fn find(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == DISCOVERY_NQN {
-            return Some(&self.discovery);
+            return Some(self.discovery.clone());
         }
-        self.subsystems.iter().find(|s| s.nqn == nqn)
+        let subsystems = self.subsystems.read().expect("subsystems lock");
+        subsystems.iter().find(|s| s.nqn == nqn).cloned()
     }
 
     /// The discovery log page as `hostnqn` may see it, as seen by a host
     /// whose discovery queue reached us at `local`: first this discovery
     /// subsystem on each listener (SUBTYPE 3h, TP 8013; DUPRETINFO so that
     /// hosts do not connect to it again, EPCSD), then one entry per
-    /// (subsystem the host is allowed on, listener).
+    /// (subsystem the host is allowed on, listener). Built under the locks
+    /// a reload takes, so that it matches its generation counter.
     pub fn discovery_log(&self, hostnqn: &str, local: Option<IpAddr>) -> Vec<u8> {
+        let subsystems = self.subsystems.read().expect("subsystems lock");
+        let listeners = self.listeners.read().expect("listeners lock");
+        let genctr = self.genctr.load(Ordering::Acquire);
         let current = std::iter::once((DISCOVERY_NQN, subtype::CURRENT_DISCOVERY));
-        let allowed = self
-            .subsystems
+        let allowed = subsystems
             .iter()
             .filter(|s| s.admits(hostnqn))
             .map(|s| (s.nqn.as_str(), subtype::NVME));
         let mut entries = Vec::new();
         for (nqn, kind) in current.chain(allowed) {
-            for (port, l) in self.listeners.iter().enumerate() {
+            for (port, l) in listeners.iter().enumerate() {
                 let (_, transport) = crate::transport::of(l.transport);
                 let mut e = DiscoveryEntry {
                     portid: port as u16 + 1,
@@ -227,21 +330,38 @@ impl Registry {
                 entries.push(e);
             }
         }
-        // The generation counter changes only with the configuration, which is
-        // fixed for the daemon's life.
-        discovery::encode_log(1, &entries)
+        discovery::encode_log(genctr, &entries)
     }
 }
 
-/// Opens a namespace's backend; its metrics have a slot for each of `pollers`.
-fn open_namespace(nqn: &str, n: &config::Namespace, pollers: usize) -> std::io::Result<Namespace> {
+/// A subsystem as configured, with its opened namespaces.
+pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
+    let access = Access {
+        allow_any_host: s.allow_any_host,
+        hosts: s.hosts.clone(),
+    };
+    Subsystem::new(&s.nqn, access, namespaces)
+}
+
+/// Opens a namespace's backend; its metrics have a slot for each of
+/// `pollers`. Logs what it opened.
+pub fn open_namespace(
+    nqn: &str,
+    n: &config::Namespace,
+    pollers: usize,
+) -> std::io::Result<Namespace> {
     let (backend, size) = match &n.backend {
         config::Backend::File { path, create_size } => {
             let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
             let size = f.size();
             (Backend::File(f), size)
         }
-        config::Backend::Memory { size } => (Backend::Memory(MemoryBackend::new(*size)?), *size),
+        config::Backend::Memory { size } => {
+            // Room to grow on a reload up to what the machine could hold
+            // (a memory namespace must fit in memory anyway).
+            let reserve = config::machine_memory().unwrap_or(*size);
+            (Backend::Memory(MemoryBackend::new(*size, reserve)?), *size)
+        }
         config::Backend::Null { size } => (Backend::Null, *size),
     };
     let blocks = size / n.block_size as u64;
@@ -256,11 +376,20 @@ fn open_namespace(nqn: &str, n: &config::Namespace, pollers: usize) -> std::io::
     let mut uuid = id128(&key, 0x75);
     uuid[6] = (uuid[6] & 0x0f) | 0x80; // version 8: custom
     uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+    tracing::info!(
+        subsystem = %nqn,
+        nsid = n.nsid,
+        blocks,
+        block_size = n.block_size,
+        read_only = n.read_only,
+        "namespace on {}",
+        backend.describe()
+    );
     Ok(Namespace {
         nsid: n.nsid,
         block_size: n.block_size,
-        blocks,
-        read_only: n.read_only,
+        blocks: AtomicU64::new(blocks),
+        read_only: AtomicBool::new(n.read_only),
         backend,
         nguid,
         uuid,

@@ -16,6 +16,7 @@ pub struct FileBackend {
     direct: bool,
     block_device: bool,
     size: u64,
+    writable: bool,
 }
 
 impl FileBackend {
@@ -79,12 +80,27 @@ impl FileBackend {
             direct,
             block_device,
             size,
+            writable: !read_only,
         })
     }
 
-    /// Size in bytes.
+    /// Size in bytes when opened.
     pub fn size(&self) -> u64 {
         self.size
+    }
+
+    /// Size in bytes now.
+    pub fn current_size(&self) -> io::Result<u64> {
+        if self.block_device {
+            device_size(&self.file)
+        } else {
+            Ok(self.file.metadata()?.len())
+        }
+    }
+
+    /// Whether the file was opened for writing.
+    pub fn writable(&self) -> bool {
+        self.writable
     }
 
     fn fd(&self) -> types::Fd {

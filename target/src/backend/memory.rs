@@ -9,12 +9,24 @@ pub struct MemoryBackend {
 }
 
 impl MemoryBackend {
-    /// Maps `size` bytes lazily (pages appear on first write).
-    pub fn new(size: u64) -> std::io::Result<Self> {
-        let len = usize::try_from(size)
+    /// Maps `reserve` bytes (at least `size`) lazily: pages appear on first
+    /// write, so the namespace can grow to `reserve` without moving.
+    pub fn new(size: u64, reserve: u64) -> std::io::Result<Self> {
+        let len = usize::try_from(size.max(reserve))
             .map_err(|_| std::io::Error::other("memory namespace too large"))?;
-        let map = memmap2::MmapOptions::new().len(len).map_anon()?.into();
+        // Address space only: the reservation beyond `size` is not charged
+        // against memory until written (MAP_NORESERVE).
+        let map = memmap2::MmapOptions::new()
+            .len(len)
+            .no_reserve_swap()
+            .map_anon()?
+            .into();
         Ok(MemoryBackend { map })
+    }
+
+    /// Bytes mapped: how far the namespace can grow.
+    pub fn capacity(&self) -> u64 {
+        self.map.len() as u64
     }
 
     fn check(&self, offset: u64, len: usize) -> Result<usize, Status> {

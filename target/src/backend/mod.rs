@@ -78,6 +78,32 @@ impl Backend {
         }
     }
 
+    /// Bytes the backend can hold without being opened again: a memory
+    /// namespace's reservation; no limit for the others.
+    pub fn capacity(&self) -> u64 {
+        match self {
+            Backend::Memory(m) => m.capacity(),
+            Backend::File(_) | Backend::Null => u64::MAX,
+        }
+    }
+
+    /// Whether the backend was opened for writing.
+    pub fn writable(&self) -> bool {
+        match self {
+            Backend::File(f) => f.writable(),
+            Backend::Memory(_) | Backend::Null => true,
+        }
+    }
+
+    /// The size of the storage now (a file may have been grown since it
+    /// was opened); memory and null backends have no size of their own.
+    pub fn current_size(&self) -> std::io::Result<u64> {
+        match self {
+            Backend::File(f) => f.current_size(),
+            Backend::Memory(_) | Backend::Null => Ok(0),
+        }
+    }
+
     /// Whether writes may sit in a volatile cache until Flush.
     pub fn volatile_cache(&self) -> bool {
         matches!(self, Backend::File(_))

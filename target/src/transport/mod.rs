@@ -20,6 +20,7 @@ use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::ring::Op;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 /// What a transport is, as controllers and discovery see it.
@@ -58,6 +59,51 @@ pub struct Listen {
     pub ep: u8,
     pub pollers: Arc<Vec<PollerLink>>,
     pub registry: Arc<Registry>,
+    /// Set to stop the listener (a reload removed it).
+    pub stop: Arc<AtomicBool>,
+}
+
+/// A running listener. Stopping it ends its thread, which closes it;
+/// connections it accepted stay.
+pub struct ListenerHandle {
+    stop: Arc<AtomicBool>,
+    /// A second descriptor of a listening socket whose thread blocks in
+    /// accept: shutting it down wakes that thread.
+    wake: Option<std::net::TcpListener>,
+}
+
+impl ListenerHandle {
+    pub fn new(stop: Arc<AtomicBool>, wake: Option<std::net::TcpListener>) -> Self {
+        ListenerHandle { stop, wake }
+    }
+
+    /// Stops taking connections.
+    pub fn stop(self) {
+        self.stop.store(true, Ordering::Release);
+        if let Some(l) = &self.wake {
+            // SAFETY: shutdown on a descriptor this handle owns; the accept
+            // in the listener's thread then fails and sees `stop`.
+            unsafe { libc::shutdown(std::os::fd::AsRawFd::as_raw_fd(l), libc::SHUT_RDWR) };
+        }
+    }
+}
+
+/// Starts listener `l`, handing its connections to `pollers`.
+pub fn start(
+    l: &config::Listener,
+    pollers: &Arc<Vec<PollerLink>>,
+    registry: &Arc<Registry>,
+) -> Result<ListenerHandle, DaemonError> {
+    let (ep, transport) = of(l.transport);
+    let handle = transport.listen(Listen {
+        addr: l.address,
+        ep,
+        pollers: pollers.clone(),
+        registry: registry.clone(),
+        stop: Arc::new(AtomicBool::new(false)),
+    })?;
+    tracing::info!("listening on {}://{}", l.transport, l.address);
+    Ok(handle)
 }
 
 /// A fabric transport: what it is, how it listens, its side of a poller.
@@ -65,8 +111,8 @@ pub trait Transport: Sync {
     fn profile(&self) -> &'static Profile;
 
     /// Starts taking connections on `l.addr` and handing them to the
-    /// pollers, round robin.
-    fn listen(&self, l: Listen) -> Result<(), DaemonError>;
+    /// pollers, round robin, until `l.stop` is set.
+    fn listen(&self, l: Listen) -> Result<ListenerHandle, DaemonError>;
 
     /// Its endpoint on poller `poller`, at endpoint index `ep`.
     fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint>;

@@ -16,7 +16,7 @@ use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::error::{starting, DaemonError};
 use crate::poller::{Endpoint, Io, Token};
 use crate::queue::{self, InCapsule, Intake, Queue, Response, SendWatch, Wire};
-use crate::transport::{base_caps_with, Listen, Profile, Transport};
+use crate::transport::{base_caps_with, Listen, ListenerHandle, Profile, Transport};
 use rdmablk_common::fabrics::discovery::{rdma_tsas, trtype};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;
@@ -32,6 +32,7 @@ use std::any::Any;
 use std::collections::{HashMap, VecDeque};
 use std::io;
 use std::net::IpAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -70,8 +71,9 @@ impl Transport for NvmeRdma {
         &PROFILE
     }
 
-    fn listen(&self, l: Listen) -> Result<(), DaemonError> {
-        listen(l)
+    fn listen(&self, l: Listen) -> Result<ListenerHandle, DaemonError> {
+        let handle = ListenerHandle::new(l.stop.clone(), None);
+        listen(l).map(|()| handle)
     }
 
     fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint> {
@@ -115,6 +117,7 @@ fn listen(l: Listen) -> Result<(), DaemonError> {
         ep,
         pollers,
         registry,
+        stop,
     } = l;
     let url = format!("rdma://{addr}");
     let failed = |hint| {
@@ -141,6 +144,10 @@ fn listen(l: Listen) -> Result<(), DaemonError> {
             let _listener = id;
             let mut next = 0;
             loop {
+                if stop.load(Ordering::Acquire) {
+                    tracing::info!("stopped listening on rdma://{addr}");
+                    return;
+                }
                 let ev = match chan.wait_event(Duration::from_secs(1)) {
                     Ok(Some(ev)) => ev,
                     Ok(None) => continue,
@@ -652,6 +659,7 @@ impl<P: QueuePair> RdmaQueue<P> {
             return;
         }
         self.q.grant_buffers(io, &mut self.w);
+        self.q.deliver_events(io, &mut self.w);
         if io.stopping && self.q.busy() == 0 {
             self.close("target shutting down");
         }

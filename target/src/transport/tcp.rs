@@ -12,7 +12,7 @@ use crate::controller::TransportCaps;
 use crate::error::{starting, DaemonError};
 use crate::poller::{Endpoint, Io, Token};
 use crate::queue::{self, InCapsule, Intake, Queue, Response, SendWatch, Wire};
-use crate::transport::{base_caps_with, Listen, Profile, Transport};
+use crate::transport::{base_caps_with, Listen, ListenerHandle, Profile, Transport};
 use io_uring::{opcode, types};
 use rdmablk_common::fabrics::discovery::trtype;
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
@@ -24,6 +24,7 @@ use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
 use std::any::Any;
 use std::net::{IpAddr, Shutdown, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::io::AsRawFd;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};
 
 /// Largest H2CData payload the target accepts (MAXH2CDATA).
@@ -74,18 +75,21 @@ impl Transport for NvmeTcp {
         &PROFILE
     }
 
-    fn listen(&self, l: Listen) -> Result<(), DaemonError> {
+    fn listen(&self, l: Listen) -> Result<ListenerHandle, DaemonError> {
         let addr = l.addr;
-        let listener = TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
+        let failed = |source| DaemonError::Listen {
             url: format!("tcp://{addr}"),
             source,
             hint: "",
-        })?;
+        };
+        let listener = TcpListener::bind(addr).map_err(failed)?;
+        let wake = listener.try_clone().map_err(failed)?;
+        let handle = ListenerHandle::new(l.stop.clone(), Some(wake));
         std::thread::Builder::new()
             .name(format!("accept-{addr}"))
             .spawn(move || accept_loop(listener, l))
             .map_err(starting("the acceptor"))?;
-        Ok(())
+        Ok(handle)
     }
 
     fn endpoint(&self, ep: u8, _poller: usize) -> Box<dyn Endpoint> {
@@ -107,7 +111,12 @@ struct Accepted {
 fn accept_loop(listener: TcpListener, l: Listen) {
     let mut next = 0;
     loop {
-        match listener.accept() {
+        let accepted = listener.accept();
+        if l.stop.load(Ordering::Acquire) {
+            tracing::info!("stopped listening on tcp://{}", l.addr);
+            return;
+        }
+        match accepted {
             Ok((sock, peer)) => {
                 // Past limits.pending_connections the socket is closed at once.
                 let Some(pending) = l.registry.admission.pending_connection(&peer) else {
@@ -593,6 +602,7 @@ impl TcpQueue {
         let live = |p| matches!(p, Phase::Handshake | Phase::Live);
         if live(self.w.phase) {
             self.q.grant_buffers(io, &mut self.w);
+            self.q.deliver_events(io, &mut self.w);
             self.process_rx(io);
         }
         if live(self.w.phase) && !self.w.recv_busy {

@@ -1,0 +1,120 @@
+//! The control socket: `rdmablk-target reload` and `rdmablk-target status`
+//! talk to the running daemon over a Unix socket that only its owner (root
+//! under systemd) may open. One request per connection, one line; the
+//! answer's last line is `ok` or `error: ...`. One thread answers one
+//! request at a time.
+
+use crate::reload::{self, Running};
+use crate::{poller::Shared, status};
+use std::io::{self, BufRead, BufReader, Read, Write};
+use std::os::unix::fs::PermissionsExt;
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::Path;
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+/// Where the systemd unit puts the socket, and where the subcommands look.
+pub const DEFAULT_PATH: &str = "/run/rdmablk/control.sock";
+/// Time a client has to send its request.
+const READ_DEADLINE: Duration = Duration::from_secs(2);
+/// Bytes of request read at most.
+const MAX_REQUEST: u64 = 256;
+/// How long the subcommands wait for an answer (a reload drains removed
+/// namespaces for up to 30 s).
+const ANSWER_DEADLINE: Duration = Duration::from_secs(60);
+
+/// Binds the socket at `path` (owner-only), replacing a stale one; refuses
+/// when another daemon answers there.
+pub fn bind(path: &Path) -> io::Result<UnixListener> {
+    if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
+        std::fs::create_dir_all(dir)?;
+    }
+    if path.exists() {
+        if UnixStream::connect(path).is_ok() {
+            return Err(io::Error::new(
+                io::ErrorKind::AddrInUse,
+                format!("another daemon answers on {}", path.display()),
+            ));
+        }
+        std::fs::remove_file(path)?;
+    }
+    let listener = UnixListener::bind(path)?;
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+    Ok(listener)
+}
+
+/// Answers requests until the process ends.
+pub fn serve(
+    listener: UnixListener,
+    running: Arc<Mutex<Running>>,
+    shared: Arc<Shared>,
+    started: Instant,
+) {
+    for conn in listener.incoming() {
+        let Ok(s) = conn else {
+            std::thread::sleep(Duration::from_millis(100));
+            continue;
+        };
+        if let Err(e) = answer(s, &running, &shared, started) {
+            tracing::debug!("control request: {e}");
+        }
+    }
+}
+
+fn answer(
+    mut s: UnixStream,
+    running: &Mutex<Running>,
+    shared: &Shared,
+    started: Instant,
+) -> io::Result<()> {
+    s.set_read_timeout(Some(READ_DEADLINE))?;
+    s.set_write_timeout(Some(READ_DEADLINE))?;
+    let mut line = String::new();
+    BufReader::new((&s).take(MAX_REQUEST)).read_line(&mut line)?;
+    let reply = match line.trim() {
+        "reload" => {
+            let mut r = running.lock().expect("running configuration");
+            match reload::reload(&mut r) {
+                Ok(changes) if changes.is_empty() => "no change\nok\n".to_string(),
+                Ok(changes) => changes.join("\n") + "\nok\n",
+                Err(e) => {
+                    tracing::warn!("reload refused: {e}");
+                    format!("error: {e}\n")
+                }
+            }
+        }
+        "status" => status::render(shared, started) + "ok\n",
+        other => format!("error: unknown request {other:?}; send reload or status\n"),
+    };
+    s.write_all(reply.as_bytes())
+}
+
+/// Sends `request` to the daemon at `path` and prints its answer; Ok(true)
+/// when the answer ends in `ok`.
+pub fn request(path: &Path, request: &str) -> Result<bool, String> {
+    let mut s = UnixStream::connect(path).map_err(|e| {
+        format!(
+            "cannot reach the daemon at {}: {e} (is rdmablk-target running with --control {}?)",
+            path.display(),
+            path.display()
+        )
+    })?;
+    s.set_read_timeout(Some(ANSWER_DEADLINE))
+        .map_err(|e| e.to_string())?;
+    s.write_all(format!("{request}\n").as_bytes())
+        .map_err(|e| format!("sending {request}: {e}"))?;
+    let mut answer = String::new();
+    s.read_to_string(&mut answer)
+        .map_err(|e| format!("reading the answer to {request}: {e}"))?;
+    let mut ok = false;
+    for l in answer.lines() {
+        if l == "ok" {
+            ok = true;
+        } else if let Some(e) = l.strip_prefix("error: ") {
+            eprintln!("rdmablk-target {request}: {e}");
+        } else {
+            println!("{l}");
+        }
+    }
+    Ok(ok)
+}

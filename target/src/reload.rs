@@ -1,0 +1,385 @@
+//! Live reconfiguration. A new configuration is checked whole against the
+//! running one (including opening new backends and binding new listeners)
+//! before anything changes; then its difference is applied, hosts are told
+//! through asynchronous events, and removed namespaces drain and flush.
+//! Connections the change does not concern are untouched.
+
+use crate::config::{self, Backend, Config, ConfigError, Listener};
+use crate::poller::PollerLink;
+use crate::subsystem::{self, Access, Namespace, Registry, Subsystem};
+use crate::transport::{self, ListenerHandle};
+use std::collections::HashMap;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a removed namespace's commands in flight may take to finish
+/// before its backend is flushed anyway.
+const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// What the daemon runs now: its configuration, its listeners, and what a
+/// reload needs to start new ones.
+pub struct Running {
+    pub path: Option<std::path::PathBuf>,
+    pub cfg: Config,
+    pub listeners: Vec<(Listener, ListenerHandle)>,
+    pub pollers: Arc<Vec<PollerLink>>,
+    pub registry: Arc<Registry>,
+}
+
+/// A namespace change of one subsystem.
+enum NsChange {
+    Add(Arc<Namespace>),
+    Remove(Arc<Namespace>),
+    /// Grow to this many bytes.
+    Grow(Arc<Namespace>, u64),
+    ReadOnly(Arc<Namespace>, bool),
+}
+
+impl NsChange {
+    fn nsid(&self) -> u32 {
+        match self {
+            NsChange::Add(n) | NsChange::Remove(n) => n.nsid,
+            NsChange::Grow(n, _) | NsChange::ReadOnly(n, _) => n.nsid,
+        }
+    }
+}
+
+/// Everything a reload will do, prepared (backends opened, listeners
+/// bound) but not yet visible.
+#[derive(Default)]
+struct Plan {
+    subsystems: Vec<Arc<Subsystem>>,
+    added: Vec<String>,
+    removed: Vec<Arc<Subsystem>>,
+    namespaces: Vec<(Arc<Subsystem>, Vec<NsChange>)>,
+    access: Vec<(Arc<Subsystem>, Access)>,
+    new_listeners: Vec<(Listener, ListenerHandle)>,
+    old_listeners: Vec<Listener>,
+}
+
+fn refuse(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
+    ConfigError::Invalid {
+        key: key.into(),
+        problem: problem.into(),
+    }
+}
+
+const RESTART: &str = "changed; this needs a restart (the running configuration stays)";
+
+/// Re-reads the configuration file and applies it. Returns what changed,
+/// one line each; on an error nothing changed.
+pub fn reload(running: &mut Running) -> Result<Vec<String>, ConfigError> {
+    let Some(path) = running.path.clone() else {
+        return Err(refuse(
+            "--config",
+            "the daemon was started without a configuration file; there is nothing to re-read",
+        ));
+    };
+    let new = config::load(&path)?;
+    new.check_machine()?;
+    apply(running, new)
+}
+
+/// Checks `new` against the running configuration, then applies it.
+pub fn apply(running: &mut Running, new: Config) -> Result<Vec<String>, ConfigError> {
+    let old = &running.cfg;
+    if new.pollers.count != old.pollers.count {
+        return Err(refuse("pollers.count", RESTART));
+    }
+    if new.pollers.arena_bytes != old.pollers.arena_bytes {
+        return Err(refuse("pollers.arena", RESTART));
+    }
+    if new.pollers.busy_poll != old.pollers.busy_poll {
+        return Err(refuse("pollers.busy_poll", RESTART));
+    }
+    if new.limits != old.limits {
+        return Err(refuse("limits", RESTART));
+    }
+    if new.metrics != old.metrics {
+        return Err(refuse("metrics.listen", RESTART));
+    }
+    let plan = prepare(running, &new)?;
+    let summary = commit(running, plan);
+    running.cfg = new;
+    Ok(summary)
+}
+
+/// Opens, binds and checks everything the new configuration adds.
+fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
+    let registry = &running.registry;
+    let current: HashMap<String, Arc<Subsystem>> = registry
+        .subsystems()
+        .into_iter()
+        .map(|s| (s.nqn.clone(), s))
+        .collect();
+    let mut plan = Plan::default();
+    for (si, s) in new.subsystems.iter().enumerate() {
+        let key = format!("subsystem[{si}]");
+        let Some(sub) = current.get(&s.nqn) else {
+            let mut namespaces = Vec::new();
+            for (ni, n) in s.namespaces.iter().enumerate() {
+                namespaces.push(open(
+                    &s.nqn,
+                    n,
+                    &format!("{key}.namespace[{ni}]"),
+                    registry,
+                )?);
+            }
+            plan.subsystems
+                .push(Arc::new(subsystem::new_subsystem(s, namespaces)));
+            plan.added.push(s.nqn.clone());
+            continue;
+        };
+        plan.subsystems.push(sub.clone());
+        let access = Access {
+            allow_any_host: s.allow_any_host,
+            hosts: s.hosts.clone(),
+        };
+        if access != sub.access() {
+            plan.access.push((sub.clone(), access));
+        }
+        let old = running
+            .cfg
+            .subsystems
+            .iter()
+            .find(|o| o.nqn == s.nqn)
+            .expect("a running subsystem is in the running configuration");
+        let changes = namespace_changes(&key, old, s, sub, registry)?;
+        if !changes.is_empty() {
+            plan.namespaces.push((sub.clone(), changes));
+        }
+    }
+    plan.removed = current
+        .values()
+        .filter(|s| !new.subsystems.iter().any(|n| n.nqn == s.nqn))
+        .cloned()
+        .collect();
+    for (i, l) in new.listeners.iter().enumerate() {
+        if !running.cfg.listeners.contains(l) {
+            let handle = transport::start(l, &running.pollers, registry)
+                .map_err(|e| refuse(format!("listener[{i}]"), e.to_string()))?;
+            plan.new_listeners.push((*l, handle));
+        }
+    }
+    plan.old_listeners = running
+        .cfg
+        .listeners
+        .iter()
+        .filter(|l| !new.listeners.contains(l))
+        .copied()
+        .collect();
+    Ok(plan)
+}
+
+/// The namespace changes of subsystem `key` from `old` to `new`.
+fn namespace_changes(
+    key: &str,
+    old: &config::Subsystem,
+    new: &config::Subsystem,
+    sub: &Subsystem,
+    registry: &Registry,
+) -> Result<Vec<NsChange>, ConfigError> {
+    let mut changes = Vec::new();
+    for (ni, n) in new.namespaces.iter().enumerate() {
+        let nkey = format!("{key}.namespace[{ni}]");
+        let Some(o) = old.namespaces.iter().find(|o| o.nsid == n.nsid) else {
+            changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
+            continue;
+        };
+        let live = sub
+            .namespace(n.nsid)
+            .expect("a configured namespace is live");
+        if n.block_size != o.block_size {
+            return Err(refuse(format!("{nkey}.block_size"), RESTART));
+        }
+        if !same_storage(&o.backend, &n.backend) {
+            // Other storage under the same nsid: a removal and an addition.
+            changes.push(NsChange::Remove(live));
+            changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
+            continue;
+        }
+        let size = storage_size(&live, &n.backend)
+            .map_err(|e| refuse(format!("{nkey}.path"), e.to_string()))?;
+        let now = live.blocks() * live.block_size as u64;
+        let size = size / n.block_size as u64 * n.block_size as u64;
+        if size < now {
+            return Err(refuse(
+                format!("{nkey}.size"),
+                format!("{size} bytes is smaller than the {now} served now; shrinking is refused"),
+            ));
+        }
+        if size > now {
+            if let Backend::Memory { .. } = n.backend {
+                if size > live.backend.capacity() {
+                    return Err(refuse(
+                        format!("{nkey}.size"),
+                        format!(
+                            "a memory namespace grows live up to {} bytes; this needs a restart",
+                            live.backend.capacity()
+                        ),
+                    ));
+                }
+            }
+            changes.push(NsChange::Grow(live.clone(), size));
+        }
+        if n.read_only != o.read_only {
+            if !n.read_only && !live.backend.writable() {
+                // Opened read-only: writing needs the file opened again.
+                changes.push(NsChange::Remove(live));
+                changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
+            } else {
+                changes.push(NsChange::ReadOnly(live, n.read_only));
+            }
+        }
+    }
+    for o in &old.namespaces {
+        if !new.namespaces.iter().any(|n| n.nsid == o.nsid) {
+            if let Some(live) = sub.namespace(o.nsid) {
+                changes.push(NsChange::Remove(live));
+            }
+        }
+    }
+    Ok(changes)
+}
+
+/// Whether two backends are the same storage (sizes aside).
+fn same_storage(a: &Backend, b: &Backend) -> bool {
+    match (a, b) {
+        (Backend::File { path: p, .. }, Backend::File { path: q, .. }) => p == q,
+        (Backend::Memory { .. }, Backend::Memory { .. }) => true,
+        (Backend::Null { .. }, Backend::Null { .. }) => true,
+        _ => false,
+    }
+}
+
+/// The size the namespace would have now: its file's (which the operator
+/// may have grown), or the configured size.
+fn storage_size(live: &Namespace, b: &Backend) -> std::io::Result<u64> {
+    match b {
+        Backend::File { .. } => live.backend.current_size(),
+        Backend::Memory { size } | Backend::Null { size } => Ok(*size),
+    }
+}
+
+fn open(
+    nqn: &str,
+    n: &config::Namespace,
+    key: &str,
+    registry: &Registry,
+) -> Result<Arc<Namespace>, ConfigError> {
+    subsystem::open_namespace(nqn, n, registry.pollers)
+        .map(Arc::new)
+        .map_err(|e| refuse(key, e.to_string()))
+}
+
+/// Makes the plan visible and tells hosts; returns what changed.
+fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
+    let registry = running.registry.clone();
+    let mut summary = Vec::new();
+    let mut drained = Vec::new();
+    for (sub, changes) in &plan.namespaces {
+        let mut table: Vec<Arc<Namespace>> = sub.namespaces().to_vec();
+        for c in changes {
+            match c {
+                NsChange::Add(n) => {
+                    table.push(n.clone());
+                    summary.push(format!("{}: namespace {} added", sub.nqn, n.nsid));
+                }
+                NsChange::Remove(n) => {
+                    table.retain(|t| !Arc::ptr_eq(t, n));
+                    drained.push((sub.nqn.clone(), n.clone()));
+                    summary.push(format!("{}: namespace {} removed", sub.nqn, n.nsid));
+                }
+                NsChange::Grow(n, bytes) => {
+                    n.grow_to(*bytes);
+                    summary.push(format!(
+                        "{}: namespace {} grown to {bytes} bytes",
+                        sub.nqn, n.nsid
+                    ));
+                }
+                NsChange::ReadOnly(n, ro) => {
+                    n.set_read_only(*ro);
+                    let what = if *ro { "read-only" } else { "writable" };
+                    summary.push(format!("{}: namespace {} {what}", sub.nqn, n.nsid));
+                }
+            }
+        }
+        table.sort_by_key(|n| n.nsid);
+        sub.set_namespaces(table);
+        let mut nsids: Vec<u32> = changes.iter().map(NsChange::nsid).collect();
+        nsids.dedup();
+        for c in sub.live_controllers() {
+            c.namespaces_changed(&nsids);
+        }
+    }
+    for (sub, access) in plan.access {
+        for c in sub.set_access(access) {
+            c.kill("its host was removed from the subsystem's allowed hosts by a reload");
+        }
+        summary.push(format!("{}: allowed hosts changed", sub.nqn));
+    }
+    for sub in &plan.removed {
+        for c in sub.live_controllers() {
+            c.kill("its subsystem was removed by a reload");
+        }
+        for n in sub.namespaces().iter() {
+            drained.push((sub.nqn.clone(), n.clone()));
+        }
+        summary.push(format!("{}: subsystem removed", sub.nqn));
+    }
+    for nqn in &plan.added {
+        summary.push(format!("{nqn}: subsystem added"));
+    }
+    let mut listeners: Vec<(Listener, ListenerHandle)> = Vec::new();
+    for (l, h) in std::mem::take(&mut running.listeners) {
+        if plan.old_listeners.contains(&l) {
+            h.stop();
+            summary.push(format!(
+                "stopped listening on {}://{}",
+                l.transport, l.address
+            ));
+        } else {
+            listeners.push((l, h));
+        }
+    }
+    for (l, h) in plan.new_listeners {
+        summary.push(format!("listening on {}://{}", l.transport, l.address));
+        listeners.push((l, h));
+    }
+    let discovery_changed = !plan.added.is_empty()
+        || !plan.removed.is_empty()
+        || summary
+            .iter()
+            .any(|s| s.contains("allowed hosts") || s.contains("listening"));
+    registry.replace(plan.subsystems, listeners.iter().map(|(l, _)| *l).collect());
+    running.listeners = listeners;
+    if discovery_changed {
+        for c in registry.discovery.live_controllers() {
+            c.discovery_changed();
+        }
+    }
+    for (nqn, n) in drained {
+        drain_and_flush(&nqn, &n);
+    }
+    for line in &summary {
+        tracing::info!("reload: {line}");
+    }
+    summary
+}
+
+/// Waits (at most [`DRAIN_TIMEOUT`]) for a removed namespace's commands in
+/// flight, then flushes its backend. Queues that still hold the namespace
+/// keep it open until their next command sees it gone.
+fn drain_and_flush(nqn: &str, n: &Namespace) {
+    let start = Instant::now();
+    while n.metrics.in_flight() > 0 && start.elapsed() < DRAIN_TIMEOUT {
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    if let Err(e) = n.backend.sync_all() {
+        tracing::error!(
+            subsystem = nqn,
+            nsid = n.nsid,
+            "flushing a removed namespace: {e}"
+        );
+    }
+}

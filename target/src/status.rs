@@ -1,0 +1,94 @@
+//! `rdmablk-target status`: what the running daemon serves and to whom, with
+//! each namespace's current IOPS and bandwidth (over a short sample).
+
+use crate::poller::Shared;
+use crate::subsystem::Namespace;
+use rdmablk_common::units::format_size;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long the rates are sampled over.
+const SAMPLE: Duration = Duration::from_millis(500);
+
+/// The summary, one line per listener, subsystem, namespace and host.
+pub fn render(shared: &Shared, started: Instant) -> String {
+    let r = &shared.registry;
+    let subsystems = r.subsystems();
+    let namespaces: Vec<Vec<Arc<Namespace>>> =
+        subsystems.iter().map(|s| s.namespaces().to_vec()).collect();
+    let totals = |ns: &Namespace| ns.metrics.totals();
+    let before: Vec<Vec<(u64, u64)>> = namespaces
+        .iter()
+        .map(|v| v.iter().map(|n| totals(n)).collect())
+        .collect();
+    let t0 = Instant::now();
+    std::thread::sleep(SAMPLE);
+    let secs = t0.elapsed().as_secs_f64();
+
+    let mut out = String::new();
+    let up = started.elapsed().as_secs();
+    let _ = writeln!(
+        out,
+        "rdmablk-target {}, up {}h{:02}m{:02}s, {} poller(s), {} connection(s)",
+        env!("CARGO_PKG_VERSION"),
+        up / 3600,
+        up / 60 % 60,
+        up % 60,
+        r.pollers,
+        shared.connections.load(Ordering::Acquire)
+    );
+    let listening: Vec<String> = r
+        .listeners()
+        .iter()
+        .map(|l| format!("{}://{}", l.transport, l.address))
+        .collect();
+    let _ = writeln!(out, "listening: {}", listening.join(", "));
+    for (s, (nss, before)) in subsystems.iter().zip(namespaces.iter().zip(&before)) {
+        let access = s.access();
+        let who = if access.allow_any_host {
+            "any host".to_string()
+        } else {
+            format!("{} allowed host(s)", access.hosts.len())
+        };
+        let _ = writeln!(out, "subsystem {} ({who})", s.nqn);
+        for (n, (c0, b0)) in nss.iter().zip(before) {
+            let (c1, b1) = totals(n);
+            let iops = (c1 - c0) as f64 / secs;
+            let bw = (b1 - b0) as f64 / secs;
+            let _ = writeln!(
+                out,
+                "  namespace {}: {} on {}, {}: {iops:.0} IOPS, {}/s, {} in flight",
+                n.nsid,
+                format_size(n.blocks() * n.block_size as u64),
+                n.backend.describe(),
+                if n.read_only() {
+                    "read-only"
+                } else {
+                    "read-write"
+                },
+                format_size(bw as u64),
+                n.metrics.in_flight()
+            );
+        }
+        let mut hosts: BTreeMap<(String, &str), (usize, usize)> = BTreeMap::new();
+        for c in s.live_controllers() {
+            let e = hosts
+                .entry((c.hostnqn.clone(), c.caps().transport))
+                .or_default();
+            e.0 += 1;
+            e.1 += c.queues_connected();
+        }
+        for ((host, transport), (ctrls, queues)) in hosts {
+            let _ = writeln!(
+                out,
+                "  host {host}: {ctrls} controller(s) over {transport}, {queues} queue(s)"
+            );
+        }
+    }
+    let discovery = r.discovery.live_controllers().len();
+    let _ = writeln!(out, "discovery controllers: {discovery}");
+    out
+}
