@@ -243,6 +243,11 @@ impl Queue {
         self.pending.len() + self.done.len()
     }
 
+    /// Whether command `cid` has completed (and waits to be returned).
+    pub fn has_completed(&self, cid: u16) -> bool {
+        self.done.iter().any(|c| c.cid == cid)
+    }
+
     // ---- raw access -------------------------------------------------------
 
     pub fn send_raw(&mut self, bytes: &[u8]) -> io::Result<()> {

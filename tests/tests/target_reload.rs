@@ -1,0 +1,316 @@
+//! Live reconfiguration: `rdmablk-target reload` and `status` over the
+//! control socket, against a daemon with hosts connected: namespaces come,
+//! grow and go with asynchronous events (NVMe Base 2.1, 5.2.2), a refused
+//! configuration changes nothing, a host dropped from the allow-list loses
+//! its association, and discovery controllers hear of new subsystems.
+
+use rdmablk_common::fabrics::discovery::{parse_log_header, DISCOVERY_LOG_HEADER_LEN};
+use rdmablk_common::fabrics::DISCOVERY_NQN;
+use rdmablk_common::nvme::identify::{cns, parse_ns_list, NamespaceId};
+use rdmablk_common::nvme::log::lid;
+use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status};
+use rdmablk_tests::check::{assert_status, open, OrPanic};
+use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN};
+use rdmablk_tests::{bin_path, Rng, Target, TempDir};
+use std::path::PathBuf;
+use std::process::Command;
+use std::time::Duration;
+
+/// Completion dword 0 of Namespace Attribute Changed (Notice, information
+/// 00h, Changed Namespace List 04h) and of Discovery Log Page Change
+/// (Notice, F0h, log 70h): NVMe Base 2.1, Figure 150.
+const NS_ATTR_CHANGED: u32 = 0x0004_0002;
+const DISCOVERY_CHANGED: u32 = 0x0070_f002;
+/// Async Event Configuration bits (NVMe Base 2.1, Figure 201).
+const AEC_NS_ATTR: u32 = 1 << 8;
+const AEC_DISCOVERY: u32 = 1 << 31;
+
+/// A daemon started from a configuration file, with a control socket.
+struct Daemon {
+    t: Target,
+    sock: PathBuf,
+    _dir: TempDir,
+}
+
+impl Daemon {
+    fn start(toml: &str) -> Daemon {
+        let dir = TempDir::new("reload");
+        let sock = dir.join("control.sock");
+        let t =
+            Target::start_config_with(toml, &["--control", sock.to_str().expect("utf-8")], None);
+        Daemon { t, sock, _dir: dir }
+    }
+
+    /// Rewrites the configuration file (`{port}` as at the start).
+    fn write(&self, toml: &str) {
+        let text = toml.replace("{port}", &self.t.port().to_string());
+        std::fs::write(self.t.dir().join("target.toml"), text).or_panic("writing the config");
+    }
+
+    /// Runs `rdmablk-target ACTION --control SOCK`: (success, stdout, stderr).
+    fn run(&self, action: &str) -> (bool, String, String) {
+        let out = Command::new(bin_path("rdmablk-target"))
+            .args([action, "--control"])
+            .arg(&self.sock)
+            .output()
+            .or_panic(format_args!("running rdmablk-target {action}"));
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    }
+
+    /// Writes `toml` and reloads it, which must succeed; returns its report.
+    fn reload(&self, toml: &str) -> String {
+        self.write(toml);
+        let (ok, out, err) = self.run("reload");
+        assert!(ok, "reload refused: {err}\n{out}\n{}", self.t.log_tail());
+        out
+    }
+}
+
+/// A configuration of one subsystem (any host) with `namespaces` (TOML
+/// tables) and `extra` after.
+fn config(namespaces: &str, extra: &str) -> String {
+    format!(
+        "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
+         [[subsystem]]\nnqn = \"{DEFAULT_NQN}\"\nallow_any_host = true\n{namespaces}\n{extra}"
+    )
+}
+
+fn memory_ns(nsid: u32, size: &str) -> String {
+    format!(
+        "  [[subsystem.namespace]]\n  nsid = {nsid}\n  backend = \"memory\"\n  size = \"{size}\"\n"
+    )
+}
+
+fn quiet() -> Opts {
+    Opts {
+        kato_ms: 0,
+        auto_keep_alive: false,
+        ..Opts::default()
+    }
+}
+
+fn submit_aer(c: &Controller) -> u16 {
+    c.admin()
+        .submit(Sqe::new(admin::ASYNC_EVENT, 0), None, 0)
+        .or_panic("submitting an AER")
+}
+
+/// Get Log Page Changed Namespace List with RAE clear: the namespaces
+/// listed (NVMe Base 2.1, 5.16.1.5).
+fn changed_namespaces(c: &Controller) -> Vec<u32> {
+    parse_ns_list(
+        &c.admin()
+            .get_log(lid::CHANGED_NS, 4096, 0)
+            .or_panic("changed ns log"),
+    )
+}
+
+fn active_namespaces(c: &Controller) -> Vec<u32> {
+    parse_ns_list(
+        &c.admin()
+            .identify(cns::ACTIVE_NS_LIST, 0)
+            .or_panic("active ns list"),
+    )
+}
+
+#[test]
+fn namespaces_come_grow_and_go_with_asynchronous_events() {
+    let one = memory_ns(1, "64MiB");
+    let d = Daemon::start(&config(&one, ""));
+    let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
+    assert_eq!(c.id.oaes, AEC_NS_ATTR, "OAES lists what is implemented");
+    c.admin()
+        .set_features(feature::ASYNC_EVENT, AEC_NS_ATTR)
+        .or_panic("Async Event Configuration");
+    let aer = submit_aer(&c);
+
+    // Namespace 2 appears: an event, the Changed Namespace List, I/O.
+    let two = memory_ns(2, "32MiB");
+    let report = d.reload(&config(&format!("{one}{two}"), ""));
+    assert!(report.contains("namespace 2 added"), "{report}");
+    let done = c.admin().wait(aer).or_panic("the AER");
+    assert_status(&done, Status::SUCCESS, "AER");
+    assert_eq!(done.cqe.dw0, NS_ATTR_CHANGED, "Namespace Attribute Changed");
+    assert_eq!(changed_namespaces(&c), vec![2]);
+    assert_eq!(active_namespaces(&c), vec![1, 2]);
+    let data = Rng::new(2).bytes(4096);
+    let q = &mut c.io[0];
+    q.write(2, 100, &data, 512, false)
+        .or_panic("write to namespace 2");
+    assert!(q.read(2, 100, 8, 512).or_panic("read from namespace 2") == data);
+
+    // Namespace 1 grows: another event (the list was read with RAE clear).
+    let aer = submit_aer(&c);
+    d.reload(&config(&format!("{}{two}", memory_ns(1, "128MiB")), ""));
+    let done = c.admin().wait(aer).or_panic("the AER");
+    assert_eq!(done.cqe.dw0, NS_ATTR_CHANGED);
+    let id = NamespaceId::parse(&c.admin().identify(cns::NAMESPACE, 1).or_panic("identify"));
+    assert_eq!(id.nsze, (128 << 20) / 512, "NSZE after growing");
+
+    // Namespace 2 goes while the last event is unacknowledged: no event
+    // (masked until the log page is read), but the list says so.
+    let aer = submit_aer(&c);
+    d.reload(&config(&memory_ns(1, "128MiB"), ""));
+    std::thread::sleep(Duration::from_secs(1));
+    c.admin().keep_alive().or_panic("keep alive");
+    assert!(
+        !c.admin().has_completed(aer),
+        "the AER completed while Namespace Attribute Changed was masked"
+    );
+    assert_eq!(changed_namespaces(&c), vec![1, 2]);
+    let st = c.io[0]
+        .exec(Queue::rw_sqe(nvm::READ, 2, 0, 8), None, 4096)
+        .or_panic("read from the removed namespace");
+    assert_status(&st, Status::INVALID_NAMESPACE, "I/O to a removed namespace");
+    assert_eq!(active_namespaces(&c), vec![1]);
+
+    // A controller reset aborts the held AER (NVMe Base 2.1, 3.7.2).
+    c.admin().prop_set(property::CC, 0).or_panic("CC.EN = 0");
+    let done = c.admin().wait(aer).or_panic("the AER after a reset");
+    assert_status(
+        &done,
+        Status::ABORTED_SQ_DELETION,
+        "AER after a controller reset",
+    );
+}
+
+#[test]
+fn a_refused_reload_names_the_key_and_changes_nothing() {
+    let one = memory_ns(1, "64MiB");
+    let d = Daemon::start(&config(&one, ""));
+    let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
+    let data = Rng::new(3).bytes(4096);
+    c.io[0].write(1, 0, &data, 512, false).or_panic("write");
+    for (toml, key) in [
+        (config(&one, "[pollers]\ncount = 7\n"), "pollers.count"),
+        (
+            config(&format!("{one}  block_size = 4096\n"), ""),
+            "subsystem[0].namespace[0].block_size",
+        ),
+        (config(&memory_ns(1, "32MiB"), ""), "subsystem[0].namespace[0].size"),
+        (config(&one, "[[subsystem]]\nnqn = \"not an nqn\"\n"), "subsystem[1].nqn"),
+        (
+            config(
+                &format!("{one}  [[subsystem.namespace]]\n  nsid = 2\n  backend = \"file\"\n  path = \"/nonexistent/rdmablk\"\n"),
+                "",
+            ),
+            "subsystem[0].namespace[1]",
+        ),
+    ] {
+        d.write(&toml);
+        let (ok, _, err) = d.run("reload");
+        assert!(!ok, "reload of a configuration with a bad {key} succeeded");
+        assert!(err.contains(key), "the refusal does not name {key}: {err}");
+    }
+    // I/O goes on, on the running configuration.
+    assert!(c.io[0].read(1, 0, 8, 512).or_panic("read after refusals") == data);
+    assert_eq!(active_namespaces(&c), vec![1]);
+    let (ok, status, _) = d.run("status");
+    assert!(ok, "status failed");
+    assert!(
+        status.contains(&format!("subsystem {DEFAULT_NQN} (any host)"))
+            && status.contains("namespace 1: 64MiB on memory, read-write")
+            && status.contains(&format!(
+                "host {HOST_A}: 1 controller(s) over tcp, 2 queue(s)"
+            )),
+        "status:\n{status}"
+    );
+}
+
+#[test]
+fn a_host_removed_from_the_allow_list_loses_its_association() {
+    let subsystem = |hosts: &str| {
+        format!(
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
+             [[subsystem]]\nnqn = \"{OPEN_NQN}\"\nhosts = [{hosts}]\n{}",
+            memory_ns(1, "16MiB")
+        )
+    };
+    let both = subsystem(&format!("\"{HOST_A}\", \"{HOST_B}\""));
+    let d = Daemon::start(&both);
+    let mut a = open(&d.t, OPEN_NQN, HOST_A, &quiet());
+    let mut b = open(&d.t, OPEN_NQN, HOST_B, &quiet());
+    let report = d.reload(&subsystem(&format!("\"{HOST_A}\"")));
+    assert!(report.contains("allowed hosts changed"), "{report}");
+    assert!(
+        b.io[0].is_closed_by_peer(Duration::from_secs(5)),
+        "the removed host's queue stayed open"
+    );
+    a.io[0]
+        .read(1, 0, 8, 512)
+        .or_panic("the host still allowed keeps working");
+    let refused = Controller::open(d.t.addr(), OPEN_NQN, HOST_B, &quiet());
+    assert!(refused.is_err(), "the removed host connected again");
+}
+
+#[test]
+fn discovery_controllers_hear_of_new_subsystems_and_listeners() {
+    let one = memory_ns(1, "16MiB");
+    let d = Daemon::start(&config(&one, ""));
+    let opts = Opts {
+        io_queues: 0,
+        kato_ms: 30_000,
+        auto_keep_alive: false,
+        ..Opts::default()
+    };
+    let disc = Controller::open(d.t.addr(), DISCOVERY_NQN, HOST_A, &opts).or_panic("discovery");
+    assert_eq!(
+        disc.id.oaes, AEC_DISCOVERY,
+        "OAES of a discovery controller"
+    );
+    disc.admin()
+        .set_features(feature::ASYNC_EVENT, AEC_DISCOVERY)
+        .or_panic("Async Event Configuration");
+    let header = |c: &Controller| {
+        parse_log_header(
+            &c.admin()
+                .get_log(lid::DISCOVERY, DISCOVERY_LOG_HEADER_LEN as u32, 0)
+                .or_panic("discovery log header"),
+        )
+    };
+    let (gen1, n1) = header(&disc);
+    let aer = submit_aer(&disc);
+    let extra = format!(
+        "[[subsystem]]\nnqn = \"{OPEN_NQN}\"\nallow_any_host = true\n{}",
+        memory_ns(1, "16MiB")
+    );
+    let report = d.reload(&config(&one, &extra));
+    assert!(
+        report.contains(&format!("{OPEN_NQN}: subsystem added")),
+        "{report}"
+    );
+    let done = disc.admin().wait(aer).or_panic("the discovery AER");
+    assert_eq!(done.cqe.dw0, DISCOVERY_CHANGED, "Discovery Log Page Change");
+    let (gen2, n2) = header(&disc);
+    assert!(gen2 > gen1, "GENCTR {gen1} -> {gen2}");
+    assert_eq!(n2, n1 + 1, "one more entry");
+    // The whole log, read in pieces, as a host does: consistent.
+    let entries = Controller::discover(d.t.addr(), HOST_B).or_panic("discover");
+    assert!(entries.iter().any(|e| e.subnqn == OPEN_NQN), "{entries:?}");
+    // A listener added and removed.
+    let port = rdmablk_tests::free_port();
+    let second = format!("[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n");
+    let report = d.reload(&config(&one, &format!("{extra}\n{second}")));
+    assert!(
+        report.contains(&format!("listening on tcp://127.0.0.1:{port}")),
+        "{report}"
+    );
+    let addr = format!("127.0.0.1:{port}").parse().expect("address");
+    open_at(addr);
+    d.reload(&config(&one, &extra));
+    std::thread::sleep(Duration::from_millis(200));
+    assert!(
+        std::net::TcpStream::connect(addr).is_err(),
+        "the removed listener still accepts"
+    );
+}
+
+fn open_at(addr: std::net::SocketAddr) {
+    let c = Controller::open(addr, DEFAULT_NQN, HOST_A, &quiet()).or_panic("the new listener");
+    drop(c);
+}
