@@ -395,33 +395,28 @@ pub fn render(shared: &Shared, started: Instant) -> String {
             e.1 += c.queues_connected() as u64;
         }
     }
-    family(
-        &mut out,
-        "rdmablk_host_controllers",
-        "gauge",
-        "Live controllers (associations), by host NQN and transport.",
-    );
-    for ((host, transport), (ctrls, _)) in &hosts {
-        let _ = writeln!(
-            out,
-            "rdmablk_host_controllers{{host=\"{}\",transport=\"{transport}\"}} {ctrls}",
-            label(host)
-        );
+    for (name, help, pick) in [
+        (
+            "rdmablk_host_controllers",
+            "Live controllers (associations), by host NQN and transport.",
+            (|v: &(u64, u64)| v.0) as fn(&(u64, u64)) -> u64,
+        ),
+        (
+            "rdmablk_host_queues",
+            "Connected queues (admin and I/O), by host NQN and transport.",
+            |v: &(u64, u64)| v.1,
+        ),
+    ] {
+        family(&mut out, name, "gauge", help);
+        for ((host, transport), v) in &hosts {
+            let _ = writeln!(
+                out,
+                "{name}{{host=\"{}\",transport=\"{transport}\"}} {}",
+                label(host),
+                pick(v)
+            );
+        }
     }
-    family(
-        &mut out,
-        "rdmablk_host_queues",
-        "gauge",
-        "Connected queues (admin and I/O), by host NQN and transport.",
-    );
-    for ((host, transport), (_, queues)) in &hosts {
-        let _ = writeln!(
-            out,
-            "rdmablk_host_queues{{host=\"{}\",transport=\"{transport}\"}} {queues}",
-            label(host)
-        );
-    }
-
     family(
         &mut out,
         "rdmablk_poller_arena_bytes_in_use",

@@ -306,23 +306,7 @@ impl Queue {
     fn refuse<W: Wire>(&mut self, sqe: &Sqe, status: Status, io: &mut Io, w: &mut W) -> Intake {
         tracing::debug!(peer = %self.peer, cid = sqe.cid(), %status, "command refused before it ran");
         self.sq_head = (self.sq_head + 1) % self.depth();
-        self.unslotted += 1;
-        let cqe = binding::response(
-            &self.bind,
-            (sqe.cid(), status),
-            (0, 0),
-            self.sq_head,
-            self.qid,
-        );
-        w.respond(
-            Response {
-                slot: None,
-                sqe,
-                cqe,
-                data: None,
-            },
-            io,
-        );
+        self.answer_unslotted(sqe, status, 0, io, w);
         Intake::Taken
     }
 
@@ -342,7 +326,7 @@ impl Queue {
             .partition(|&(_, g)| g != generation);
         self.held_aers = live;
         for (sqe, _) in stale {
-            self.answer_held(&sqe, Status::ABORTED_SQ_DELETION, 0, io, w);
+            self.answer_unslotted(&sqe, Status::ABORTED_SQ_DELETION, 0, io, w);
         }
         while !self.held_aers.is_empty() {
             let Some(dw0) = ctrl.take_event() else {
@@ -350,13 +334,13 @@ impl Queue {
             };
             let (sqe, _) = self.held_aers.remove(0);
             tracing::info!(peer = %self.peer, cntlid = ctrl.cntlid, dw0 = format_args!("{dw0:#x}"), "asynchronous event reported");
-            self.answer_held(&sqe, Status::SUCCESS, dw0, io, w);
+            self.answer_unslotted(&sqe, Status::SUCCESS, dw0, io, w);
         }
     }
 
-    /// Sends the completion of a held AER (its SQ entry was consumed when
-    /// it arrived).
-    fn answer_held<W: Wire>(
+    /// Sends the completion of a command that has no slot: one refused on
+    /// arrival, or a held AER (whose SQ entry was consumed when it arrived).
+    fn answer_unslotted<W: Wire>(
         &mut self,
         sqe: &Sqe,
         status: Status,
