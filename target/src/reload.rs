@@ -156,9 +156,16 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
         .collect();
     for (i, l) in new.listeners.iter().enumerate() {
         if !running.cfg.listeners.contains(l) {
-            let handle = transport::start(l, &running.pollers, registry)
-                .map_err(|e| refuse(format!("listener[{i}]"), e.to_string()))?;
-            plan.new_listeners.push((*l, handle));
+            match transport::start(l, &running.pollers, registry) {
+                Ok(handle) => plan.new_listeners.push((*l, handle)),
+                Err(e) => {
+                    // Nothing changes: the listeners already started go.
+                    for (_, h) in plan.new_listeners {
+                        h.stop();
+                    }
+                    return Err(refuse(format!("listener[{i}]"), e.to_string()));
+                }
+            }
         }
     }
     plan.old_listeners = running
@@ -275,6 +282,11 @@ fn open(
 /// Makes the plan visible and tells hosts; returns what changed.
 fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
     let registry = running.registry.clone();
+    let discovery_changed = !plan.added.is_empty()
+        || !plan.removed.is_empty()
+        || !plan.access.is_empty()
+        || !plan.new_listeners.is_empty()
+        || !plan.old_listeners.is_empty();
     let mut summary = Vec::new();
     let mut drained = Vec::new();
     for (sub, changes) in &plan.namespaces {
@@ -346,18 +358,13 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
         summary.push(format!("listening on {}://{}", l.transport, l.address));
         listeners.push((l, h));
     }
-    let discovery_changed = !plan.added.is_empty()
-        || !plan.removed.is_empty()
-        || summary
-            .iter()
-            .any(|s| s.contains("allowed hosts") || s.contains("listening"));
-    registry.replace(plan.subsystems, listeners.iter().map(|(l, _)| *l).collect());
-    running.listeners = listeners;
     if discovery_changed {
+        registry.replace(plan.subsystems, listeners.iter().map(|(l, _)| *l).collect());
         for c in registry.discovery.live_controllers() {
             c.discovery_changed();
         }
     }
+    running.listeners = listeners;
     for (nqn, n) in drained {
         drain_and_flush(&nqn, &n);
     }
