@@ -314,3 +314,36 @@ fn open_at(addr: std::net::SocketAddr) {
     let c = Controller::open(addr, DEFAULT_NQN, HOST_A, &quiet()).or_panic("the new listener");
     drop(c);
 }
+
+/// SIGHUP reloads as `reload` does, without an answer: the daemon logs the
+/// result and keeps serving.
+#[test]
+fn sighup_reloads_too() {
+    let one = memory_ns(1, "16MiB");
+    let d = Daemon::start(&config(&one, ""));
+    let c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
+    d.write(&config(&format!("{one}{}", memory_ns(3, "16MiB")), ""));
+    rdmablk_tests::send_signal(d.t.pid(), libc::SIGHUP);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while active_namespaces(&c) != vec![1, 3] {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "namespace 3 not there 5 s after SIGHUP\n{}",
+            d.t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    d.write(&config(&one, "[pollers]\ncount = 9\n"));
+    rdmablk_tests::send_signal(d.t.pid(), libc::SIGHUP);
+    std::thread::sleep(Duration::from_millis(300));
+    assert!(
+        d.t.log().contains("SIGHUP: reload refused") && d.t.log().contains("pollers.count"),
+        "the refusal is not logged\n{}",
+        d.t.log_tail()
+    );
+    assert_eq!(
+        active_namespaces(&c),
+        vec![1, 3],
+        "a refused reload changed the namespaces"
+    );
+}
