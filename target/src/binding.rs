@@ -153,6 +153,10 @@ pub fn check_association(assoc: Option<&Association>, limits: &Limits) -> Option
     if a.is_deleted() {
         return Some("controller reset: I/O queue deleted");
     }
+    if a.auth_overdue(limits.handshake_timeout) {
+        a.ctrl
+            .kill("authentication not finished within limits.handshake_timeout");
+    }
     (!a.ctrl.is_live()).then_some("controller ended")
 }
 

@@ -7,7 +7,7 @@ use crate::backend::{Access, FixedBuf};
 use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
-    MAX_AERS,
+    CONNECT_ATR, MAX_AERS,
 };
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
@@ -110,6 +110,9 @@ pub fn plan(
         None if is_fabrics && sqe.fctype() == fctype::CONNECT => Work::Connect,
         None => return Err(Status::COMMAND_SEQUENCE_ERROR),
         Some(_) if is_fabrics => Work::Fabrics,
+        // Until the queue has authenticated, only Fabrics commands run
+        // (nvmet_check_auth_status): Authentication Required, DNR.
+        Some(a) if a.auth_pending() => return Err(Status::AUTH_REQUIRED),
         Some(a) if a.qid == 0 => Work::Admin,
         Some(a) => Work::Io(io_cmd::decode(
             |nsid| a.namespace(nsid),
@@ -240,6 +243,9 @@ impl Command {
         match controller::connect(registry, &self.sqe, data, caps, local) {
             Ok(a) => {
                 self.dw0 = a.ctrl.cntlid as u32;
+                if a.auth_required {
+                    self.dw0 |= CONNECT_ATR;
+                }
                 tracing::debug!(
                     peer,
                     cntlid = a.ctrl.cntlid,
@@ -282,6 +288,11 @@ impl Command {
     ) -> Progress {
         let reply = match &self.work {
             Work::Connect => unreachable!("Connect runs through Command::connect"),
+            Work::Fabrics if matches!(self.sqe.fctype(), fctype::AUTH_SEND | fctype::AUTH_RECV) => {
+                let mut data = vec![0u8; if self.to_host { 0 } else { self.len }];
+                let data = self.copy_data(arena, &mut data);
+                assoc.authenticate(&self.sqe, data)
+            }
             Work::Fabrics => assoc.ctrl.fabrics(&self.sqe, assoc.qid),
             Work::Admin => {
                 // Admin data from the host is small and rare (Set Features):

@@ -10,6 +10,7 @@
 
 use rdmablk_common::units;
 
+use rdmablk_common::auth::{DhGroup, Hash, Secret};
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
 use std::collections::HashMap;
@@ -146,8 +147,25 @@ pub struct Subsystem {
     pub allow_any_host: bool,
     /// Host NQNs allowed to connect when `allow_any_host` is false.
     pub hosts: Vec<String>,
+    /// Hosts that must authenticate (`[[subsystem.host]]`); they are
+    /// allowed to connect, authenticated.
+    pub auth: Vec<HostAuth>,
     /// Namespaces (at least one, unique nsids).
     pub namespaces: Vec<Namespace>,
+}
+
+/// A host that authenticates with DH-HMAC-CHAP (`[[subsystem.host]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAuth {
+    pub nqn: String,
+    /// The host's secret (`dhchap_secret` or `dhchap_secret_file`).
+    pub secret: Secret,
+    /// The controller's secret, for bidirectional authentication.
+    pub ctrl_secret: Option<Secret>,
+    /// Hashes accepted, in order of preference.
+    pub hashes: Vec<Hash>,
+    /// DH groups accepted, in order of preference.
+    pub dh_groups: Vec<DhGroup>,
 }
 
 /// One namespace of a subsystem (`[[subsystem.namespace]]`).
@@ -459,7 +477,29 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
         path: path.to_path_buf(),
         source,
     })?;
-    parse(&text)
+    let cfg = parse(&text)?;
+    if text.contains("dhchap_secret") || text.contains("dhchap_ctrl_secret") {
+        if let Err(problem) = private_file(path) {
+            return Err(invalid(path.display().to_string(), problem));
+        }
+    }
+    Ok(cfg)
+}
+
+/// Refuses a file holding secrets that others than its owner may read.
+fn private_file(path: &Path) -> Result<(), String> {
+    use std::os::unix::fs::PermissionsExt;
+    let mode = std::fs::metadata(path)
+        .map_err(|e| e.to_string())?
+        .permissions()
+        .mode();
+    if mode & 0o077 != 0 {
+        return Err(format!(
+            "holds DH-HMAC-CHAP secrets but its mode is {:o}: others may read them; chmod 600 it",
+            mode & 0o777
+        ));
+    }
+    Ok(())
 }
 
 /// Parses and validates configuration TOML.
@@ -482,6 +522,7 @@ pub fn embedded_default() -> Config {
             nqn: DEFAULT_NQN.to_owned(),
             allow_any_host: true,
             hosts: Vec::new(),
+            auth: Vec::new(),
             namespaces: vec![Namespace {
                 nsid: 1,
                 backend: Backend::Memory {
@@ -583,6 +624,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
             nqn,
             allow_any_host: true,
             hosts: Vec::new(),
+            auth: Vec::new(),
             namespaces: vec![Namespace {
                 nsid: 1,
                 backend,
@@ -733,7 +775,21 @@ struct RawSubsystem {
     #[serde(default)]
     hosts: Vec<String>,
     #[serde(default)]
+    host: Vec<RawHost>,
+    #[serde(default)]
     namespace: Vec<RawNamespace>,
+}
+
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawHost {
+    nqn: Option<String>,
+    dhchap_secret: Option<String>,
+    dhchap_secret_file: Option<PathBuf>,
+    dhchap_ctrl_secret: Option<String>,
+    dhchap_ctrl_secret_file: Option<PathBuf>,
+    dhchap_hash: Option<Vec<String>>,
+    dhchap_dhgroup: Option<Vec<String>>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -968,11 +1024,123 @@ fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<Subsystem, ConfigErr
         .enumerate()
         .map(|(j, n)| convert_namespace(&key, j, n))
         .collect::<Result<Vec<_>, _>>()?;
+    let auth = raw
+        .host
+        .into_iter()
+        .enumerate()
+        .map(|(h, r)| convert_host(&format!("{key}.host[{h}]"), r))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(Subsystem {
         nqn,
         allow_any_host: raw.allow_any_host,
         hosts: raw.hosts,
+        auth,
         namespaces,
+    })
+}
+
+/// Hashes accepted when a host's table names none: all, strongest last.
+const DEFAULT_HASHES: [Hash; 3] = [Hash::Sha256, Hash::Sha384, Hash::Sha512];
+/// DH groups accepted when a host's table names none, in order of
+/// preference: a DH exchange first, the null group (no DH) last.
+const DEFAULT_DH_GROUPS: [DhGroup; 6] = [
+    DhGroup::Ffdhe2048,
+    DhGroup::Ffdhe3072,
+    DhGroup::Ffdhe4096,
+    DhGroup::Ffdhe6144,
+    DhGroup::Ffdhe8192,
+    DhGroup::Null,
+];
+
+/// A `[[subsystem.host]]` table: the secrets (inline or from a file, which
+/// systemd credentials can supply), the hashes and DH groups.
+fn convert_host(key: &str, raw: RawHost) -> Result<HostAuth, ConfigError> {
+    let nqn = raw
+        .nqn
+        .ok_or_else(|| invalid(format!("{key}.nqn"), "missing; the host's NQN"))?;
+    let secret = |name: &str, inline: Option<String>, file: Option<PathBuf>| {
+        let text = match (inline, file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    format!("{key}.{name}"),
+                    format!("given inline and as {name}_file; keep one"),
+                ))
+            }
+            (Some(t), None) => t,
+            (None, Some(path)) => {
+                private_file(&path).map_err(|p| {
+                    invalid(
+                        format!("{key}.{name}_file"),
+                        format!("{}: {p}", path.display()),
+                    )
+                })?;
+                std::fs::read_to_string(&path).map_err(|e| {
+                    invalid(
+                        format!("{key}.{name}_file"),
+                        format!("{}: {e}", path.display()),
+                    )
+                })?
+            }
+            (None, None) => return Ok(None),
+        };
+        Secret::parse(&text)
+            .map(Some)
+            .map_err(|e| invalid(format!("{key}.{name}"), e.to_string()))
+    };
+    let host_secret = secret("dhchap_secret", raw.dhchap_secret, raw.dhchap_secret_file)?
+        .ok_or_else(|| {
+            invalid(
+                format!("{key}.dhchap_secret"),
+                "missing; give the host's secret as `nvme gen-dhchap-key` prints it (DHHC-1:...),                  or dhchap_secret_file",
+            )
+        })?;
+    let ctrl_secret = secret(
+        "dhchap_ctrl_secret",
+        raw.dhchap_ctrl_secret,
+        raw.dhchap_ctrl_secret_file,
+    )?;
+    let hashes = match raw.dhchap_hash {
+        None => DEFAULT_HASHES.to_vec(),
+        Some(names) => names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                Hash::from_name(n).ok_or_else(|| {
+                    invalid(
+                        format!("{key}.dhchap_hash[{i}]"),
+                        format!("{n:?}: use \"sha256\", \"sha384\" or \"sha512\""),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    let dh_groups = match raw.dhchap_dhgroup {
+        None => DEFAULT_DH_GROUPS.to_vec(),
+        Some(names) => names
+            .iter()
+            .enumerate()
+            .map(|(i, n)| {
+                DhGroup::from_name(n).ok_or_else(|| {
+                    invalid(
+                        format!("{key}.dhchap_dhgroup[{i}]"),
+                        format!("{n:?}: use \"null\" or \"ffdhe2048\" ... \"ffdhe8192\""),
+                    )
+                })
+            })
+            .collect::<Result<_, _>>()?,
+    };
+    if hashes.is_empty() || dh_groups.is_empty() {
+        return Err(invalid(
+            key.to_string(),
+            "dhchap_hash and dhchap_dhgroup need at least one entry each",
+        ));
+    }
+    Ok(HostAuth {
+        nqn,
+        secret: host_secret,
+        ctrl_secret,
+        hashes,
+        dh_groups,
     })
 }
 
@@ -1198,7 +1366,21 @@ fn validate_hosts(key: &str, subsystem: &Subsystem) -> Result<(), ConfigError> {
             )
         })?;
     }
-    if !subsystem.allow_any_host && subsystem.hosts.is_empty() {
+    for (h, a) in subsystem.auth.iter().enumerate() {
+        validate_nqn(&a.nqn).map_err(|reason| {
+            invalid(
+                format!("{key}.host[{h}].nqn"),
+                format!("{:?} is not a valid host NQN: {reason}", a.nqn),
+            )
+        })?;
+        if subsystem.hosts.contains(&a.nqn) || subsystem.auth[..h].iter().any(|o| o.nqn == a.nqn) {
+            return Err(invalid(
+                format!("{key}.host[{h}].nqn"),
+                format!("{} is listed twice; a host is either in hosts or has one [[subsystem.host]] table", a.nqn),
+            ));
+        }
+    }
+    if !subsystem.allow_any_host && subsystem.hosts.is_empty() && subsystem.auth.is_empty() {
         return Err(invalid(
             format!("{key}.hosts"),
             "empty while allow_any_host = false, so no host could ever connect: \

@@ -4,8 +4,10 @@
 //! and gets back a status, dword 0 and the data to return.
 
 use crate::admission::{Gauge, Permit};
+use crate::auth::{self, QueueAuth};
 use crate::config::Limits;
 use crate::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
+use rdmablk_common::auth::message;
 use rdmablk_common::fabrics::{
     cattr, fctype, invalid_param_dw0, ConnectCmd, ConnectData, PropertyCmd, CONNECT_DATA_LEN,
 };
@@ -78,6 +80,8 @@ pub fn admin_transfer_len(sqe: &Sqe) -> Option<TransferLen> {
 pub fn fabrics_transfer_len(sqe: &Sqe) -> Option<TransferLen> {
     match sqe.fctype() {
         fctype::CONNECT => Some(TransferLen::Exact(CONNECT_DATA_LEN)),
+        // TL and AL: the message's length, either way.
+        fctype::AUTH_SEND | fctype::AUTH_RECV => Some(TransferLen::Exact(sqe.cdw(11) as usize)),
         fctype::PROPERTY_GET | fctype::PROPERTY_SET | fctype::DISCONNECT => {
             Some(TransferLen::Exact(0))
         }
@@ -208,11 +212,59 @@ pub struct Association {
     generation: u32,
     /// This queue's copy of the subsystem's namespaces.
     namespaces: RefCell<NamespaceView>,
+    /// The host has a secret: the queue authenticates before other commands.
+    pub auth_required: bool,
+    auth: RefCell<QueueAuth>,
     /// This queue's place among the daemon's connected queues (limits.connections).
     _queue: Permit,
 }
 
+/// Connect response dword 0: Authentication Required (ATR, bit 17).
+pub const CONNECT_ATR: u32 = 1 << 17;
+
 impl Association {
+    /// Whether the queue must still authenticate before other commands.
+    pub fn auth_pending(&self) -> bool {
+        self.auth_required && !self.auth.borrow().authenticated()
+    }
+
+    /// Whether an authentication transaction has run longer than `limit`.
+    pub fn auth_overdue(&self, limit: Duration) -> bool {
+        self.auth.borrow().overdue(limit)
+    }
+
+    /// AUTH_Send (with `data`) or AUTH_Receive on this queue (NVMe Base
+    /// 2.1, 6.2 and 6.3): SECP E9h, SPSP 01h 01h, a non-zero length.
+    pub fn authenticate(&self, sqe: &Sqe, data: &[u8]) -> Reply {
+        let cdw10 = sqe.cdw(10);
+        let (secp, spsp1, spsp0) = ((cdw10 >> 24) as u8, (cdw10 >> 16) as u8, (cdw10 >> 8) as u8);
+        if secp != message::SECP
+            || spsp0 != message::SPSP
+            || spsp1 != message::SPSP
+            || sqe.cdw(11) == 0
+        {
+            return Reply::status(Status::INVALID_FIELD);
+        }
+        let ctrl = &self.ctrl;
+        let host = ctrl.subsys.auth_of(&ctrl.hostnqn);
+        let peers = auth::Peers {
+            host_nqn: &ctrl.hostnqn,
+            subsys_nqn: &ctrl.subsys.nqn,
+            host: host.as_deref(),
+        };
+        let mut auth = self.auth.borrow_mut();
+        let (reply, outcome) = if sqe.fctype() == fctype::AUTH_SEND {
+            (Reply::ok(0), auth.on_send(data, &peers))
+        } else {
+            let (msg, outcome) = auth.on_receive(&peers);
+            (Reply::data(msg), outcome)
+        };
+        if let auth::Outcome::Fatal(why) = outcome {
+            ctrl.kill(&why);
+        }
+        reply
+    }
+
     /// Namespace `nsid` of the subsystem, as of now (no lock unless a
     /// reload changed the namespaces since the queue last looked).
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
@@ -398,6 +450,8 @@ pub fn connect(
         );
         return Ok(Association {
             namespaces: RefCell::new(ctrl.subsys.view()),
+            auth_required: ctrl.subsys.auth_of(&ctrl.hostnqn).is_some(),
+            auth: RefCell::default(),
             ctrl,
             qid: 0,
             depth: depth as u16,
@@ -481,6 +535,8 @@ pub fn connect(
     };
     Ok(Association {
         namespaces: RefCell::new(ctrl.subsys.view()),
+        auth_required: ctrl.subsys.auth_of(&ctrl.hostnqn).is_some(),
+        auth: RefCell::default(),
         ctrl,
         qid: cmd.qid,
         depth: depth as u16,

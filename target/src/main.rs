@@ -2,6 +2,7 @@
 //! devices and memory as NVMe namespaces.
 
 mod admission;
+mod auth;
 mod backend;
 mod binding;
 mod budget;

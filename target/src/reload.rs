@@ -131,10 +131,7 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
             continue;
         };
         plan.subsystems.push(sub.clone());
-        let access = Access {
-            allow_any_host: s.allow_any_host,
-            hosts: s.hosts.clone(),
-        };
+        let access = Access::of(s);
         if access != sub.access() {
             plan.access.push((sub.clone(), access));
         }

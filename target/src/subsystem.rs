@@ -74,11 +74,24 @@ pub struct Subsystem {
     controllers: Mutex<Controllers>,
 }
 
-/// Who may connect to a subsystem.
+/// Who may connect to a subsystem, and who must authenticate.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Access {
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
+    /// Hosts that authenticate with DH-HMAC-CHAP (allowed, authenticated).
+    pub auth: Vec<Arc<config::HostAuth>>,
+}
+
+impl Access {
+    /// As configured for subsystem `s`.
+    pub fn of(s: &config::Subsystem) -> Access {
+        Access {
+            allow_any_host: s.allow_any_host,
+            hosts: s.hosts.clone(),
+            auth: s.auth.iter().cloned().map(Arc::new).collect(),
+        }
+    }
 }
 
 /// A queue's copy of its subsystem's namespace table, refreshed when the
@@ -134,7 +147,16 @@ impl Subsystem {
     /// Whether `hostnqn` may connect.
     pub fn admits(&self, hostnqn: &str) -> bool {
         let a = self.access.lock().expect("access lock");
-        a.allow_any_host || self.is_discovery() || a.hosts.iter().any(|h| h == hostnqn)
+        a.allow_any_host
+            || self.is_discovery()
+            || a.hosts.iter().any(|h| h == hostnqn)
+            || a.auth.iter().any(|h| h.nqn == hostnqn)
+    }
+
+    /// The authentication `hostnqn` must pass, if any.
+    pub fn auth_of(&self, hostnqn: &str) -> Option<Arc<config::HostAuth>> {
+        let a = self.access.lock().expect("access lock");
+        a.auth.iter().find(|h| h.nqn == hostnqn).cloned()
     }
 
     /// Who may connect now.
@@ -261,6 +283,7 @@ impl Registry {
         let discovery = Access {
             allow_any_host: true,
             hosts: Vec::new(),
+            auth: Vec::new(),
         };
         Ok(Registry {
             subsystems: RwLock::new(subsystems),
@@ -336,11 +359,7 @@ impl Registry {
 
 /// A subsystem as configured, with its opened namespaces.
 pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
-    let access = Access {
-        allow_any_host: s.allow_any_host,
-        hosts: s.hosts.clone(),
-    };
-    Subsystem::new(&s.nqn, access, namespaces)
+    Subsystem::new(&s.nqn, Access::of(s), namespaces)
 }
 
 /// Opens a namespace's backend; its metrics have a slot for each of

@@ -898,6 +898,8 @@ pub struct Opts {
     /// Connect Attributes of every queue's Connect (bit 2 disables SQ
     /// flow control, as `nvme connect --disable-sqflow` does).
     pub cattr: u8,
+    /// DH-HMAC-CHAP secrets, for queues whose Connect response asks.
+    pub dhchap: Option<crate::dhchap::Secrets>,
 }
 
 impl Default for Opts {
@@ -910,8 +912,30 @@ impl Default for Opts {
             digests: Digests::default(),
             hostid: *b"rdmablk-test-hid",
             cattr: 0,
+            dhchap: None,
         }
     }
+}
+
+/// Authenticates a queue whose Connect completion `dw0` has ATR set.
+fn authenticate_if_asked(
+    q: &mut Queue,
+    dw0: u32,
+    qid: u16,
+    opts: &Opts,
+    hostnqn: &str,
+    subnqn: &str,
+) -> io::Result<()> {
+    if dw0 & 1 << 17 == 0 {
+        return Ok(());
+    }
+    let Some(s) = &opts.dhchap else {
+        return Err(other(format!(
+            "queue {qid}: the controller requires authentication and no secret was given"
+        )));
+    };
+    crate::dhchap::authenticate(q, qid, s, hostnqn, subnqn)
+        .map_err(|e| other(format!("queue {qid}: authentication failed: {e:?}")))
 }
 
 /// An enabled controller: its admin queue and I/O queues.
@@ -994,6 +1018,7 @@ impl Controller {
             )));
         }
         let cntlid = cqe.dw0 as u16;
+        authenticate_if_asked(&mut admin, cqe.dw0, 0, opts, hostnqn, subnqn)?;
         let cap = admin.prop_get(property::CAP, true)?;
         admin.prop_set(property::CC, property::CC_EN | CC_IOSQES | CC_IOCQES)?;
         let mut csts = 0;
@@ -1051,6 +1076,7 @@ impl Controller {
                     cqe.dw0
                 )));
             }
+            authenticate_if_asked(&mut q, cqe.dw0, qid, opts, hostnqn, subnqn)?;
             q.set_in_capsule_limit(in_capsule);
             ctrl.io.push(q);
         }

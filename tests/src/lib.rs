@@ -14,6 +14,7 @@
 pub mod args;
 pub mod check;
 pub mod client;
+pub mod dhchap;
 pub mod nbd;
 pub mod proxy;
 

@@ -57,6 +57,7 @@ impl Status {
     pub const CONNECT_INVALID_PARAMETERS: Status = specific(0x82);
     pub const CONNECT_INVALID_HOST: Status = specific(0x84);
     pub const INVALID_QUEUE_TYPE: Status = specific(0x85);
+    pub const AUTH_REQUIRED: Status = specific(0x91);
 
     /// Decodes a CQE status field (bit 0 is the phase tag and is ignored;
     /// DNR and CRD are read with [`dnr_of`] and [`crd_of`]).
@@ -126,6 +127,7 @@ impl Status {
             (1, 0x82) => "Connect Invalid Parameters",
             (1, 0x84) => "Connect Invalid Host",
             (1, 0x85) => "Invalid Queue Type",
+            (1, 0x91) => "Authentication Required",
             _ => "Unknown Status",
         }
     }

@@ -1,0 +1,384 @@
+//! DH-HMAC-CHAP on one queue, the controller's side (NVMe Base 2.1,
+//! 8.3.4.5): AUTH_Send brings Negotiate, Reply and Success2; AUTH_Receive
+//! takes Challenge, Success1 or Failure1. A protocol error does not fail
+//! the command: the next AUTH_Receive returns AUTH_Failure1 and the
+//! controller ends, as nvmet does. Every queue of a host with a secret
+//! authenticates; until it has, only Fabrics commands run on it.
+
+use crate::config::HostAuth;
+use rdmablk_common::auth::dhchap::{
+    augmented_challenge, controller_response, host_response, responses_match, Transaction,
+};
+use rdmablk_common::auth::ffdhe::KeyPair;
+use rdmablk_common::auth::message::{explanation, Message};
+use rdmablk_common::auth::{random_bytes, DhGroup, Hash};
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::{Duration, Instant};
+use zeroize::Zeroizing;
+
+/// Where a queue's authentication is.
+enum Step {
+    /// Waiting for AUTH_Negotiate.
+    Idle,
+    /// Negotiated: the next AUTH_Receive gets the Challenge.
+    Negotiated {
+        tid: u16,
+        sc_c: u8,
+        hash: Hash,
+        group: DhGroup,
+    },
+    /// Challenged: waiting for the Reply.
+    Challenged {
+        tid: u16,
+        sc_c: u8,
+        hash: Hash,
+        seqnum: u32,
+        challenge: Zeroizing<Vec<u8>>,
+        pair: Option<KeyPair>,
+    },
+    /// The host's response was right: the next AUTH_Receive gets Success1
+    /// (with the controller's response when the host asked for one).
+    Replied {
+        tid: u16,
+        hash: Hash,
+        response: Option<Zeroizing<Vec<u8>>>,
+    },
+    /// Bidirectional: waiting for Success2.
+    AwaitingSuccess2 { tid: u16 },
+    /// The next AUTH_Receive gets AUTH_Failure1.
+    Failed { tid: u16, explanation: u8 },
+}
+
+/// What a message did to the queue.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Outcome {
+    Continue,
+    /// The queue is authenticated.
+    Authenticated,
+    /// The controller must end (the reason, for the log).
+    Fatal(String),
+}
+
+/// The queue's side of the association.
+pub struct QueueAuth {
+    authenticated: bool,
+    step: Step,
+    /// When the transaction in progress started.
+    since: Option<Instant>,
+}
+
+/// The host and subsystem a transaction is between.
+pub struct Peers<'a> {
+    pub host_nqn: &'a str,
+    pub subsys_nqn: &'a str,
+    /// The host's secrets now (a reload may have changed them); `None`
+    /// when the host no longer has a secret.
+    pub host: Option<&'a HostAuth>,
+}
+
+/// Sequence numbers of challenges: never 0, never repeated soon.
+static SEQNUM: AtomicU32 = AtomicU32::new(0);
+
+fn next_seqnum() -> u32 {
+    if SEQNUM.load(Ordering::Relaxed) == 0 {
+        let start = random_bytes(4).map_or(1, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]));
+        let _ = SEQNUM.compare_exchange(0, start | 1, Ordering::AcqRel, Ordering::Relaxed);
+    }
+    loop {
+        let s = SEQNUM.fetch_add(1, Ordering::AcqRel).wrapping_add(1);
+        if s != 0 {
+            return s;
+        }
+    }
+}
+
+impl Default for QueueAuth {
+    fn default() -> Self {
+        QueueAuth {
+            authenticated: false,
+            step: Step::Idle,
+            since: None,
+        }
+    }
+}
+
+impl QueueAuth {
+    pub fn authenticated(&self) -> bool {
+        self.authenticated
+    }
+
+    /// Whether a transaction has been in progress longer than `limit`.
+    pub fn overdue(&self, limit: Duration) -> bool {
+        self.since.is_some_and(|t| t.elapsed() > limit)
+    }
+
+    fn fail(&mut self, tid: u16, explanation: u8) -> Outcome {
+        self.step = Step::Failed { tid, explanation };
+        Outcome::Continue
+    }
+
+    /// An AUTH_Send brought `data`.
+    pub fn on_send(&mut self, data: &[u8], peers: &Peers) -> Outcome {
+        let msg = match Message::decode(data) {
+            Ok(m) => m,
+            Err(e) => {
+                let tid = if data.len() >= 6 {
+                    u16::from_le_bytes([data[4], data[5]])
+                } else {
+                    0
+                };
+                tracing::warn!(host = peers.host_nqn, "authentication: {e}");
+                return self.fail(tid, e.explanation);
+            }
+        };
+        let Some(host) = peers.host else {
+            tracing::warn!(
+                host = peers.host_nqn,
+                "authentication: the host has no secret here"
+            );
+            return self.fail(msg.tid(), explanation::FAILED);
+        };
+        match (std::mem::replace(&mut self.step, Step::Idle), msg) {
+            // A Negotiate starts (or restarts) a transaction in any step.
+            (
+                _,
+                Message::Negotiate {
+                    tid,
+                    sc_c,
+                    hashes,
+                    dh_groups,
+                },
+            ) => {
+                self.since = Some(Instant::now());
+                if sc_c != 0 {
+                    return self.fail(tid, explanation::CONCAT_MISMATCH);
+                }
+                let Some(hash) = host
+                    .hashes
+                    .iter()
+                    .copied()
+                    .find(|h| hashes.contains(&h.id()))
+                else {
+                    tracing::warn!(
+                        host = peers.host_nqn,
+                        ?hashes,
+                        "authentication: no hash in common"
+                    );
+                    return self.fail(tid, explanation::HASH_UNUSABLE);
+                };
+                let Some(group) = host
+                    .dh_groups
+                    .iter()
+                    .copied()
+                    .find(|g| dh_groups.contains(&g.id()))
+                else {
+                    tracing::warn!(
+                        host = peers.host_nqn,
+                        ?dh_groups,
+                        "authentication: no DH group in common"
+                    );
+                    return self.fail(tid, explanation::DHGROUP_UNUSABLE);
+                };
+                self.step = Step::Negotiated {
+                    tid,
+                    sc_c,
+                    hash,
+                    group,
+                };
+                Outcome::Continue
+            }
+            (
+                Step::Challenged {
+                    tid,
+                    sc_c,
+                    hash,
+                    seqnum,
+                    challenge,
+                    pair,
+                },
+                Message::Reply {
+                    tid: rtid,
+                    response,
+                    ctrl_challenge,
+                    seqnum: s2,
+                    dh_value,
+                },
+            ) => {
+                if rtid != tid || response.len() != hash.digest_len() {
+                    return self.fail(tid, explanation::INCORRECT_PAYLOAD);
+                }
+                let z = match &pair {
+                    None if dh_value.is_empty() => None,
+                    Some(p) => match p.shared_secret(&dh_value) {
+                        Ok(z) => Some(z),
+                        Err(e) => {
+                            tracing::warn!(host = peers.host_nqn, "authentication: {e}");
+                            return self.fail(tid, explanation::DHGROUP_UNUSABLE);
+                        }
+                    },
+                    None => return self.fail(tid, explanation::INCORRECT_PAYLOAD),
+                };
+                let c1 = augmented_challenge(hash, &challenge, z.as_deref().map(|z| &z[..]));
+                let kh = host.secret.transformed(peers.host_nqn);
+                let t = Transaction {
+                    hash,
+                    challenge: &c1,
+                    seqnum,
+                    tid,
+                    host_nqn: peers.host_nqn,
+                    subsys_nqn: peers.subsys_nqn,
+                };
+                if !responses_match(&host_response(&kh, &t, sc_c), &response) {
+                    tracing::warn!(
+                        host = peers.host_nqn,
+                        "authentication failed: the host's response does not match its secret"
+                    );
+                    return self.fail(tid, explanation::FAILED);
+                }
+                let response = match ctrl_challenge {
+                    None => None,
+                    Some(c2) => {
+                        let Some(cs) = &host.ctrl_secret else {
+                            tracing::warn!(host = peers.host_nqn, "authentication: the host asks the controller to authenticate, and it has no controller secret for it");
+                            return self.fail(tid, explanation::FAILED);
+                        };
+                        let c2 = augmented_challenge(hash, &c2, z.as_deref().map(|z| &z[..]));
+                        let kc = cs.transformed(peers.subsys_nqn);
+                        let t = Transaction {
+                            challenge: &c2,
+                            seqnum: s2,
+                            ..t
+                        };
+                        Some(controller_response(&kc, &t))
+                    }
+                };
+                let bidirectional = response.is_some();
+                self.step = Step::Replied {
+                    tid,
+                    hash,
+                    response,
+                };
+                if bidirectional {
+                    Outcome::Continue
+                } else {
+                    self.done(peers)
+                }
+            }
+            (Step::AwaitingSuccess2 { tid }, Message::Success2 { tid: t2 }) if t2 == tid => {
+                self.done(peers)
+            }
+            (_, Message::Failure2 { explanation: e, .. }) => Outcome::Fatal(format!(
+                "the host ended authentication: {}",
+                explanation::describe(e)
+            )),
+            (_, m) => self.fail(m.tid(), explanation::INCORRECT_MESSAGE),
+        }
+    }
+
+    fn done(&mut self, peers: &Peers) -> Outcome {
+        if !self.authenticated {
+            tracing::debug!(host = peers.host_nqn, "queue authenticated");
+        }
+        self.authenticated = true;
+        self.since = None;
+        Outcome::Authenticated
+    }
+
+    /// An AUTH_Receive: the message to return.
+    pub fn on_receive(&mut self, peers: &Peers) -> (Vec<u8>, Outcome) {
+        match std::mem::replace(&mut self.step, Step::Idle) {
+            Step::Negotiated {
+                tid,
+                sc_c,
+                hash,
+                group,
+            } => {
+                let challenge = match random_bytes(hash.digest_len()) {
+                    Ok(c) => c,
+                    Err(e) => return self.refuse_now(tid, peers, format!("no random bytes: {e}")),
+                };
+                let pair = match group {
+                    DhGroup::Null => None,
+                    g => match KeyPair::generate(g) {
+                        Ok(p) => Some(p),
+                        Err(e) => return self.refuse_now(tid, peers, format!("no DH key: {e}")),
+                    },
+                };
+                let seqnum = next_seqnum();
+                let msg = Message::Challenge {
+                    tid,
+                    hash: hash.id(),
+                    dh_group: group.id(),
+                    seqnum,
+                    challenge: challenge.to_vec(),
+                    dh_value: pair.as_ref().map_or(Vec::new(), |p| p.public().to_vec()),
+                };
+                self.step = Step::Challenged {
+                    tid,
+                    sc_c,
+                    hash,
+                    seqnum,
+                    challenge,
+                    pair,
+                };
+                (msg.encode(), Outcome::Continue)
+            }
+            Step::Replied {
+                tid,
+                hash,
+                response,
+            } => {
+                let bidirectional = response.is_some();
+                let msg = Message::Success1 {
+                    tid,
+                    hl: hash.digest_len() as u8,
+                    response: response.map(|r| r.to_vec()),
+                };
+                if bidirectional {
+                    self.step = Step::AwaitingSuccess2 { tid };
+                }
+                (msg.encode(), Outcome::Continue)
+            }
+            Step::Failed {
+                tid,
+                explanation: e,
+            } => {
+                let why = format!("authentication failed: {}", explanation::describe(e));
+                tracing::warn!(host = peers.host_nqn, "{why}");
+                (
+                    Message::Failure1 {
+                        tid,
+                        explanation: e,
+                    }
+                    .encode(),
+                    Outcome::Fatal(why),
+                )
+            }
+            other => {
+                // Nothing to say in this step: an incorrect message.
+                self.step = other;
+                let tid = 0xffff;
+                (
+                    Message::Failure1 {
+                        tid,
+                        explanation: explanation::INCORRECT_MESSAGE,
+                    }
+                    .encode(),
+                    Outcome::Fatal("AUTH_Receive with no message to send".into()),
+                )
+            }
+        }
+    }
+
+    fn refuse_now(&mut self, tid: u16, peers: &Peers, why: String) -> (Vec<u8>, Outcome) {
+        tracing::error!(host = peers.host_nqn, "authentication: {why}");
+        (
+            Message::Failure1 {
+                tid,
+                explanation: explanation::FAILED,
+            }
+            .encode(),
+            Outcome::Fatal(why),
+        )
+    }
+}

@@ -1,0 +1,224 @@
+//! DH-HMAC-CHAP on rdmablk-target (NVMe Base 2.1, 8.3.4.5) with the test
+//! host's implementation (`rdmablk_tests::dhchap`): every queue of a host
+//! with a secret authenticates (Connect sets ATR), with each hash and with
+//! and without a DH group, one-way and both ways; a wrong secret, a missing
+//! one and a wrong controller secret are refused; commands before
+//! authentication get Authentication Required; a configuration holding
+//! secrets must not be readable by others.
+
+use rdmablk_common::auth::message::explanation;
+use rdmablk_common::auth::{Hash, Secret};
+use rdmablk_common::nvme::identify::cns;
+use rdmablk_common::nvme::Status;
+use rdmablk_tests::check::{assert_status, OrPanic};
+use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::dhchap::{authenticate, AuthError, Secrets};
+use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B};
+use rdmablk_tests::{bin_path, free_port, Rng, Target, TempDir};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
+
+fn secret(seed: u8, len: usize, transform: Option<Hash>) -> String {
+    let key: Vec<u8> = (0..len).map(|i| seed.wrapping_add(i as u8 * 7)).collect();
+    Secret::new(&key, transform).to_dhhc1()
+}
+
+/// A configuration where HOST_A authenticates (`host_extra` goes into its
+/// table) and HOST_B is listed without a secret; written 0600.
+fn write_config(dir: &TempDir, port: u16, host_extra: &str) -> PathBuf {
+    let text = format!(
+        "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n\n\
+         [[subsystem]]\nnqn = \"{DEFAULT_NQN}\"\nhosts = [\"{HOST_B}\"]\n\
+         [[subsystem.host]]\nnqn = \"{HOST_A}\"\n{host_extra}\n\
+         [[subsystem.namespace]]\nbackend = \"memory\"\nsize = \"16MiB\"\n"
+    );
+    let path = dir.join("target.toml");
+    std::fs::write(&path, text).or_panic("writing the config");
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).or_panic("chmod");
+    path
+}
+
+fn start(dir: &TempDir, host_extra: &str) -> Target {
+    let path = write_config(dir, free_port(), host_extra);
+    Target::start(&["--config", path.to_str().expect("utf-8")])
+}
+
+fn opts(s: Secrets) -> Opts {
+    Opts {
+        dhchap: Some(s),
+        ..Opts::default()
+    }
+}
+
+/// I/O through a controller whose queues authenticated.
+fn io_works(c: &mut Controller) {
+    let data = Rng::new(9).bytes(4096);
+    c.io[0].write(1, 8, &data, 512, false).or_panic("write");
+    assert!(
+        c.io[0].read(1, 8, 8, 512).or_panic("read") == data,
+        "read back"
+    );
+}
+
+#[test]
+fn every_hash_and_dh_group_authenticates_every_queue() {
+    let dir = TempDir::new("auth");
+    let host = secret(1, 32, Some(Hash::Sha256));
+    let t = start(&dir, &format!("dhchap_secret = \"{host}\""));
+    for (hash, group) in [(1u8, 0u8), (2, 1), (3, 2), (1, 5)] {
+        let mut s = Secrets::new(&host, None);
+        s.hashes = vec![hash];
+        s.dh_groups = vec![group];
+        let o = Opts {
+            io_queues: 2,
+            ..opts(s)
+        };
+        let mut c = Controller::open(t.addr(), DEFAULT_NQN, HOST_A, &o)
+            .or_panic(format_args!("hash {hash}, DH group {group}"));
+        io_works(&mut c);
+        let log = t.log();
+        assert!(!log.contains("authentication failed"), "{}", t.log_tail());
+    }
+}
+
+#[test]
+fn bidirectional_and_key_transforms() {
+    let dir = TempDir::new("auth");
+    for (hl, transform) in [
+        (32, None),
+        (48, Some(Hash::Sha384)),
+        (64, Some(Hash::Sha512)),
+    ] {
+        let host = secret(3, hl, transform);
+        let ctrl = secret(4, hl, transform);
+        let t = start(
+            &dir,
+            &format!("dhchap_secret = \"{host}\"\ndhchap_ctrl_secret = \"{ctrl}\""),
+        );
+        let mut c = Controller::open(
+            t.addr(),
+            DEFAULT_NQN,
+            HOST_A,
+            &opts(Secrets::new(&host, Some(&ctrl))),
+        )
+        .or_panic(format_args!("bidirectional, {hl}-byte keys"));
+        io_works(&mut c);
+        // A host that expects another controller secret refuses the controller.
+        let wrong = secret(5, hl, transform);
+        let e = Controller::open(
+            t.addr(),
+            DEFAULT_NQN,
+            HOST_A,
+            &opts(Secrets::new(&host, Some(&wrong))),
+        );
+        assert!(
+            e.as_ref()
+                .is_err_and(|e| e.to_string().contains("ControllerFailed")),
+            "a wrong controller secret was accepted: {:?}",
+            e.map(|_| ())
+        );
+    }
+}
+
+#[test]
+fn wrong_or_missing_secrets_are_refused() {
+    let dir = TempDir::new("auth");
+    let host = secret(6, 32, Some(Hash::Sha256));
+    let t = start(&dir, &format!("dhchap_secret = \"{host}\""));
+    let wrong = secret(7, 32, Some(Hash::Sha256));
+    let e = Controller::open(
+        t.addr(),
+        DEFAULT_NQN,
+        HOST_A,
+        &opts(Secrets::new(&wrong, None)),
+    )
+    .map(|_| ())
+    .expect_err("a wrong host secret was accepted");
+    assert!(
+        e.to_string()
+            .contains(&format!("Refused({})", explanation::FAILED)),
+        "{e}"
+    );
+    assert!(
+        t.log().contains("authentication failed"),
+        "{}",
+        t.log_tail()
+    );
+
+    // No secret: the Connect asks for authentication (ATR, Connect response
+    // dword 0 bit 17), and commands other than Fabrics ones get
+    // Authentication Required with DNR (NVMe Base 2.1, 8.3.4.5; nvmet).
+    let mut q = Queue::connect(t.addr(), Default::default()).or_panic("connect");
+    let c = q
+        .fabrics_connect_full(0, 31, 0, 0, DEFAULT_NQN, HOST_A, [1; 16], 0xffff)
+        .or_panic("admin Connect");
+    assert_status(&c, Status::SUCCESS, "admin Connect");
+    assert_ne!(
+        c.cqe.dw0 & 1 << 17,
+        0,
+        "ATR is set for a host with a secret"
+    );
+    let st = q
+        .exec(Queue::identify_sqe(cns::CONTROLLER, 0), None, 4096)
+        .or_panic("Identify");
+    assert_status(&st, Status::AUTH_REQUIRED, "Identify before authentication");
+    assert!(rdmablk_common::nvme::dnr_of(st.cqe.status), "DNR set");
+    // A Negotiate with nothing in common: Failure1, hash not usable.
+    let mut none = Secrets::new(&host, None);
+    none.hashes = vec![9];
+    let e = authenticate(&mut q, 1, &none, HOST_A, DEFAULT_NQN).expect_err("no common hash");
+    assert!(
+        matches!(e, AuthError::Refused(x) if x == explanation::HASH_UNUSABLE),
+        "{e:?}"
+    );
+
+    // A host listed without a secret connects as before, without ATR.
+    let c = Controller::open(t.addr(), DEFAULT_NQN, HOST_B, &Opts::default()).or_panic("HOST_B");
+    drop(c);
+    let mut q = Queue::connect(t.addr(), Default::default()).or_panic("connect");
+    let c = q
+        .fabrics_connect_full(0, 31, 0, 0, DEFAULT_NQN, HOST_B, [2; 16], 0xffff)
+        .or_panic("admin Connect");
+    assert_eq!(c.cqe.dw0 & 1 << 17, 0, "no ATR for a host without a secret");
+}
+
+#[test]
+fn secrets_must_not_be_readable_by_others() {
+    let dir = TempDir::new("auth");
+    let host = secret(8, 32, None);
+    let path = write_config(&dir, free_port(), &format!("dhchap_secret = \"{host}\""));
+    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).or_panic("chmod");
+    let out = std::process::Command::new(bin_path("rdmablk-target"))
+        .args(["--check", "--config"])
+        .arg(&path)
+        .output()
+        .or_panic("rdmablk-target --check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success(),
+        "--check accepted a world-readable secret"
+    );
+    assert!(
+        err.contains("chmod 600") && !err.contains(&host[10..30]),
+        "{err}"
+    );
+    // A secret file is held to the same rule, and named.
+    let file = dir.join("host.key");
+    std::fs::write(&file, &host).or_panic("key file");
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o640)).or_panic("chmod");
+    let path = write_config(
+        &dir,
+        free_port(),
+        &format!("dhchap_secret_file = \"{}\"", file.display()),
+    );
+    let out = std::process::Command::new(bin_path("rdmablk-target"))
+        .args(["--check", "--config"])
+        .arg(&path)
+        .output()
+        .or_panic("rdmablk-target --check");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !out.status.success() && err.contains("dhchap_secret_file"),
+        "{err}"
+    );
+}
