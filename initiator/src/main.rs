@@ -8,6 +8,8 @@ use rdmablk::frontend::ublk;
 use rdmablk::host::engine::Engine;
 use rdmablk::host::{HostError, Params, Session, Transport};
 use rdmablk::hostid;
+use rdmablk_common::auth::host::HostSecrets;
+use rdmablk_common::auth::Secret;
 use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, trtype, DiscoveryEntry};
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units;
@@ -81,6 +83,15 @@ struct Target {
     /// (Invalid Field) is connected again without it.
     #[arg(long = "disable-sqflow")]
     disable_sqflow: bool,
+    /// DH-HMAC-CHAP host secret, as `nvme gen-dhchap-key` prints it
+    /// (DHHC-1:XX:...:), for targets that require authentication. Every
+    /// queue authenticates; the secret is not logged.
+    #[arg(short = 'S', long = "dhchap-secret", value_name = "DHHC-1:...")]
+    dhchap_secret: Option<String>,
+    /// The controller's DH-HMAC-CHAP secret: authenticate the target too
+    /// (bidirectional); a target that fails is refused.
+    #[arg(short = 'C', long = "dhchap-ctrl-secret", value_name = "DHHC-1:...")]
+    dhchap_ctrl_secret: Option<String>,
 }
 
 /// A subsystem to use.
@@ -232,6 +243,23 @@ fn params(
     if transport == Transport::Rdma && (t.hdr_digest || t.data_digest) {
         return Err("-g/-G: digests are an NVMe/TCP feature; NVMe/RDMA has none".into());
     }
+    let secret = |flag: &str, s: &Option<String>| {
+        s.as_deref()
+            .map(|s| Secret::parse(s).map_err(|e| format!("{flag}: {e}")))
+            .transpose()
+    };
+    let dhchap = match (
+        secret("--dhchap-secret", &t.dhchap_secret)?,
+        secret("--dhchap-ctrl-secret", &t.dhchap_ctrl_secret)?,
+    ) {
+        (Some(h), c) => Some(HostSecrets::new(h, c)),
+        (None, Some(_)) => {
+            return Err(
+                "--dhchap-ctrl-secret needs --dhchap-secret (the host authenticates first)".into(),
+            )
+        }
+        (None, None) => None,
+    };
     Ok(Params {
         transport,
         addr,
@@ -246,6 +274,7 @@ fn params(
         queue_size,
         io_queues,
         disable_sqflow: t.disable_sqflow,
+        dhchap,
     })
 }
 

@@ -7,12 +7,12 @@ use crate::backend::{Access, FixedBuf};
 use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
-    CONNECT_ATR, MAX_AERS,
+    MAX_AERS,
 };
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
 use io_uring::squeue;
-use rdmablk_common::fabrics::{fctype, CONNECT_DATA_LEN};
+use rdmablk_common::fabrics::{fctype, CONNECT_ATR, CONNECT_DATA_LEN};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};
 use std::sync::Arc;

@@ -219,9 +219,6 @@ pub struct Association {
     _queue: Permit,
 }
 
-/// Connect response dword 0: Authentication Required (ATR, bit 17).
-pub const CONNECT_ATR: u32 = 1 << 17;
-
 impl Association {
     /// Whether the queue must still authenticate before other commands.
     pub fn auth_pending(&self) -> bool {

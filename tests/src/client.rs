@@ -934,7 +934,7 @@ fn authenticate_if_asked(
             "queue {qid}: the controller requires authentication and no secret was given"
         )));
     };
-    crate::dhchap::authenticate(q, qid, s, hostnqn, subnqn)
+    crate::dhchap::authenticate(q, qid, s, hostnqn, subnqn)?
         .map_err(|e| other(format!("queue {qid}: authentication failed: {e:?}")))
 }
 

@@ -6,13 +6,14 @@
 //! authentication get Authentication Required; a configuration holding
 //! secrets must not be readable by others.
 
+use rdmablk_common::auth::host::AuthError;
 use rdmablk_common::auth::message::explanation;
 use rdmablk_common::auth::{Hash, Secret};
 use rdmablk_common::nvme::identify::cns;
 use rdmablk_common::nvme::Status;
 use rdmablk_tests::check::{assert_status, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
-use rdmablk_tests::dhchap::{authenticate, AuthError, Secrets};
+use rdmablk_tests::dhchap::{authenticate, secrets, Secrets};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B};
 use rdmablk_tests::{bin_path, free_port, Rng, Target, TempDir};
 use std::os::unix::fs::PermissionsExt;
@@ -66,7 +67,7 @@ fn every_hash_and_dh_group_authenticates_every_queue() {
     let host = secret(1, 32, Some(Hash::Sha256));
     let t = start(&dir, &format!("dhchap_secret = \"{host}\""));
     for (hash, group) in [(1u8, 0u8), (2, 1), (3, 2), (1, 5)] {
-        let mut s = Secrets::new(&host, None);
+        let mut s = secrets(&host, None);
         s.hashes = vec![hash];
         s.dh_groups = vec![group];
         let o = Opts {
@@ -99,7 +100,7 @@ fn bidirectional_and_key_transforms() {
             t.addr(),
             DEFAULT_NQN,
             HOST_A,
-            &opts(Secrets::new(&host, Some(&ctrl))),
+            &opts(secrets(&host, Some(&ctrl))),
         )
         .or_panic(format_args!("bidirectional, {hl}-byte keys"));
         io_works(&mut c);
@@ -109,7 +110,7 @@ fn bidirectional_and_key_transforms() {
             t.addr(),
             DEFAULT_NQN,
             HOST_A,
-            &opts(Secrets::new(&host, Some(&wrong))),
+            &opts(secrets(&host, Some(&wrong))),
         );
         assert!(
             e.as_ref()
@@ -126,14 +127,9 @@ fn wrong_or_missing_secrets_are_refused() {
     let host = secret(6, 32, Some(Hash::Sha256));
     let t = start(&dir, &format!("dhchap_secret = \"{host}\""));
     let wrong = secret(7, 32, Some(Hash::Sha256));
-    let e = Controller::open(
-        t.addr(),
-        DEFAULT_NQN,
-        HOST_A,
-        &opts(Secrets::new(&wrong, None)),
-    )
-    .map(|_| ())
-    .expect_err("a wrong host secret was accepted");
+    let e = Controller::open(t.addr(), DEFAULT_NQN, HOST_A, &opts(secrets(&wrong, None)))
+        .map(|_| ())
+        .expect_err("a wrong host secret was accepted");
     assert!(
         e.to_string()
             .contains(&format!("Refused({})", explanation::FAILED)),
@@ -164,9 +160,11 @@ fn wrong_or_missing_secrets_are_refused() {
     assert_status(&st, Status::AUTH_REQUIRED, "Identify before authentication");
     assert!(rdmablk_common::nvme::dnr_of(st.cqe.status), "DNR set");
     // A Negotiate with nothing in common: Failure1, hash not usable.
-    let mut none = Secrets::new(&host, None);
+    let mut none = secrets(&host, None);
     none.hashes = vec![9];
-    let e = authenticate(&mut q, 1, &none, HOST_A, DEFAULT_NQN).expect_err("no common hash");
+    let e = authenticate(&mut q, 1, &none, HOST_A, DEFAULT_NQN)
+        .or_panic("AUTH_Send and AUTH_Receive")
+        .expect_err("no common hash");
     assert!(
         matches!(e, AuthError::Refused(x) if x == explanation::HASH_UNUSABLE),
         "{e:?}"
@@ -220,5 +218,61 @@ fn secrets_must_not_be_readable_by_others() {
     assert!(
         !out.status.success() && err.contains("dhchap_secret_file"),
         "{err}"
+    );
+}
+
+/// `rdmablk` authenticates with --dhchap-secret (and the target with
+/// --dhchap-ctrl-secret): bench --verify runs; without a secret, or with a
+/// wrong controller secret, it stops with a clear message.
+#[test]
+fn rdmablk_authenticates_and_says_why_not() {
+    let dir = TempDir::new("auth");
+    let host = secret(11, 48, Some(Hash::Sha384));
+    let ctrl = secret(12, 48, Some(Hash::Sha384));
+    let t = start(
+        &dir,
+        &format!("dhchap_secret = \"{host}\"\ndhchap_ctrl_secret = \"{ctrl}\""),
+    );
+    let bench = |extra: &[&str]| {
+        std::process::Command::new(bin_path("rdmablk"))
+            .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
+            .arg(t.port().to_string())
+            .args([
+                "-n",
+                DEFAULT_NQN,
+                "-q",
+                HOST_A,
+                "--rw",
+                "randrw",
+                "--bs",
+                "4k",
+            ])
+            .args(["--qd", "8", "--runtime", "1s", "--verify"])
+            .args(extra)
+            .output()
+            .or_panic("rdmablk bench")
+    };
+    let ok = bench(&["--dhchap-secret", &host, "--dhchap-ctrl-secret", &ctrl]);
+    assert!(
+        ok.status.success(),
+        "bench with secrets: {}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let none = bench(&[]);
+    let err = String::from_utf8_lossy(&none.stderr);
+    assert!(
+        !none.status.success() && err.contains("--dhchap-secret"),
+        "{err}"
+    );
+    let wrong = secret(13, 48, Some(Hash::Sha384));
+    let bad = bench(&["--dhchap-secret", &host, "--dhchap-ctrl-secret", &wrong]);
+    let err = String::from_utf8_lossy(&bad.stderr);
+    assert!(
+        !bad.status.success() && err.contains("failed to prove its identity"),
+        "{err}"
+    );
+    assert!(
+        !err.contains(&host[10..30]),
+        "a secret in the output: {err}"
     );
 }

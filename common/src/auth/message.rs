@@ -17,6 +17,27 @@ use crate::bytes::{get_u16, get_u32};
 pub const SECP: u8 = 0xe9;
 pub const SPSP: u8 = 0x01;
 
+/// An AUTH_Send (`send`) or AUTH_Receive of `len` bytes (TL or AL) for
+/// DH-HMAC-CHAP (NVMe Base 2.1, 6.2 and 6.3).
+pub fn command(send: bool, len: usize) -> crate::nvme::Sqe {
+    let mut sqe = crate::nvme::Sqe::new(crate::nvme::FABRICS_OPCODE, 0);
+    let fc = if send {
+        crate::fabrics::fctype::AUTH_SEND
+    } else {
+        crate::fabrics::fctype::AUTH_RECV
+    };
+    sqe.set_cdw(1, fc as u32);
+    sqe.set_cdw(
+        10,
+        (SECP as u32) << 24 | (SPSP as u32) << 16 | (SPSP as u32) << 8,
+    );
+    sqe.set_cdw(11, len as u32);
+    sqe
+}
+
+/// Bytes an AUTH_Receive asks for: room for any message (as the Linux host).
+pub const RECEIVE_LEN: usize = 4096;
+
 /// The protocol identifier in a Negotiate descriptor.
 const DHCHAP_AUTH_ID: u8 = 0x01;
 /// Hash and DH group identifiers a descriptor holds at most, each.

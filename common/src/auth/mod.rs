@@ -9,6 +9,7 @@
 pub mod dhchap;
 pub mod ffdhe;
 mod ffdhe_primes;
+pub mod host;
 pub mod message;
 pub mod secret;
 

@@ -21,6 +21,10 @@ pub mod fctype {
     pub const DISCONNECT: u8 = 0x08;
 }
 
+/// Connect response dword 0, bit 17: Authentication Required (ATR): the
+/// queue authenticates (DH-HMAC-CHAP) before other commands.
+pub const CONNECT_ATR: u32 = 1 << 17;
+
 /// Size of the Connect command's data.
 pub const CONNECT_DATA_LEN: usize = 1024;
 

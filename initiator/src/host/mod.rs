@@ -2,6 +2,7 @@
 //! keep-alive, shutdown) and I/O queues. Transport independent above the
 //! queue level; NVMe/TCP and NVMe/RDMA below it.
 
+mod auth;
 pub mod block;
 pub mod engine;
 mod io_queue;
@@ -44,6 +45,8 @@ pub struct Params {
     pub io_queues: u16,
     /// Ask the target to disable SQ flow control (Connect CATTR bit 2).
     pub disable_sqflow: bool,
+    /// DH-HMAC-CHAP secrets, for targets whose Connect asks (ATR).
+    pub dhchap: Option<rdmablk_common::auth::host::HostSecrets>,
 }
 
 /// Why talking to a target failed.
@@ -73,6 +76,16 @@ pub enum HostError {
     /// The peer broke the protocol (or sent a TermReq).
     #[error("protocol error: {0}")]
     Protocol(String),
+    /// The target requires DH-HMAC-CHAP and no secret was given.
+    #[error("{nqn} requires DH-HMAC-CHAP authentication: give --dhchap-secret (and --dhchap-ctrl-secret to authenticate the target too)")]
+    AuthRequired { nqn: String },
+    /// Authentication of a queue failed.
+    #[error("authentication of queue {qid} with {nqn} failed: {source}")]
+    Auth {
+        qid: u16,
+        nqn: String,
+        source: rdmablk_common::auth::host::AuthError,
+    },
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

@@ -5,7 +5,7 @@
 use super::{HostError, IoQueue, Params, SyncQueue};
 use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
 use rdmablk_common::fabrics::{
-    cattr, ConnectCmd, ConnectData, PropertyCmd, DISCOVERY_NQN, SQHD_FLOW_DISABLED,
+    cattr, ConnectCmd, ConnectData, PropertyCmd, CONNECT_ATR, DISCOVERY_NQN, SQHD_FLOW_DISABLED,
 };
 use rdmablk_common::nvme::identify::{cns, parse_ns_list, ControllerId, NamespaceId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid, LogRequest};
@@ -125,6 +125,9 @@ fn fabrics_connect(
         // Disabled only if the target says so with SQHD FFFFh.
         let disabled = cqe.sqhd == SQHD_FLOW_DISABLED;
         tracing::debug!(qid, sq_flow_control = !disabled, "queue connected");
+        if cqe.dw0 & CONNECT_ATR != 0 {
+            super::auth::authenticate(q, qid, p, subnqn)?;
+        }
         return Ok(cqe.dw0 as u16);
     }
     Err(match (st.sct, st.sc, cqe.dw0 >> 16) {
