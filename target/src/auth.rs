@@ -92,6 +92,11 @@ fn next_seqnum() -> u32 {
     }
 }
 
+/// The first of `ours` (in our order of preference) the host offers.
+fn first_offered<T: Copy>(ours: &[T], offered: &[u8], id: impl Fn(T) -> u8) -> Option<T> {
+    ours.iter().copied().find(|x| offered.contains(&id(*x)))
+}
+
 impl Default for QueueAuth {
     fn default() -> Self {
         QueueAuth {
@@ -153,31 +158,22 @@ impl QueueAuth {
                 if sc_c != 0 {
                     return self.fail(tid, explanation::CONCAT_MISMATCH);
                 }
-                let Some(hash) = host
-                    .hashes
-                    .iter()
-                    .copied()
-                    .find(|h| hashes.contains(&h.id()))
-                else {
+                let hash = first_offered(&host.hashes, &hashes, |h| h.id());
+                let group = first_offered(&host.dh_groups, &dh_groups, |g| g.id());
+                let (Some(hash), Some(group)) = (hash, group) else {
+                    let e = if hash.is_none() {
+                        explanation::HASH_UNUSABLE
+                    } else {
+                        explanation::DHGROUP_UNUSABLE
+                    };
                     tracing::warn!(
                         host = peers.host_nqn,
                         ?hashes,
-                        "authentication: no hash in common"
-                    );
-                    return self.fail(tid, explanation::HASH_UNUSABLE);
-                };
-                let Some(group) = host
-                    .dh_groups
-                    .iter()
-                    .copied()
-                    .find(|g| dh_groups.contains(&g.id()))
-                else {
-                    tracing::warn!(
-                        host = peers.host_nqn,
                         ?dh_groups,
-                        "authentication: no DH group in common"
+                        "authentication: {}",
+                        explanation::describe(e)
                     );
-                    return self.fail(tid, explanation::DHGROUP_UNUSABLE);
+                    return self.fail(tid, e);
                 };
                 self.step = Step::Negotiated {
                     tid,
@@ -276,7 +272,9 @@ impl QueueAuth {
     }
 
     fn done(&mut self, peers: &Peers) -> Outcome {
-        if !self.authenticated {
+        if self.authenticated {
+            tracing::info!(host = peers.host_nqn, "queue re-authenticated");
+        } else {
             tracing::debug!(host = peers.host_nqn, "queue authenticated");
         }
         self.authenticated = true;

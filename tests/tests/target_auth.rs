@@ -186,11 +186,14 @@ fn secrets_must_not_be_readable_by_others() {
     let host = secret(8, 32, None);
     let path = write_config(&dir, free_port(), &format!("dhchap_secret = \"{host}\""));
     std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o644)).or_panic("chmod");
-    let out = std::process::Command::new(bin_path("rdmablk-target"))
-        .args(["--check", "--config"])
-        .arg(&path)
-        .output()
-        .or_panic("rdmablk-target --check");
+    let check = |path: &PathBuf| {
+        std::process::Command::new(bin_path("rdmablk-target"))
+            .args(["--check", "--config"])
+            .arg(path)
+            .output()
+            .or_panic("rdmablk-target --check")
+    };
+    let out = check(&path);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
@@ -209,11 +212,7 @@ fn secrets_must_not_be_readable_by_others() {
         free_port(),
         &format!("dhchap_secret_file = \"{}\"", file.display()),
     );
-    let out = std::process::Command::new(bin_path("rdmablk-target"))
-        .args(["--check", "--config"])
-        .arg(&path)
-        .output()
-        .or_panic("rdmablk-target --check");
+    let out = check(&path);
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success() && err.contains("dhchap_secret_file"),

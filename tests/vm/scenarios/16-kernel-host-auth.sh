@@ -2,7 +2,9 @@
 # from `nvme gen-dhchap-key`, one-way and bidirectional, each hash, with
 # and without a DH group (the target prefers ffdhe2048, then the others,
 # null last, as configured); I/O works; a wrong host secret and a wrong
-# controller secret are refused and no namespace appears.
+# controller secret are refused and no namespace appears. Then
+# re-authentication: the target's secret changes by reload, the host's
+# through sysfs, and I/O goes on.
 . /scenarios/lib.sh
 /usr/bin/modprobe nvme-tcp || fail "modprobe nvme-tcp"
 NQN=nqn.2026-11.io.rdmablk:vm-auth
@@ -19,7 +21,7 @@ run() { # HASH DHGROUP BIDIRECTIONAL
     printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
   } > /tmp/auth.toml
   chmod 600 /tmp/auth.toml
-  start_target /tmp/target.log --config /tmp/auth.toml
+  start_target /tmp/target.log --config /tmp/auth.toml --control /tmp/control.sock
   extra=""; [ "$3" = both ] && extra="--dhchap-ctrl-secret=$ckey"
   /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4450 -n $NQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" $extra \
     > /tmp/connect.log 2>&1 || fail "nvme connect with hmac $1, $2, $3: $(cat /tmp/connect.log)"
@@ -45,3 +47,34 @@ run 1 null one
 run 2 ffdhe2048 both
 run 3 ffdhe3072 one
 run 1 ffdhe2048 both
+
+# Re-authentication with a new host secret, on a live controller.
+hkey=$(key 1); ckey=$(key 1)
+conf_key() {
+  {
+    printf '[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:4450"\n\n'
+    printf '[[subsystem]]\nnqn = "%s"\n' "$NQN"
+    printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n' "$HOSTNQN" "$1"
+    printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
+  } > /tmp/auth.toml
+  chmod 600 /tmp/auth.toml
+}
+conf_key "$hkey"
+start_target /tmp/target.log --config /tmp/auth.toml --control /tmp/control.sock
+/usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4450 -n $NQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" \
+  > /tmp/connect.log 2>&1 || fail "nvme connect: $(cat /tmp/connect.log)"
+wait_for 20 nvme_blk $NQN || fail "no block device for $NQN"
+dev=$(nvme_blk $NQN)
+ctrl=""
+for c in /sys/class/nvme/nvme*; do [ "$(cat "$c/subsysnqn")" = $NQN ] && ctrl=$c; done
+new=$(key 1)
+conf_key "$new"
+rdmablk-target reload --control /tmp/control.sock > /tmp/reload.out 2>&1 || fail "reload: $(cat /tmp/reload.out)"
+echo "$new" > "$ctrl/dhchap_secret" || fail "writing $ctrl/dhchap_secret"
+sleep 3
+[ "$(cat "$ctrl/state")" = live ] || fail "$ctrl is $(cat "$ctrl/state") after re-authenticating"
+grep -q "queue re-authenticated" /tmp/target.log || fail "the host did not re-authenticate"
+verify_blockdev "$dev" 4
+say "re-authenticated with a new secret (reload, then sysfs); I/O goes on"
+/usr/bin/nvme disconnect -n $NQN > /dev/null || fail "nvme disconnect"
+stop_target
