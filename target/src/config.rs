@@ -478,12 +478,35 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
         source,
     })?;
     let cfg = parse(&text)?;
-    if text.contains("dhchap_secret") || text.contains("dhchap_ctrl_secret") {
+    if holds_inline_secrets(&text) {
         if let Err(problem) = private_file(path) {
             return Err(invalid(path.display().to_string(), problem));
         }
     }
     Ok(cfg)
+}
+
+/// Whether a (valid) configuration gives a DH-HMAC-CHAP secret inline in
+/// some `[[subsystem.host]]` table (comments and `*_file` keys aside).
+fn holds_inline_secrets(text: &str) -> bool {
+    let Ok(v) = toml::from_str::<toml::Value>(text) else {
+        return false;
+    };
+    let tables = |v: Option<&toml::Value>| {
+        v.and_then(toml::Value::as_array)
+            .map(|a| {
+                a.iter()
+                    .filter_map(toml::Value::as_table)
+                    .cloned()
+                    .collect::<Vec<_>>()
+            })
+            .unwrap_or_default()
+    };
+    tables(v.get("subsystem")).iter().any(|s| {
+        tables(s.get("host"))
+            .iter()
+            .any(|h| h.contains_key("dhchap_secret") || h.contains_key("dhchap_ctrl_secret"))
+    })
 }
 
 /// Refuses a file holding secrets that others than its owner may read.
@@ -1710,6 +1733,26 @@ mod tests {
             ramdisk.namespaces[0].backend,
             Backend::Memory { .. }
         ));
+    }
+
+    /// Only a secret given inline in a `[[subsystem.host]]` table makes the
+    /// file itself secret: comments and `*_file` keys do not.
+    #[test]
+    fn inline_secrets_are_found_in_host_tables_only() {
+        assert!(
+            !holds_inline_secrets(EXAMPLE),
+            "the example's secrets are comments"
+        );
+        let key = Secret::new(&[1; 32], None).to_dhhc1();
+        let table = |k: &str| {
+            minimal(
+                "",
+                &format!("[[subsystem.host]]\nnqn = \"{HOST}\"\n{k} = \"{key}\""),
+            )
+        };
+        assert!(holds_inline_secrets(&table("dhchap_secret")));
+        assert!(holds_inline_secrets(&table("dhchap_ctrl_secret")));
+        assert!(!holds_inline_secrets(&table("dhchap_secret_file")));
     }
 
     /// `[metrics] listen`: an address with a port, not an NVMe/TCP

@@ -40,7 +40,14 @@ fn write_config(dir: &TempDir, port: u16, host_extra: &str) -> PathBuf {
 }
 
 fn start(dir: &TempDir, host_extra: &str) -> Target {
+    start_with(dir, host_extra, "")
+}
+
+/// [`start`] with `top` (e.g. a `[limits]` table) at the top of the file.
+fn start_with(dir: &TempDir, host_extra: &str, top: &str) -> Target {
     let path = write_config(dir, free_port(), host_extra);
+    let text = std::fs::read_to_string(&path).or_panic("reading the config");
+    std::fs::write(&path, format!("{top}\n{text}")).or_panic("writing the config");
     Target::start(&["--config", path.to_str().expect("utf-8")])
 }
 
@@ -273,5 +280,43 @@ fn rdmablk_authenticates_and_says_why_not() {
     assert!(
         !err.contains(&host[10..30]),
         "a secret in the output: {err}"
+    );
+}
+
+/// An authentication transaction has a deadline (limits.handshake_timeout):
+/// a host that negotiates and then says nothing loses its controller.
+#[test]
+fn a_stalled_transaction_ends_at_its_deadline() {
+    use rdmablk_common::auth::message::{self, Message};
+    let dir = TempDir::new("auth");
+    let host = secret(14, 32, None);
+    let t = start_with(
+        &dir,
+        &format!("dhchap_secret = \"{host}\""),
+        "[limits]\nhandshake_timeout = \"1s\"\n",
+    );
+    let mut q = Queue::connect(t.addr(), Default::default()).or_panic("connect");
+    q.fabrics_connect_full(0, 31, 0, 0, DEFAULT_NQN, HOST_A, [3; 16], 0xffff)
+        .or_panic("admin Connect");
+    let negotiate = Message::Negotiate {
+        tid: 0,
+        sc_c: 0,
+        hashes: vec![1],
+        dh_groups: vec![0],
+    }
+    .encode();
+    let c = q
+        .exec(message::command(true, negotiate.len()), Some(&negotiate), 0)
+        .or_panic("AUTH_Send");
+    assert_status(&c, Status::SUCCESS, "AUTH_Send Negotiate");
+    assert!(
+        q.is_closed_by_peer(std::time::Duration::from_secs(5)),
+        "a transaction stalled after Negotiate outlived limits.handshake_timeout"
+    );
+    assert!(
+        t.log()
+            .contains("authentication not finished within limits.handshake_timeout"),
+        "{}",
+        t.log_tail()
     );
 }

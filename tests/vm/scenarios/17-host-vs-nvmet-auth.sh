@@ -2,8 +2,9 @@
 # through configfs (dhchap_key, dhchap_ctrl_key, dhchap_hash,
 # dhchap_dhgroup): bench --verify one-way and bidirectional, with each
 # hash; a wrong host secret is refused by nvmet, a wrong controller secret
-# by rdmablk. Then the Linux host against rdmablk-target over NVMe/RDMA
-# with a secret.
+# by rdmablk. Then the Linux host against rdmablk-target over NVMe/RDMA:
+# each hash, null and ffdhe2048, one-way and bidirectional, and a wrong
+# host secret refused.
 . /scenarios/lib.sh
 NQN=nqn.2026-11.io.rdmablk:vm-nvmet-auth
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:0e2d6c1b-7a8f-4c3e-9d5b-1f2a3b4c5d6e
@@ -41,19 +42,33 @@ say "refused: a wrong host secret (by nvmet), a wrong controller secret (by rdma
 /usr/bin/modprobe nvme-rdma || fail "modprobe nvme-rdma"
 rxe_up
 RNQN=nqn.2026-11.io.rdmablk:vm-rdma-auth
-hkey=$(key 1); ckey=$(key 1)
-{
-  printf '[[listener]]\ntransport = "rdma"\naddress = "%s:4452"\n\n' "$RDMA_IP"
-  printf '[[subsystem]]\nnqn = "%s"\n' "$RNQN"
-  printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n  dhchap_ctrl_secret = "%s"\n' "$HOSTNQN" "$hkey" "$ckey"
-  printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
-} > /tmp/rauth.toml
-chmod 600 /tmp/rauth.toml
-start_target /tmp/target.log --config /tmp/rauth.toml
-/usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s 4452 -n $RNQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" \
-  --dhchap-ctrl-secret="$ckey" > /tmp/connect.log 2>&1 || fail "nvme connect -t rdma with secrets: $(cat /tmp/connect.log)"
-wait_for 20 nvme_blk $RNQN || fail "no block device for $RNQN over RDMA"
-verify_blockdev "$(nvme_blk $RNQN)" 4
-say "the Linux host authenticated over NVMe/RDMA (bidirectional, ffdhe2048)"
-/usr/bin/nvme disconnect -n $RNQN > /dev/null || fail "nvme disconnect"
-stop_target
+rdma_run() { # HASH DHGROUP BIDIRECTIONAL
+  hkey=$(key "$1"); ckey=$(key "$1")
+  {
+    printf '[[listener]]\ntransport = "rdma"\naddress = "%s:4452"\n\n' "$RDMA_IP"
+    printf '[[subsystem]]\nnqn = "%s"\n' "$RNQN"
+    printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n' "$HOSTNQN" "$hkey"
+    printf '  dhchap_ctrl_secret = "%s"\n  dhchap_dhgroup = ["%s"]\n' "$ckey" "$2"
+    printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
+  } > /tmp/rauth.toml
+  chmod 600 /tmp/rauth.toml
+  start_target /tmp/target.log --config /tmp/rauth.toml
+  extra=""; [ "$3" = both ] && extra="--dhchap-ctrl-secret=$ckey"
+  /usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s 4452 -n $RNQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" $extra \
+    > /tmp/connect.log 2>&1 || fail "nvme connect -t rdma (hmac $1, $2, $3): $(cat /tmp/connect.log)"
+  wait_for 20 nvme_blk $RNQN || fail "no block device for $RNQN over RDMA"
+  verify_blockdev "$(nvme_blk $RNQN)" 4
+  say "the Linux host authenticated over NVMe/RDMA: hmac $1, $2, $3"
+  /usr/bin/nvme disconnect -n $RNQN > /dev/null || fail "nvme disconnect"
+  if [ "$3" = both ]; then
+    wrong=$(key "$1")
+    /usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s 4452 -n $RNQN --hostnqn=$HOSTNQN --dhchap-secret="$wrong" \
+      > /tmp/connect.log 2>&1 && fail "nvme connect -t rdma with a wrong host secret succeeded"
+    sleep 1; nvme_blk $RNQN && fail "a namespace appeared over RDMA after a wrong host secret"
+    say "refused over NVMe/RDMA: a wrong host secret"
+  fi
+  stop_target
+}
+rdma_run 1 null one
+rdma_run 2 ffdhe2048 both
+rdma_run 3 ffdhe2048 one
