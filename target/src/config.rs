@@ -1075,6 +1075,27 @@ const DEFAULT_DH_GROUPS: [DhGroup; 6] = [
     DhGroup::Null,
 ];
 
+/// A list of names at `key` read with `parse`, or `default` when absent;
+/// an unknown name is an error at its index saying what to `use`.
+fn name_list<T: Copy>(
+    key: &str,
+    names: Option<Vec<String>>,
+    default: &[T],
+    parse: fn(&str) -> Option<T>,
+    use_: &str,
+) -> Result<Vec<T>, ConfigError> {
+    let Some(names) = names else {
+        return Ok(default.to_vec());
+    };
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            parse(n).ok_or_else(|| invalid(format!("{key}[{i}]"), format!("{n:?}: use {use_}")))
+        })
+        .collect()
+}
+
 /// A `[[subsystem.host]]` table: the secrets (inline or from a file, which
 /// systemd credentials can supply), the hashes and DH groups.
 fn convert_host(key: &str, raw: RawHost) -> Result<HostAuth, ConfigError> {
@@ -1122,36 +1143,20 @@ fn convert_host(key: &str, raw: RawHost) -> Result<HostAuth, ConfigError> {
         raw.dhchap_ctrl_secret,
         raw.dhchap_ctrl_secret_file,
     )?;
-    let hashes = match raw.dhchap_hash {
-        None => DEFAULT_HASHES.to_vec(),
-        Some(names) => names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                Hash::from_name(n).ok_or_else(|| {
-                    invalid(
-                        format!("{key}.dhchap_hash[{i}]"),
-                        format!("{n:?}: use \"sha256\", \"sha384\" or \"sha512\""),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?,
-    };
-    let dh_groups = match raw.dhchap_dhgroup {
-        None => DEFAULT_DH_GROUPS.to_vec(),
-        Some(names) => names
-            .iter()
-            .enumerate()
-            .map(|(i, n)| {
-                DhGroup::from_name(n).ok_or_else(|| {
-                    invalid(
-                        format!("{key}.dhchap_dhgroup[{i}]"),
-                        format!("{n:?}: use \"null\" or \"ffdhe2048\" ... \"ffdhe8192\""),
-                    )
-                })
-            })
-            .collect::<Result<_, _>>()?,
-    };
+    let hashes = name_list(
+        &format!("{key}.dhchap_hash"),
+        raw.dhchap_hash,
+        &DEFAULT_HASHES,
+        Hash::from_name,
+        "\"sha256\", \"sha384\" or \"sha512\"",
+    )?;
+    let dh_groups = name_list(
+        &format!("{key}.dhchap_dhgroup"),
+        raw.dhchap_dhgroup,
+        &DEFAULT_DH_GROUPS,
+        DhGroup::from_name,
+        "\"null\" or \"ffdhe2048\" ... \"ffdhe8192\"",
+    )?;
     if hashes.is_empty() || dh_groups.is_empty() {
         return Err(invalid(
             key.to_string(),
@@ -1753,6 +1758,36 @@ mod tests {
         assert!(holds_inline_secrets(&table("dhchap_secret")));
         assert!(holds_inline_secrets(&table("dhchap_ctrl_secret")));
         assert!(!holds_inline_secrets(&table("dhchap_secret_file")));
+    }
+
+    /// Hashes and DH groups are checked by name, each error at its index.
+    #[test]
+    fn dhchap_names_are_checked() {
+        let key = Secret::new(&[1; 32], None).to_dhhc1();
+        let table = |extra: &str| {
+            minimal(
+                "",
+                &format!(
+                    "[[subsystem.host]]\nnqn = \"{HOST}\"\ndhchap_secret = \"{key}\"\n{extra}"
+                ),
+            )
+        };
+        let ok = parse(&table(
+            "dhchap_hash = [\"sha512\"]\ndhchap_dhgroup = [\"null\"]",
+        ))
+        .expect("valid");
+        assert_eq!(ok.subsystems[0].auth[0].hashes, vec![Hash::Sha512]);
+        assert_eq!(ok.subsystems[0].auth[0].dh_groups, vec![DhGroup::Null]);
+        assert_invalid(
+            &table("dhchap_hash = [\"sha256\", \"md5\"]"),
+            "subsystem[0].host[0].dhchap_hash[1]",
+            "\"md5\": use \"sha256\"",
+        );
+        assert_invalid(
+            &table("dhchap_dhgroup = [\"ffdhe1024\"]"),
+            "subsystem[0].host[0].dhchap_dhgroup[0]",
+            "use \"null\" or \"ffdhe2048\"",
+        );
     }
 
     /// `[metrics] listen`: an address with a port, not an NVMe/TCP

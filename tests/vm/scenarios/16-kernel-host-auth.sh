@@ -13,14 +13,7 @@ key() { /usr/bin/nvme gen-dhchap-key --hmac="$1" --nqn="$HOSTNQN" 2>/dev/null | 
 run() { # HASH DHGROUP BIDIRECTIONAL
   hkey=$(key "$1"); ckey=$(key "$1")
   [ -n "$hkey" ] || fail "nvme gen-dhchap-key --hmac=$1 printed nothing"
-  {
-    printf '[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:4450"\n\n'
-    printf '[[subsystem]]\nnqn = "%s"\n' "$NQN"
-    printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n' "$HOSTNQN" "$hkey"
-    printf '  dhchap_ctrl_secret = "%s"\n  dhchap_dhgroup = ["%s"]\n' "$ckey" "$2"
-    printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
-  } > /tmp/auth.toml
-  chmod 600 /tmp/auth.toml
+  auth_config /tmp/auth.toml tcp://127.0.0.1:4450 $NQN $HOSTNQN "$hkey" "$ckey" "$2"
   start_target /tmp/target.log --config /tmp/auth.toml --control /tmp/control.sock
   extra=""; [ "$3" = both ] && extra="--dhchap-ctrl-secret=$ckey"
   /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4450 -n $NQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" $extra \
@@ -50,15 +43,7 @@ run 1 ffdhe2048 both
 
 # Re-authentication with a new host secret, on a live controller.
 hkey=$(key 1); ckey=$(key 1)
-conf_key() {
-  {
-    printf '[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:4450"\n\n'
-    printf '[[subsystem]]\nnqn = "%s"\n' "$NQN"
-    printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n' "$HOSTNQN" "$1"
-    printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
-  } > /tmp/auth.toml
-  chmod 600 /tmp/auth.toml
-}
+conf_key() { auth_config /tmp/auth.toml tcp://127.0.0.1:4450 $NQN $HOSTNQN "$1"; }
 conf_key "$hkey"
 start_target /tmp/target.log --config /tmp/auth.toml --control /tmp/control.sock
 /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4450 -n $NQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" \

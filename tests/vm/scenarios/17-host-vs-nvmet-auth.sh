@@ -44,14 +44,7 @@ rxe_up
 RNQN=nqn.2026-11.io.rdmablk:vm-rdma-auth
 rdma_run() { # HASH DHGROUP BIDIRECTIONAL
   hkey=$(key "$1"); ckey=$(key "$1")
-  {
-    printf '[[listener]]\ntransport = "rdma"\naddress = "%s:4452"\n\n' "$RDMA_IP"
-    printf '[[subsystem]]\nnqn = "%s"\n' "$RNQN"
-    printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n' "$HOSTNQN" "$hkey"
-    printf '  dhchap_ctrl_secret = "%s"\n  dhchap_dhgroup = ["%s"]\n' "$ckey" "$2"
-    printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
-  } > /tmp/rauth.toml
-  chmod 600 /tmp/rauth.toml
+  auth_config /tmp/rauth.toml "rdma://$RDMA_IP:4452" $RNQN $HOSTNQN "$hkey" "$ckey" "$2"
   start_target /tmp/target.log --config /tmp/rauth.toml
   extra=""; [ "$3" = both ] && extra="--dhchap-ctrl-secret=$ckey"
   /usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s 4452 -n $RNQN --hostnqn=$HOSTNQN --dhchap-secret="$hkey" $extra \

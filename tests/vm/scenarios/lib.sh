@@ -148,3 +148,20 @@ fio_run() {
     awk -F';' -v rw="$2" -v bs="$3" '{p50 = "?"; for (i = 18; i <= 37; i++) if ($i ~ /^50\.0+%=/) { split($i, a, "="); p50 = a[2] }
       printf "%s %s: %d IOPS, %.1f MiB/s, p50 %s us\n", rw, bs, $8, $7 / 1024, p50}'
 }
+
+# auth_config FILE URL NQN HOSTNQN HOST_KEY [CTRL_KEY [DHGROUP]]: an
+# rdmablk-target configuration (mode 0600) listening on URL
+# (transport://addr:port) with subsystem NQN, one 64 MiB memory namespace,
+# that HOSTNQN reaches with DH-HMAC-CHAP (a controller secret and a single
+# DH group when given).
+auth_config() {
+  {
+    printf '[[listener]]\ntransport = "%s"\naddress = "%s"\n\n' "${2%%://*}" "${2#*://}"
+    printf '[[subsystem]]\nnqn = "%s"\n' "$3"
+    printf '  [[subsystem.host]]\n  nqn = "%s"\n  dhchap_secret = "%s"\n' "$4" "$5"
+    [ -n "${6:-}" ] && printf '  dhchap_ctrl_secret = "%s"\n' "$6"
+    [ -n "${7:-}" ] && printf '  dhchap_dhgroup = ["%s"]\n' "$7"
+    printf '  [[subsystem.namespace]]\n  backend = "memory"\n  size = "64MiB"\n'
+  } > "$1"
+  chmod 600 "$1"
+}
