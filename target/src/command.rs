@@ -3,7 +3,7 @@
 //! operations whose completions are counted here. Transports move the data
 //! and send the response.
 
-use crate::backend::{Access, FixedBuf};
+use crate::backend::{Access, BackendOp, FixedBuf};
 use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
@@ -11,7 +11,6 @@ use crate::controller::{
 };
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
-use io_uring::squeue;
 use rdmablk_common::fabrics::{fctype, CONNECT_ATR, CONNECT_DATA_LEN};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};
@@ -88,6 +87,8 @@ pub struct Command {
     done_bytes: usize,
     /// Write Zeroes already retried the other way of zeroing.
     zeroing_fallback: bool,
+    /// A FUA write's flush (backends that need one) was started.
+    fua_flushed: bool,
 }
 
 /// Classifies a capsule. `sgl_len` is the length its data pointer describes;
@@ -182,12 +183,13 @@ pub fn plan(
         ops_in_flight: 0,
         done_bytes: 0,
         zeroing_fallback: false,
+        fua_flushed: false,
     })
 }
 
 /// The backend operations of one command: one, except for Dataset
 /// Management, so they live inline.
-pub type Entries = smallvec::SmallVec<[squeue::Entry; 1]>;
+pub type Entries = smallvec::SmallVec<[BackendOp; 1]>;
 
 /// What executing a command led to.
 pub enum Progress {
@@ -379,7 +381,7 @@ impl Command {
     /// Handles a backend completion (`res` as io_uring reports it). Returns
     /// a follow-up operation to submit, if any; the command is complete when
     /// `ops_in_flight` is back to zero.
-    pub fn on_backend_done(&mut self, res: i32, arena: &Arena) -> Option<squeue::Entry> {
+    pub fn on_backend_done(&mut self, res: i32, arena: &Arena) -> Option<BackendOp> {
         let Work::Io(req) = &self.work else {
             unreachable!("backend completion for a non-I/O command")
         };
@@ -396,13 +398,26 @@ impl Command {
                         req.ns
                             .backend
                             .zero(req.offset, req.len, !deallocate)
-                            .into_entry(),
+                            .into_op(),
                     );
                 }
             }
             if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::Dsm { .. }) {
                 // Deallocation is advisory: the blocks simply stay allocated.
                 tracing::debug!("deallocate not supported by the backend; ignored");
+            } else if errno == libc::ETIMEDOUT {
+                // The backend (a cluster) did not answer in time: the host
+                // may retry (NVMe Base 2.1, 4.2.3.1, Figure 102: Command
+                // Interrupted), after the controller's retry delay once it
+                // enabled ACRE.
+                tracing::warn!(
+                    opcode = self.sqe.opcode(),
+                    offset = req.offset,
+                    len = req.len,
+                    backend = %req.ns.backend.describe(),
+                    "backend I/O timed out; answered Command Interrupted (the host may retry)"
+                );
+                self.status = Status::COMMAND_INTERRUPTED;
             } else {
                 tracing::error!(
                     opcode = self.sqe.opcode(),
@@ -431,7 +446,13 @@ impl Command {
                         IoKind::Write { fua } => req.ns.backend.write(at, buf, fua),
                         _ => unreachable!(),
                     };
-                    return Some(access.into_entry());
+                    return Some(access.into_op());
+                }
+            } else if let IoKind::Write { fua: true } = req.kind {
+                if req.ns.backend.flush_after_fua() && !self.fua_flushed {
+                    // Durable before completion: the flush that follows.
+                    self.fua_flushed = true;
+                    return Some(req.ns.backend.flush().into_op());
                 }
             }
         }
@@ -456,11 +477,11 @@ impl Command {
 }
 
 impl Access {
-    /// The io_uring operation of a backend that always submits one (files).
-    fn into_entry(self) -> squeue::Entry {
+    /// The operation of a backend that always submits one (files, RBD).
+    fn into_op(self) -> BackendOp {
         match self {
-            Access::Submit(e) => e,
-            Access::Done(_) => unreachable!("only file backends retry operations"),
+            Access::Submit(op) => op,
+            Access::Done(_) => unreachable!("only file and RBD backends follow up operations"),
         }
     }
 }

@@ -19,6 +19,9 @@ use std::net::{IpAddr, Ipv4Addr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::time::Duration;
 
+mod rbd;
+pub use rbd::RbdImage;
+
 /// NQN of the subsystem created by [`embedded_default`] and the quick form
 /// when no NQN is given.
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.rdmablk:default";
@@ -42,6 +45,9 @@ const MAX_NQN_BYTES: usize = 223;
 /// Prefix of NQNs built from a UUID rather than a domain name.
 const NQN_UUID_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
 const EXAMPLE_NQN: &str = "nqn.2026-11.io.example:disk0";
+/// Highest controller id of the dynamic controller model (NVMe Base 2.1,
+/// 3.1.1: FFF0h and up are reserved).
+pub const MAX_CNTLID: u16 = 0xffef;
 
 /// A complete, validated target configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -152,6 +158,10 @@ pub struct Subsystem {
     pub auth: Vec<HostAuth>,
     /// Namespaces (at least one, unique nsids).
     pub namespaces: Vec<Namespace>,
+    /// Controller ids given out (`cntlid_min`, `cntlid_max`): gateways
+    /// exporting one subsystem each take a range of their own, as hosts
+    /// refuse a controller id seen twice in a subsystem.
+    pub cntlids: std::ops::RangeInclusive<u16>,
 }
 
 /// A host that authenticates with DH-HMAC-CHAP (`[[subsystem.host]]`).
@@ -201,6 +211,8 @@ pub enum Backend {
         /// Capacity in bytes.
         size: u64,
     },
+    /// A Ceph RBD image, its size the image's.
+    Rbd(RbdImage),
 }
 
 /// Why a configuration was rejected.
@@ -308,6 +320,11 @@ pub struct QuickArgs {
     pub file: Option<PathBuf>,
     /// `--null SIZE`: a namespace that discards writes and reads zeroes.
     pub null: Option<String>,
+    /// `--rbd POOL/IMAGE`: a Ceph RBD image, with `--ceph-conf` and
+    /// `--ceph-id`.
+    pub rbd: Option<String>,
+    pub ceph_conf: Option<PathBuf>,
+    pub ceph_id: Option<String>,
     /// `--nqn NQN`: subsystem NQN; default [`DEFAULT_NQN`].
     pub nqn: Option<String>,
     /// `--block-size N`: LBA size, 512 or 4096; default 512.
@@ -387,7 +404,7 @@ impl Config {
             validate_hosts(&key, subsystem)?;
             validate_namespaces(&key, &subsystem.namespaces)?;
         }
-        Ok(())
+        rbd::validate_shared(rbd_images(&self.subsystems))
     }
 }
 
@@ -429,6 +446,17 @@ impl Config {
                             ));
                         }
                     }
+                    Backend::Rbd(image) => {
+                        let files = [("ceph_conf", Some(&image.ceph_conf)), ("keyring", image.keyring.as_ref())];
+                        for (k, path) in files {
+                            if let Some(Err(e)) = path.map(std::fs::metadata) {
+                                return Err(invalid(
+                                    format!("{key}.{k}"),
+                                    format!("{}: {e}", path.expect("checked").display()),
+                                ));
+                            }
+                        }
+                    }
                     _ => {}
                 }
             }
@@ -456,6 +484,7 @@ impl Config {
                 units::format_size(arenas)
             ));
         }
+        w.extend(rbd_images(&self.subsystems).filter_map(|(key, i)| rbd::warning(&key, i)));
         w
     }
 }
@@ -554,6 +583,7 @@ pub fn embedded_default() -> Config {
                 block_size: DEFAULT_BLOCK_SIZE,
                 read_only: false,
             }],
+            cntlids: 1..=MAX_CNTLID,
         }],
         limits: Limits::default(),
         metrics: None,
@@ -591,12 +621,17 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
         return Err(invalid("--block-size", problem));
     }
 
-    const BACKEND_FLAGS: &str = "--memory/--file/--null";
-    let backend = match (&q.memory, &q.file, &q.null) {
-        (Some(size), None, None) => Backend::Memory {
+    const BACKEND_FLAGS: &str = "--memory/--file/--null/--rbd";
+    let backend = match (&q.memory, &q.file, &q.null, &q.rbd) {
+        (None, None, None, Some(spec)) => Backend::Rbd(rbd::from_quick_args(
+            spec,
+            q.ceph_conf.as_ref(),
+            q.ceph_id.as_deref(),
+        )?),
+        (Some(size), None, None, None) => Backend::Memory {
             size: quick_size("--memory", size, block_size)?,
         },
-        (None, Some(path), None) => {
+        (None, Some(path), None, None) => {
             if path.as_os_str().is_empty() {
                 return Err(invalid(
                     "--file",
@@ -608,14 +643,14 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
                 create_size: None,
             }
         }
-        (None, None, Some(size)) => Backend::Null {
+        (None, None, Some(size), None) => Backend::Null {
             size: quick_size("--null", size, block_size)?,
         },
-        (None, None, None) => {
+        (None, None, None, None) => {
             return Err(invalid(
                 BACKEND_FLAGS,
-                "no backend given; pass exactly one of --memory SIZE, --file PATH \
-                 or --null SIZE, e.g. --memory 1GiB",
+                "no backend given; pass exactly one of --memory SIZE, --file PATH, \
+                 --null SIZE or --rbd POOL/IMAGE, e.g. --memory 1GiB",
             ))
         }
         _ => {
@@ -623,6 +658,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
                 ("--memory", q.memory.is_some()),
                 ("--file", q.file.is_some()),
                 ("--null", q.null.is_some()),
+                ("--rbd", q.rbd.is_some()),
             ]
             .into_iter()
             .filter_map(|(flag, set)| set.then_some(flag))
@@ -654,6 +690,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
                 block_size,
                 read_only: false,
             }],
+            cntlids: 1..=MAX_CNTLID,
         }],
         limits: Limits::default(),
         metrics: None,
@@ -801,6 +838,8 @@ struct RawSubsystem {
     host: Vec<RawHost>,
     #[serde(default)]
     namespace: Vec<RawNamespace>,
+    cntlid_min: Option<i64>,
+    cntlid_max: Option<i64>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -825,6 +864,13 @@ struct RawNamespace {
     block_size: Option<i64>,
     #[serde(default)]
     read_only: bool,
+    pool: Option<String>,
+    image: Option<String>,
+    rbd_namespace: Option<String>,
+    ceph_conf: Option<PathBuf>,
+    client_id: Option<String>,
+    keyring: Option<PathBuf>,
+    timeout: Option<RawDuration>,
 }
 
 /// A size as written: a string with units, or an integer number of bytes.
@@ -933,12 +979,7 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
         let key = format!("limits.{key}");
         let t = match v {
             None => return Ok(default),
-            Some(RawDuration::Seconds(n)) => u64::try_from(*n)
-                .map(Duration::from_secs)
-                .map_err(|_| invalid(&key, format!("{n} is negative; give e.g. \"30s\"")))?,
-            Some(RawDuration::Text(t)) => {
-                units::parse_duration(t).map_err(|e| invalid(&key, e.to_string()))?
-            }
+            Some(raw) => duration_value(&key, raw)?,
         };
         if t < Duration::from_millis(100) {
             return Err(invalid(
@@ -985,6 +1026,16 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
             d.discovery_keep_alive,
         )?,
     })
+}
+
+/// A duration at `key`: a string with a unit, or whole seconds.
+fn duration_value(key: &str, raw: &RawDuration) -> Result<Duration, ConfigError> {
+    match raw {
+        RawDuration::Seconds(n) => u64::try_from(*n)
+            .map(Duration::from_secs)
+            .map_err(|_| invalid(key, format!("{n} is negative; give e.g. \"30s\""))),
+        RawDuration::Text(t) => units::parse_duration(t).map_err(|e| invalid(key, e.to_string())),
+    }
 }
 
 fn convert_pollers(raw: RawPollers) -> Result<Pollers, ConfigError> {
@@ -1053,12 +1104,35 @@ fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<Subsystem, ConfigErr
         .enumerate()
         .map(|(h, r)| convert_host(&format!("{key}.host[{h}]"), r))
         .collect::<Result<Vec<_>, _>>()?;
+    let cntlid = |k: &str, v: Option<i64>, default: u16| match v {
+        None => Ok(default),
+        Some(n) => u16::try_from(n)
+            .ok()
+            .filter(|c| (1..=MAX_CNTLID).contains(c))
+            .ok_or_else(|| {
+                invalid(
+                    format!("{key}.{k}"),
+                    format!("{n} is outside 1 to {MAX_CNTLID} (0x{MAX_CNTLID:x})"),
+                )
+            }),
+    };
+    let (min, max) = (
+        cntlid("cntlid_min", raw.cntlid_min, 1)?,
+        cntlid("cntlid_max", raw.cntlid_max, MAX_CNTLID)?,
+    );
+    if min > max {
+        return Err(invalid(
+            format!("{key}.cntlid_max"),
+            format!("{max} is below cntlid_min {min}"),
+        ));
+    }
     Ok(Subsystem {
         nqn,
         allow_any_host: raw.allow_any_host,
         hosts: raw.hosts,
         auth,
         namespaces,
+        cntlids: min..=max,
     })
 }
 
@@ -1200,10 +1274,29 @@ fn convert_namespace(
     let Some(backend_name) = raw.backend else {
         return Err(invalid(
             format!("{key}.backend"),
-            "missing; set backend = \"file\", \"memory\" or \"null\"",
+            "missing; set backend = \"file\", \"memory\", \"null\" or \"rbd\"",
         ));
     };
-    let backend = match backend_name.to_ascii_lowercase().as_str() {
+    let backend_name = backend_name.to_ascii_lowercase();
+    let raw_rbd = rbd::RawRbd {
+        pool: raw.pool,
+        image: raw.image,
+        rbd_namespace: raw.rbd_namespace,
+        ceph_conf: raw.ceph_conf,
+        client_id: raw.client_id,
+        keyring: raw.keyring,
+        timeout: raw.timeout,
+    };
+    if let Some(k) = raw_rbd.any().filter(|_| backend_name != "rbd") {
+        return Err(invalid(
+            format!("{key}.{k}"),
+            format!(
+                "only backend = \"rbd\" uses {k}; remove it or set backend = \"rbd\" \
+                 (backend is {backend_name:?})"
+            ),
+        ));
+    }
+    let backend = match backend_name.as_str() {
         "file" => {
             let Some(path) = raw.path else {
                 return Err(invalid(
@@ -1238,12 +1331,27 @@ fn convert_namespace(
                 Backend::Null { size }
             }
         }
+        "rbd" => {
+            for (k, set) in [("path", raw.path.is_some()), ("size", size.is_some())] {
+                if set {
+                    return Err(invalid(
+                        format!("{key}.{k}"),
+                        format!(
+                            "backend = \"rbd\" takes no {k}: the image is named by pool \
+                             and image, and its size is the image's"
+                        ),
+                    ));
+                }
+            }
+            Backend::Rbd(rbd::convert(&key, raw_rbd)?)
+        }
         _ => {
             return Err(invalid(
                 format!("{key}.backend"),
                 format!(
                     "{backend_name:?} is not a supported backend; use \"file\" \
-                     (a file or block device), \"memory\" or \"null\""
+                     (a file or block device), \"memory\", \"null\" or \"rbd\" \
+                     (a Ceph RBD image)"
                 ),
             ))
         }
@@ -1465,9 +1573,23 @@ fn validate_namespaces(key: &str, namespaces: &[Namespace]) -> Result<(), Config
                     return Err(invalid(format!("{ns_key}.size"), problem));
                 }
             }
+            Backend::Rbd(image) => rbd::validate(&ns_key, image)?,
         }
     }
     Ok(())
+}
+
+/// Every RBD image of the configuration, with its namespace's key.
+fn rbd_images(subsystems: &[Subsystem]) -> impl Iterator<Item = (String, &RbdImage)> {
+    subsystems.iter().enumerate().flat_map(|(i, s)| {
+        s.namespaces
+            .iter()
+            .enumerate()
+            .filter_map(move |(j, ns)| match &ns.backend {
+                Backend::Rbd(image) => Some((format!("subsystem[{i}].namespace[{j}]"), image)),
+                _ => None,
+            })
+    })
 }
 
 fn check_subsystem_nqn(key: &str, nqn: &str) -> Result<(), ConfigError> {

@@ -809,7 +809,7 @@ impl Controller {
         }
         match cns {
             cns::CONTROLLER => Reply::data(self.identify_controller().encode()),
-            cns::NAMESPACE => match self.subsys.namespace(nsid) {
+            cns::NAMESPACE => match self.subsys.active_namespace(nsid) {
                 Some(ns) => Reply::data(
                     NamespaceId {
                         nsze: ns.blocks(),
@@ -819,7 +819,7 @@ impl Controller {
                         nmic: 1,
                         dlfeat: 1 | 1 << 3,
                         nsattr: ns.read_only() as u8,
-                        nguid: ns.nguid,
+                        nguid: ns.ids().nguid,
                         eui64: [0; 8],
                         lba_shift: ns.lba_shift() as u8,
                     }
@@ -831,11 +831,18 @@ impl Controller {
                 None => Reply::status(Status::INVALID_NAMESPACE),
             },
             cns::ACTIVE_NS_LIST if nsid < NSID_RESERVED => Reply::data(encode_ns_list(
-                self.subsys.namespaces().iter().map(|n| n.nsid),
+                self.subsys
+                    .namespaces()
+                    .iter()
+                    .filter(|n| n.is_active())
+                    .map(|n| n.nsid),
                 nsid,
             )),
-            cns::NS_DESCRIPTORS => match self.subsys.namespace(nsid) {
-                Some(ns) => Reply::data(encode_ns_descriptors(&ns.nguid, &ns.uuid)),
+            cns::NS_DESCRIPTORS => match self.subsys.active_namespace(nsid) {
+                Some(ns) => {
+                    let ids = ns.ids();
+                    Reply::data(encode_ns_descriptors(&ids.nguid, &ids.uuid))
+                }
                 None => Reply::status(Status::INVALID_NAMESPACE),
             },
             _ => Reply::status(Status::INVALID_FIELD),

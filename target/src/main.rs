@@ -43,13 +43,13 @@ use subsystem::Registry;
 /// With no arguments it serves a 1 GiB memory namespace
 /// (nqn.2026-11.io.rdmablk:default) on tcp://127.0.0.1:4420 to any host.
 /// `--config` reads a TOML file (see config/target.toml); the quick form
-/// `--listen URL --memory SIZE | --file PATH | --null SIZE` builds one
+/// `--listen URL --memory SIZE | --file PATH | --null SIZE | --rbd POOL/IMAGE` builds one
 /// subsystem with one namespace that any host may use.
 #[derive(Parser, Debug)]
 #[command(name = "rdmablk-target", version, after_help = EXAMPLES)]
 struct Args {
     /// TOML configuration file.
-    #[arg(short, long, value_name = "FILE", conflicts_with_all = ["listen", "memory", "file", "null", "nqn", "block_size"])]
+    #[arg(short, long, value_name = "FILE", conflicts_with_all = ["listen", "memory", "file", "null", "rbd", "nqn", "block_size"])]
     config: Option<PathBuf>,
     /// Validate the configuration (or quick form) and exit.
     #[arg(long)]
@@ -67,6 +67,17 @@ struct Args {
     /// Serve a null namespace of this size (discards writes, reads zeroes).
     #[arg(long, value_name = "SIZE", group = "backend")]
     null: Option<String>,
+    /// Serve a Ceph RBD image: POOL/IMAGE or POOL/NAMESPACE/IMAGE. The
+    /// namespace becomes active once the image is open.
+    #[arg(long, value_name = "SPEC", group = "backend")]
+    rbd: Option<String>,
+    /// The Ceph cluster's configuration for --rbd (default /etc/ceph/ceph.conf).
+    #[arg(long, value_name = "PATH", requires = "rbd")]
+    ceph_conf: Option<PathBuf>,
+    /// The Ceph client id for --rbd: connects as client.ID (default admin),
+    /// with the keyring ceph.conf names for it.
+    #[arg(long, value_name = "ID", requires = "rbd")]
+    ceph_id: Option<String>,
     /// Subsystem NQN for the quick form.
     #[arg(short, long, value_name = "NQN")]
     nqn: Option<String>,
@@ -117,6 +128,7 @@ const EXAMPLES: &str = "Examples:
   rdmablk-target
   rdmablk-target --listen tcp://0.0.0.0:4420 --memory 4GiB --nqn nqn.2026-11.io.example:ram
   rdmablk-target --listen tcp://10.0.0.1:4420 --file /dev/nvme0n1 --nqn nqn.2026-11.io.example:disk
+  rdmablk-target --listen tcp://10.0.0.1:4420 --rbd rbd/disk1 --ceph-conf /etc/ceph/ceph.conf --ceph-id rdmablk
   rdmablk-target --config /etc/rdmablk/target.toml
   rdmablk-target --check --config /etc/rdmablk/target.toml
   rdmablk-target --config /etc/rdmablk/target.toml --control /run/rdmablk/control.sock
@@ -180,7 +192,7 @@ fn main() -> ExitCode {
 }
 
 fn has_quick_backend(a: &Args) -> bool {
-    a.memory.is_some() || a.file.is_some() || a.null.is_some()
+    a.memory.is_some() || a.file.is_some() || a.null.is_some() || a.rbd.is_some()
 }
 
 fn init_logging(level: &str) {
@@ -210,6 +222,9 @@ fn load_config(a: &Args) -> Result<Config, ConfigError> {
             memory: a.memory.clone(),
             file: a.file.clone(),
             null: a.null.clone(),
+            rbd: a.rbd.clone(),
+            ceph_conf: a.ceph_conf.clone(),
+            ceph_id: a.ceph_id.clone(),
             nqn: a.nqn.clone(),
             block_size: a.block_size,
         };
@@ -252,6 +267,7 @@ fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError>
 
     raise_open_files_limit();
     let registry = Arc::new(Registry::open(&cfg)?);
+    registry.start_backends();
     let shared = Arc::new(Shared {
         registry: registry.clone(),
         stop: AtomicBool::new(false),

@@ -2,6 +2,7 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
+use crate::backend::Completions;
 use crate::budget::PollerBudget;
 use crate::metrics::PollerCounters;
 use crate::subsystem::Registry;
@@ -154,6 +155,8 @@ pub struct Io<'a> {
     pub answered: &'a mut u64,
     /// The poller's index (its slot in namespaces' metrics).
     pub poller: usize,
+    /// Where backend operations off the ring (librbd's) complete.
+    pub completions: &'a Arc<Completions>,
 }
 
 /// State shared by all pollers.
@@ -219,6 +222,7 @@ pub fn spawn(
         "poller ready"
     );
     let poller_wakeup = wakeup.clone();
+    let completions = Completions::new(wakeup.clone());
     let discovery_limit = shared.registry.admission.limits.discovery_buffer as usize;
     let make = move || Poller {
         endpoints: crate::transport::endpoints(id),
@@ -231,6 +235,8 @@ pub fn spawn(
         id,
         incoming,
         wakeup: poller_wakeup,
+        completions,
+        off_ring: Vec::new(),
         tick: types::Timespec::from(TICK),
         shared,
         stop_at: None,
@@ -257,6 +263,11 @@ struct Poller {
     id: usize,
     incoming: Receiver<Incoming>,
     wakeup: Wakeup,
+    /// Backend completions that arrive beside the ring; they wake it
+    /// through `wakeup`.
+    completions: Arc<Completions>,
+    /// Those being dispatched (kept for its capacity).
+    off_ring: Vec<(u64, i32)>,
     tick: types::Timespec,
     shared: Arc<Shared>,
     /// When the stop was noticed.
@@ -316,6 +327,7 @@ impl Poller {
                 stopping: self.stop_at.is_some(),
                 answered: &mut self.answered,
                 poller: self.id,
+                completions: &self.completions,
             },
             &mut self.endpoints,
             &self.shared,
@@ -330,6 +342,7 @@ impl Poller {
             }
             Some(Token::Wake) => {
                 self.on_wake();
+                self.dispatch_off_ring();
                 self.arm_wake();
             }
             Some(Token::Cancel) => {}
@@ -374,6 +387,18 @@ impl Poller {
             }
         }
         self.freed += freed;
+    }
+
+    /// Dispatches the backend completions recorded beside the ring (after
+    /// the wake-up they raised was drained, so none is missed).
+    fn dispatch_off_ring(&mut self) {
+        let mut done = std::mem::take(&mut self.off_ring);
+        self.completions.take(&mut done);
+        for &(ud, res) in &done {
+            self.dispatch(ud, res);
+        }
+        done.clear();
+        self.off_ring = done;
     }
 
     fn on_tick(&mut self) {

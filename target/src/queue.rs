@@ -4,6 +4,7 @@
 //! gives back when it goes. A transport contributes a [`Wire`]: how data is
 //! asked of the host, and how data and responses go back to it.
 
+use crate::backend::BackendOp;
 use crate::binding::{self, end_association, Binding};
 use crate::budget::Staged;
 use crate::command::{self, Command, Connected, Entries, Progress, State, Work};
@@ -518,14 +519,20 @@ impl Queue {
             queue: self.token.1,
             slot,
         };
-        for e in entries {
-            // SAFETY: a backend operation reads or writes the command's arena
-            // buffer (fixed buffer 0, mapped as long as the poller's ring),
-            // which the command keeps until its operations have completed:
-            // its slot is freed only after `on_backend` saw the last one,
-            // and the queue only once `backend_ops` is zero. Or it touches no
-            // memory (fsync, fallocate).
-            unsafe { io.sq.push(e.user_data(token.encode())) };
+        for op in entries {
+            // SAFETY (both arms): a backend operation reads or writes the
+            // command's arena buffer (fixed buffer 0, mapped as long as the
+            // poller's ring), which the command keeps until its operations
+            // have completed: its slot is freed only after `on_backend` saw
+            // the last one, and the queue only once `backend_ops` is zero.
+            // The command also holds its namespace, whose backend the
+            // operation uses. Or it touches no memory (flush, zeroing).
+            match op {
+                // SAFETY: as above.
+                BackendOp::Ring(e) => unsafe { io.sq.push(e.user_data(token.encode())) },
+                // SAFETY: as above.
+                BackendOp::Rbd(r) => unsafe { r.start(token.encode(), io.completions) },
+            }
             self.backend_ops += 1;
         }
     }

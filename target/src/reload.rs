@@ -100,6 +100,7 @@ pub fn apply(running: &mut Running, new: Config) -> Result<Vec<String>, ConfigEr
     }
     let plan = prepare(running, &new)?;
     let summary = commit(running, plan);
+    running.registry.start_backends();
     running.cfg = new;
     Ok(summary)
 }
@@ -141,6 +142,9 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
             .iter()
             .find(|o| o.nqn == s.nqn)
             .expect("a running subsystem is in the running configuration");
+        if s.cntlids != old.cntlids {
+            return Err(refuse(format!("{key}.cntlid_min"), RESTART));
+        }
         let changes = namespace_changes(&key, old, s, sub, registry)?;
         if !changes.is_empty() {
             plan.namespaces.push((sub.clone(), changes));
@@ -252,6 +256,7 @@ fn same_storage(a: &Backend, b: &Backend) -> bool {
         (Backend::File { path: p, .. }, Backend::File { path: q, .. }) => p == q,
         (Backend::Memory { .. }, Backend::Memory { .. }) => true,
         (Backend::Null { .. }, Backend::Null { .. }) => true,
+        (Backend::Rbd(a), Backend::Rbd(b)) => a == b,
         _ => false,
     }
 }
@@ -260,7 +265,7 @@ fn same_storage(a: &Backend, b: &Backend) -> bool {
 /// may have grown), or the configured size.
 fn storage_size(live: &Namespace, b: &Backend) -> std::io::Result<u64> {
     match b {
-        Backend::File { .. } => live.backend.current_size(),
+        Backend::File { .. } | Backend::Rbd(_) => live.backend.current_size(),
         Backend::Memory { size } | Backend::Null { size } => Ok(*size),
     }
 }

@@ -2,7 +2,7 @@
 //! each, and the discovery subsystem's log.
 
 use crate::admission::Admission;
-use crate::backend::{Backend, FileBackend, MemoryBackend};
+use crate::backend::{Backend, FileBackend, MemoryBackend, RbdBackend};
 use crate::config::{self, Config, Listener};
 use crate::controller::Controller;
 use crate::error::DaemonError;
@@ -12,7 +12,7 @@ use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, RwLock, Weak};
+use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 /// An exported namespace.
 pub struct Namespace {
@@ -24,12 +24,31 @@ pub struct Namespace {
     /// Writes refused (flipped by a reload).
     read_only: AtomicBool,
     pub backend: Backend,
-    /// Namespace globally unique identifier, stable across restarts.
-    pub nguid: [u8; 16],
-    /// UUID, stable across restarts.
-    pub uuid: [u8; 16],
+    /// NGUID and UUID, stable across restarts: set when the namespace is
+    /// made, or when its RBD image opens (they derive from the image's id).
+    ids: OnceLock<NamespaceIds>,
     /// Commands, bytes, errors and latency, per poller.
     pub metrics: NsMetrics,
+}
+
+/// A namespace's globally unique identifiers.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NamespaceIds {
+    pub nguid: [u8; 16],
+    pub uuid: [u8; 16],
+}
+
+impl NamespaceIds {
+    /// Identifiers derived from `key`, a name stable across restarts.
+    pub fn derive(key: &str) -> NamespaceIds {
+        let mut uuid = id128(key, 0x75);
+        uuid[6] = (uuid[6] & 0x0f) | 0x80; // version 8: custom
+        uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
+        NamespaceIds {
+            nguid: id128(key, 0x6e),
+            uuid,
+        }
+    }
 }
 
 impl Namespace {
@@ -56,6 +75,26 @@ impl Namespace {
     pub fn grow_to(&self, bytes: u64) {
         self.blocks
             .fetch_max(bytes / self.block_size as u64, Ordering::AcqRel);
+    }
+
+    /// Whether the namespace is active: it takes I/O and is listed (an RBD
+    /// namespace once its image opened).
+    pub fn is_active(&self) -> bool {
+        self.backend.is_ready()
+    }
+
+    /// Its identifiers (zeroes until it is active).
+    pub fn ids(&self) -> NamespaceIds {
+        self.ids.get().copied().unwrap_or(NamespaceIds {
+            nguid: [0; 16],
+            uuid: [0; 16],
+        })
+    }
+
+    /// Sets the identifiers of a namespace made without them (RBD), before
+    /// it becomes active.
+    pub fn set_ids(&self, ids: NamespaceIds) {
+        let _ = self.ids.set(ids);
     }
 }
 
@@ -107,20 +146,27 @@ impl NamespaceView {
         if subsys.generation.load(Ordering::Acquire) != self.generation {
             *self = subsys.view();
         }
-        self.table.iter().find(|n| n.nsid == nsid).cloned()
+        self.table
+            .iter()
+            .find(|n| n.nsid == nsid && n.is_active())
+            .cloned()
     }
 }
 
 struct Controllers {
     live: HashMap<u16, Weak<Controller>>,
     next: u16,
+    /// The ids this subsystem gives out.
+    range: std::ops::RangeInclusive<u16>,
 }
 
-/// Highest controller id of the dynamic model (0xFFF0.. are reserved).
-const MAX_CNTLID: u16 = 0xffef;
-
 impl Subsystem {
-    fn new(nqn: &str, access: Access, namespaces: Vec<Arc<Namespace>>) -> Self {
+    fn new(
+        nqn: &str,
+        access: Access,
+        namespaces: Vec<Arc<Namespace>>,
+        cntlids: std::ops::RangeInclusive<u16>,
+    ) -> Self {
         let serial = format!(
             "{:08x}{:08x}",
             crc32c::crc32c(nqn.as_bytes()),
@@ -134,7 +180,8 @@ impl Subsystem {
             serial,
             controllers: Mutex::new(Controllers {
                 live: HashMap::new(),
-                next: 1,
+                next: *cntlids.start(),
+                range: cntlids,
             }),
         }
     }
@@ -196,8 +243,14 @@ impl Subsystem {
         self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// The namespace `nsid`, active or not.
     pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
         self.namespaces().iter().find(|n| n.nsid == nsid).cloned()
+    }
+
+    /// The namespace `nsid` if it is active.
+    pub fn active_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
+        self.namespace(nsid).filter(|n| n.is_active())
     }
 
     /// Highest namespace id (Identify NN).
@@ -210,14 +263,15 @@ impl Subsystem {
         self.namespaces().iter().any(|n| n.backend.volatile_cache())
     }
 
-    /// Creates a controller with a free id (`make` receives it) and records
-    /// it; `None` when all ids are taken.
+    /// Creates a controller with a free id of the subsystem's range (`make`
+    /// receives it) and records it; `None` when all ids are taken.
     pub fn add_controller(&self, make: impl FnOnce(u16) -> Controller) -> Option<Arc<Controller>> {
         let mut c = self.controllers.lock().expect("controllers lock");
         c.live.retain(|_, w| w.strong_count() > 0);
-        for _ in 0..MAX_CNTLID {
+        let (first, last) = (*c.range.start(), *c.range.end());
+        for _ in first..=last {
             let id = c.next;
-            c.next = if id >= MAX_CNTLID { 1 } else { id + 1 };
+            c.next = if id >= last { first } else { id + 1 };
             if let std::collections::hash_map::Entry::Vacant(e) = c.live.entry(id) {
                 let ctrl = Arc::new(make(id));
                 e.insert(Arc::downgrade(&ctrl));
@@ -287,12 +341,48 @@ impl Registry {
         };
         Ok(Registry {
             subsystems: RwLock::new(subsystems),
-            discovery: Arc::new(Subsystem::new(DISCOVERY_NQN, discovery, Vec::new())),
+            discovery: Arc::new(Subsystem::new(
+                DISCOVERY_NQN,
+                discovery,
+                Vec::new(),
+                1..=config::MAX_CNTLID,
+            )),
             listeners: RwLock::new(cfg.listeners.clone()),
             genctr: AtomicU64::new(1),
             admission: Admission::new(cfg.limits.clone()),
             pollers: cfg.pollers.count,
         })
+    }
+
+    /// Starts what namespaces open in the background (RBD images), for
+    /// those not started yet: at start and after a reload. Once open, or
+    /// resized, a namespace's controllers get a Namespace Attribute
+    /// Changed notice.
+    pub fn start_backends(self: &Arc<Self>) {
+        for s in self.subsystems() {
+            for ns in s.namespaces().iter() {
+                let Backend::Rbd(r) = &ns.backend else {
+                    continue;
+                };
+                let (registry, nqn) = (Arc::downgrade(self), s.nqn.clone());
+                let (nsid, weak) = (ns.nsid, Arc::downgrade(ns));
+                r.start(ns, move || {
+                    // The subsystem as it is now, if it still serves this
+                    // very namespace.
+                    let Some(sub) = registry.upgrade().and_then(|r| r.find(&nqn)) else {
+                        return;
+                    };
+                    let serves = sub
+                        .namespace(nsid)
+                        .is_some_and(|n| std::ptr::eq(Arc::as_ptr(&n), weak.as_ptr()));
+                    if serves {
+                        for c in sub.live_controllers() {
+                            c.namespaces_changed(&[nsid]);
+                        }
+                    }
+                });
+            }
+        }
     }
 
     /// The NVM subsystems now.
@@ -359,7 +449,7 @@ impl Registry {
 
 /// A subsystem as configured, with its opened namespaces.
 pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
-    Subsystem::new(&s.nqn, Access::of(s), namespaces)
+    Subsystem::new(&s.nqn, Access::of(s), namespaces, s.cntlids.clone())
 }
 
 /// Opens a namespace's backend; its metrics have a slot for each of
@@ -370,6 +460,26 @@ pub fn open_namespace(
     pollers: usize,
 ) -> std::io::Result<Namespace> {
     let (backend, size) = match &n.backend {
+        config::Backend::Rbd(image) => {
+            // Opened in the background (`Registry::start_backends`): the
+            // namespace is inactive until then.
+            let backend = RbdBackend::new(image.clone(), n.block_size)?;
+            tracing::info!(
+                subsystem = %nqn,
+                nsid = n.nsid,
+                "namespace on {}; inactive until the image is open",
+                backend.describe()
+            );
+            return Ok(Namespace {
+                nsid: n.nsid,
+                block_size: n.block_size,
+                blocks: AtomicU64::new(0),
+                read_only: AtomicBool::new(n.read_only),
+                backend: Backend::Rbd(backend),
+                ids: OnceLock::new(),
+                metrics: NsMetrics::new(pollers),
+            });
+        }
         config::Backend::File { path, create_size } => {
             let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
             let size = f.size();
@@ -390,11 +500,6 @@ pub fn open_namespace(
             n.block_size
         )));
     }
-    let key = format!("{nqn}/{}", n.nsid);
-    let nguid = id128(&key, 0x6e);
-    let mut uuid = id128(&key, 0x75);
-    uuid[6] = (uuid[6] & 0x0f) | 0x80; // version 8: custom
-    uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
     tracing::info!(
         subsystem = %nqn,
         nsid = n.nsid,
@@ -410,8 +515,7 @@ pub fn open_namespace(
         blocks: AtomicU64::new(blocks),
         read_only: AtomicBool::new(n.read_only),
         backend,
-        nguid,
-        uuid,
+        ids: OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid))),
         metrics: NsMetrics::new(pollers),
     })
 }

@@ -3,6 +3,7 @@
 //! what a queue needs of its poller without a ring.
 
 use crate::admission::Permit;
+use crate::backend::Completions;
 use crate::budget::PollerBudget;
 use crate::config::{self, Limits, QuickArgs};
 use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
@@ -11,6 +12,7 @@ use crate::subsystem::Registry;
 use io_uring::squeue;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use rdmablk_common::mem::{Arena, ArenaBuf};
+use rdmablk_common::ring::Wakeup;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status};
 use std::sync::Arc;
@@ -126,6 +128,8 @@ pub struct Rig {
     /// I/O commands answered through [`Rig::io`].
     pub answered: u64,
     pub submitted: Vec<squeue::Entry>,
+    /// Off-ring completions (none: rigs have no RBD namespace).
+    pub completions: Arc<Completions>,
 }
 
 impl Rig {
@@ -143,6 +147,7 @@ impl Rig {
             budget: PollerBudget::new(discovery),
             answered: 0,
             submitted: Vec::new(),
+            completions: Completions::new(Wakeup::new().expect("eventfd")),
         }
     }
 
@@ -155,6 +160,7 @@ impl Rig {
             stopping: false,
             answered: &mut self.answered,
             poller: 0,
+            completions: &self.completions,
         }
     }
 

@@ -1,22 +1,76 @@
 //! Namespace backends: a file or block device (io_uring, O_DIRECT, fixed
-//! buffers), memory, and null. A backend turns an I/O request into either an
-//! immediate result or an io_uring operation for the poller to submit.
+//! buffers), memory, null, and a Ceph RBD image (librbd). A backend turns
+//! an I/O request into either an immediate result or an operation for the
+//! poller to start: an io_uring entry, or a librbd call whose completion
+//! comes back through the poller's [`Completions`].
 
 mod file;
 mod memory;
+pub mod rbd;
 
 pub use file::FileBackend;
 pub use memory::MemoryBackend;
+pub use rbd::RbdBackend;
 
 use io_uring::squeue;
 use rdmablk_common::nvme::Status;
+use rdmablk_common::ring::Wakeup;
+use std::sync::{Arc, Mutex};
 
 /// What a backend does with one request.
 pub enum Access {
     /// Finished synchronously (memory, null, or refused).
     Done(Result<(), Status>),
-    /// Submit this to the poller's ring; the completion finishes the request.
-    Submit(squeue::Entry),
+    /// Start this operation; its completion finishes the request.
+    Submit(BackendOp),
+}
+
+/// An operation a backend hands the poller to start with the command's
+/// token as user data.
+pub enum BackendOp {
+    /// An io_uring entry (files and block devices).
+    Ring(squeue::Entry),
+    /// A librbd asynchronous call.
+    Rbd(rbd::RbdOp),
+}
+
+/// Completions of backend operations that do not run on the poller's
+/// ring (librbd's): the thread that finishes one records it here and, for
+/// the first of a batch, wakes the poller through the eventfd its ring
+/// polls. The poller dispatches them like ring completions.
+pub struct Completions {
+    done: Mutex<Vec<(u64, i32)>>,
+    wakeup: Wakeup,
+}
+
+impl Completions {
+    /// Completions that wake the poller polling `wakeup`.
+    pub fn new(wakeup: Wakeup) -> Arc<Completions> {
+        Arc::new(Completions {
+            done: Mutex::new(Vec::new()),
+            wakeup,
+        })
+    }
+
+    /// Records that the operation with user data `token` ended with `res`
+    /// (io_uring's convention: a count or `-errno`).
+    pub fn push(&self, token: u64, res: i32) {
+        let first = {
+            let mut done = self.done.lock().expect("completions lock");
+            done.push((token, res));
+            done.len() == 1
+        };
+        // Later ones of a batch ride on the first's wake-up: the poller
+        // takes everything recorded when it wakes.
+        if first {
+            self.wakeup.wake();
+        }
+    }
+
+    /// Moves what was recorded into `into` (empty), for the poller.
+    pub fn take(&self, into: &mut Vec<(u64, i32)>) {
+        std::mem::swap(&mut *self.done.lock().expect("completions lock"), into);
+    }
 }
 
 /// A data buffer inside the poller's registered arena.
@@ -32,6 +86,7 @@ pub struct FixedBuf {
 pub enum Backend {
     File(FileBackend),
     Memory(MemoryBackend),
+    Rbd(RbdBackend),
     /// Discards writes, reads zeroes: for measuring the transport alone.
     Null,
 }
@@ -40,7 +95,8 @@ impl Backend {
     /// Reads `buf.len` bytes at byte `offset` into `buf`.
     pub fn read(&self, offset: u64, buf: FixedBuf) -> Access {
         match self {
-            Backend::File(f) => Access::Submit(f.read(offset, buf)),
+            Backend::File(f) => Access::Submit(BackendOp::Ring(f.read(offset, buf))),
+            Backend::Rbd(r) => r.read(offset, buf),
             Backend::Memory(m) => Access::Done(m.read(offset, buf)),
             Backend::Null => {
                 // SAFETY: `buf` is an arena buffer of at least `len` bytes that this
@@ -51,10 +107,13 @@ impl Backend {
         }
     }
 
-    /// Writes `buf` at byte `offset`; `fua` makes it durable before completion.
+    /// Writes `buf` at byte `offset`; `fua` makes it durable before
+    /// completion (an RBD write is followed by a flush instead:
+    /// [`Backend::flush_after_fua`]).
     pub fn write(&self, offset: u64, buf: FixedBuf, fua: bool) -> Access {
         match self {
-            Backend::File(f) => Access::Submit(f.write(offset, buf, fua)),
+            Backend::File(f) => Access::Submit(BackendOp::Ring(f.write(offset, buf, fua))),
+            Backend::Rbd(r) => r.write(offset, buf),
             Backend::Memory(m) => Access::Done(m.write(offset, buf)),
             Backend::Null => Access::Done(Ok(())),
         }
@@ -63,7 +122,8 @@ impl Backend {
     /// Makes completed writes durable.
     pub fn flush(&self) -> Access {
         match self {
-            Backend::File(f) => Access::Submit(f.flush()),
+            Backend::File(f) => Access::Submit(BackendOp::Ring(f.flush())),
+            Backend::Rbd(r) => r.flush(),
             Backend::Memory(_) | Backend::Null => Access::Done(Ok(())),
         }
     }
@@ -72,9 +132,24 @@ impl Backend {
     /// freeing the space (hole punch / discard) rather than writing zeroes.
     pub fn zero(&self, offset: u64, len: u64, deallocate: bool) -> Access {
         match self {
-            Backend::File(f) => Access::Submit(f.zero(offset, len, deallocate)),
+            Backend::File(f) => Access::Submit(BackendOp::Ring(f.zero(offset, len, deallocate))),
+            Backend::Rbd(r) => r.zero(offset, len, deallocate),
             Backend::Memory(m) => Access::Done(m.zero(offset, len)),
             Backend::Null => Access::Done(Ok(())),
+        }
+    }
+
+    /// Whether a write with FUA needs a flush after it to be durable.
+    pub fn flush_after_fua(&self) -> bool {
+        matches!(self, Backend::Rbd(_))
+    }
+
+    /// Whether the namespace can take I/O: an RBD image once it is open;
+    /// the others always.
+    pub fn is_ready(&self) -> bool {
+        match self {
+            Backend::Rbd(r) => r.is_open(),
+            Backend::File(_) | Backend::Memory(_) | Backend::Null => true,
         }
     }
 
@@ -83,7 +158,7 @@ impl Backend {
     pub fn capacity(&self) -> u64 {
         match self {
             Backend::Memory(m) => m.capacity(),
-            Backend::File(_) | Backend::Null => u64::MAX,
+            Backend::File(_) | Backend::Rbd(_) | Backend::Null => u64::MAX,
         }
     }
 
@@ -91,15 +166,17 @@ impl Backend {
     pub fn writable(&self) -> bool {
         match self {
             Backend::File(f) => f.writable(),
-            Backend::Memory(_) | Backend::Null => true,
+            Backend::Memory(_) | Backend::Rbd(_) | Backend::Null => true,
         }
     }
 
     /// The size of the storage now (a file may have been grown since it
-    /// was opened); memory and null backends have no size of their own.
+    /// was opened, an image resized); memory and null backends have no
+    /// size of their own, nor has an image not open yet.
     pub fn current_size(&self) -> std::io::Result<u64> {
         match self {
             Backend::File(f) => f.current_size(),
+            Backend::Rbd(r) => r.current_size(),
             Backend::Memory(_) | Backend::Null => Ok(0),
         }
     }
@@ -113,6 +190,7 @@ impl Backend {
     pub fn sync_all(&self) -> std::io::Result<()> {
         match self {
             Backend::File(f) => f.sync(),
+            Backend::Rbd(r) => r.sync(),
             Backend::Memory(_) | Backend::Null => Ok(()),
         }
     }
@@ -121,6 +199,7 @@ impl Backend {
     pub fn describe(&self) -> String {
         match self {
             Backend::File(f) => f.describe(),
+            Backend::Rbd(r) => r.describe(),
             Backend::Memory(_) => "memory".into(),
             Backend::Null => "null".into(),
         }

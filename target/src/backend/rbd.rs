@@ -1,0 +1,360 @@
+//! A Ceph RBD image through librbd, loaded at run time.
+//!
+//! The cluster connection and the image's opening happen on a thread of
+//! the namespace's own (they block for up to the configured timeout); the
+//! namespace is inactive until the image is open, then activated with a
+//! Namespace Attribute Changed notice. The same thread then follows the
+//! image's resizes (an update watch). I/O runs on the pollers through
+//! librbd's asynchronous calls: a write leaves from the arena buffer
+//! without a copy (zero-copy writes), a read is copied once by librbd into
+//! it. Completions come back through the poller's [`Completions`], so no
+//! poller ever blocks on the cluster and librbd threads only record results.
+//!
+//! librbd cannot cancel an operation: its buffer stays with the command,
+//! and the command in its queue, until librbd completed it, whatever
+//! happens to the queue meanwhile (see `Queue::idle_backend`).
+
+mod ffi;
+#[rustfmt::skip]
+mod sys;
+
+use super::{Access, BackendOp, Completions, FixedBuf};
+use crate::config::RbdImage;
+use crate::subsystem::{Namespace, NamespaceIds};
+use ffi::{Aio, Cluster, Finish, Image};
+use std::collections::HashMap;
+use std::io;
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::time::Duration;
+
+/// How long after a failed open the next attempt starts.
+const RETRY_OPEN: Duration = Duration::from_secs(5);
+
+/// What every cluster connection is opened with, besides the timeouts.
+/// - No client cache: two gateways exporting one image must not serve
+///   reads from private caches, and a write is durable when acknowledged.
+/// - A discard zeroes partial objects too, so deallocated blocks read
+///   back as zeroes, as Identify Namespace's DLFEAT says.
+/// - Writes leave from the caller's buffer without a copy.
+const CLIENT_OPTIONS: [(&str, &str); 3] = [
+    ("rbd_cache", "false"),
+    ("rbd_skip_partial_discard", "false"),
+    ("rbd_disable_zero_copy_writes", "false"),
+];
+
+/// A namespace's RBD image: what to open, and the image once open.
+pub struct RbdBackend {
+    spec: RbdImage,
+    block_size: u32,
+    open: OnceLock<Opened>,
+    /// Whether the opening thread was started.
+    started: AtomicBool,
+}
+
+/// An open image and the cluster connection it uses (dropped after it).
+struct Opened {
+    image: Image,
+    _cluster: Arc<Cluster>,
+}
+
+impl RbdBackend {
+    /// The backend of `spec`, not open yet; fails when librbd cannot be
+    /// loaded.
+    pub fn new(spec: RbdImage, block_size: u32) -> io::Result<RbdBackend> {
+        ffi::library()?;
+        Ok(RbdBackend {
+            spec,
+            block_size,
+            open: OnceLock::new(),
+            started: AtomicBool::new(false),
+        })
+    }
+
+    /// Whether the image is open (the namespace takes I/O).
+    pub fn is_open(&self) -> bool {
+        self.open.get().is_some()
+    }
+
+    fn image(&self) -> &Image {
+        &self
+            .open
+            .get()
+            .expect("I/O reaches an RBD namespace only once it is active")
+            .image
+    }
+
+    fn op(&self, aio: Aio, ok: i32) -> Access {
+        Access::Submit(BackendOp::Rbd(RbdOp {
+            image: self.image(),
+            aio,
+            ok,
+        }))
+    }
+
+    pub fn read(&self, offset: u64, buf: FixedBuf) -> Access {
+        let (buf, len) = (buf.ptr, buf.len);
+        self.op(Aio::Read { offset, buf, len }, len as i32)
+    }
+
+    pub fn write(&self, offset: u64, buf: FixedBuf) -> Access {
+        let (buf, len) = (buf.ptr, buf.len);
+        self.op(Aio::Write { offset, buf, len }, len as i32)
+    }
+
+    pub fn flush(&self) -> Access {
+        self.op(Aio::Flush, 0)
+    }
+
+    /// Discards (deallocate) or writes zeroes; both read back as zeroes.
+    pub fn zero(&self, offset: u64, len: u64, deallocate: bool) -> Access {
+        let aio = if deallocate {
+            Aio::Discard { offset, len }
+        } else {
+            Aio::WriteZeroes { offset, len }
+        };
+        self.op(aio, 0)
+    }
+
+    /// The image's size now; 0 while it is not open.
+    pub fn current_size(&self) -> io::Result<u64> {
+        match self.open.get() {
+            Some(o) => o.image.size(),
+            None => Ok(0),
+        }
+    }
+
+    /// Waits until every acknowledged write is durable (at shutdown).
+    pub fn sync(&self) -> io::Result<()> {
+        match self.open.get() {
+            Some(o) => o.image.flush(),
+            None => Ok(()),
+        }
+    }
+
+    pub fn describe(&self) -> String {
+        format!(
+            "RBD image {} (client.{}, {})",
+            self.spec.spec(),
+            self.spec.client_id,
+            self.spec.ceph_conf.display()
+        )
+    }
+
+    /// Starts, once, the thread that opens the image of `ns` (whose backend
+    /// this is), activates the namespace and follows the image's resizes;
+    /// `changed` tells the subsystem's controllers that the namespace
+    /// changed. The thread ends when the namespace goes.
+    pub fn start(&self, ns: &Arc<Namespace>, changed: impl Fn() + Send + 'static) {
+        if self.started.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let ns = Arc::downgrade(ns);
+        let name = format!("rbd-{}", self.spec.image);
+        let spawned = std::thread::Builder::new()
+            .name(name.chars().take(15).collect())
+            .spawn(move || manage(ns, changed));
+        if let Err(e) = spawned {
+            tracing::error!("cannot start the thread that opens an RBD image: {e}");
+        }
+    }
+}
+
+/// The RBD backend of `ns`.
+fn rbd(ns: &Namespace) -> &RbdBackend {
+    match &ns.backend {
+        super::Backend::Rbd(r) => r,
+        _ => unreachable!("an RBD namespace has an RBD backend"),
+    }
+}
+
+/// The life of an RBD namespace after it is made: open (retrying until it
+/// works or the namespace is gone), activate, then follow resizes.
+fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
+    let (resized, resizes) = mpsc::sync_channel::<()>(1);
+    loop {
+        let Some(n) = ns.upgrade() else {
+            return;
+        };
+        let r = rbd(&n);
+        match open(&r.spec) {
+            Ok(mut opened) => {
+                let notice = resized.clone();
+                if let Err(e) = opened.image.watch(move || {
+                    // One pending notice is enough: the size is read anew.
+                    let _ = notice.try_send(());
+                }) {
+                    tracing::warn!(image = %r.spec.spec(), "resizes will not be seen: {e}");
+                }
+                match activate(&n, opened) {
+                    Ok(()) => {
+                        changed();
+                        break;
+                    }
+                    Err(e) => tracing::error!(image = %r.spec.spec(), "{e}; retrying"),
+                }
+            }
+            Err(e) => tracing::error!(
+                image = %r.spec.spec(),
+                client = %r.spec.client_id,
+                "cannot open the RBD image: {e}; retrying in {RETRY_OPEN:?}"
+            ),
+        }
+        drop(n);
+        std::thread::sleep(RETRY_OPEN);
+    }
+    drop(resized);
+    // The watch holds the other sender: this ends when the image closes.
+    while resizes.recv().is_ok() {
+        let Some(n) = ns.upgrade() else {
+            return;
+        };
+        let r = rbd(&n);
+        let now = n.blocks() * n.block_size as u64;
+        match r.current_size() {
+            Ok(size) if size > now => {
+                n.grow_to(size / r.block_size as u64 * r.block_size as u64);
+                tracing::info!(image = %r.spec.spec(), size, "RBD image grew; namespace resized");
+                changed();
+            }
+            Ok(size) if size < now => tracing::warn!(
+                image = %r.spec.spec(),
+                size,
+                served = now,
+                "RBD image shrank; the namespace keeps its size and I/O past the image's end fails"
+            ),
+            Ok(_) => {}
+            Err(e) => tracing::warn!(image = %r.spec.spec(), "cannot read the image's size: {e}"),
+        }
+    }
+}
+
+/// Makes `n` active on `opened`: size, identifiers, then the image.
+fn activate(n: &Namespace, opened: Opened) -> io::Result<()> {
+    let r = rbd(n);
+    let size = opened.image.size()?;
+    let id = opened.image.id()?;
+    let blocks = size / r.block_size as u64;
+    if blocks == 0 {
+        return Err(io::Error::other(format!(
+            "the image is smaller than one {}-byte block",
+            r.block_size
+        )));
+    }
+    n.grow_to(blocks * r.block_size as u64);
+    let s = &r.spec;
+    n.set_ids(NamespaceIds::derive(&format!(
+        "rbd:{}/{}/{id}",
+        s.pool,
+        s.namespace.as_deref().unwrap_or("")
+    )));
+    if r.open.set(opened).is_err() {
+        unreachable!("only this thread opens the image");
+    }
+    tracing::info!(
+        image = %s.spec(),
+        image_id = %id,
+        nsid = n.nsid,
+        size,
+        "RBD image open; namespace active"
+    );
+    Ok(())
+}
+
+/// Connects (or shares a connection) and opens the image.
+fn open(spec: &RbdImage) -> io::Result<Opened> {
+    let cluster = cluster(spec)?;
+    let image = cluster.open(
+        &spec.pool,
+        spec.namespace.as_deref().unwrap_or(""),
+        &spec.image,
+    )?;
+    Ok(Opened {
+        image,
+        _cluster: cluster,
+    })
+}
+
+/// The connection for `spec`'s (ceph.conf, client id), shared by the images
+/// that use it; made on first use.
+fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
+    static CLUSTERS: Mutex<Option<HashMap<(PathBuf, String), Weak<Cluster>>>> = Mutex::new(None);
+    // Held while connecting: a second image of the same cluster waits for
+    // this connection rather than making its own.
+    let mut clusters = CLUSTERS.lock().expect("clusters lock");
+    let clusters = clusters.get_or_insert_with(HashMap::new);
+    clusters.retain(|_, c| c.strong_count() > 0);
+    let key = spec.cluster_key();
+    if let Some(c) = clusters.get(&key).and_then(Weak::upgrade) {
+        return Ok(c);
+    }
+    let secs = spec.timeout.as_secs().max(1).to_string();
+    let mut options: Vec<(&str, String)> = CLIENT_OPTIONS
+        .iter()
+        .map(|&(k, v)| (k, v.to_string()))
+        .collect();
+    for k in [
+        "rados_osd_op_timeout",
+        "rados_mon_op_timeout",
+        "client_mount_timeout",
+    ] {
+        options.push((k, secs.clone()));
+    }
+    if let Some(k) = &spec.keyring {
+        options.push(("keyring", k.display().to_string()));
+    }
+    let conf = spec.ceph_conf.display().to_string();
+    let cluster = Arc::new(Cluster::connect(&conf, &spec.client_id, &options)?);
+    tracing::info!(conf = %conf, client = %spec.client_id, "connected to the Ceph cluster");
+    clusters.insert(key, Arc::downgrade(&cluster));
+    Ok(cluster)
+}
+
+/// One librbd call of a command, started by its queue with the command's
+/// token (`RbdOp::start`).
+pub struct RbdOp {
+    image: *const Image,
+    aio: Aio,
+    /// The result reported on success (the bytes moved, or 0), in
+    /// io_uring's convention, which the command's completion expects.
+    ok: i32,
+}
+
+impl RbdOp {
+    /// Starts the call; its end reaches `completions` as (`token`, result).
+    ///
+    /// # Safety
+    /// A read or write's arena buffer stays with the command until the
+    /// completion was dispatched, and so does the command's namespace
+    /// (which owns the image).
+    pub unsafe fn start(self, token: u64, completions: &Arc<Completions>) {
+        let done = Box::new(Done {
+            token,
+            ok: self.ok,
+            completions: completions.clone(),
+        });
+        // SAFETY: the image lives as long as the namespace, which the
+        // command holds until completion (as the caller promised), and so
+        // are the buffers.
+        unsafe { (*self.image).start(self.aio, done) };
+    }
+}
+
+/// Where a librbd completion goes.
+struct Done {
+    token: u64,
+    ok: i32,
+    completions: Arc<Completions>,
+}
+
+impl Finish for Done {
+    fn finish(self: Box<Self>, rc: i64) {
+        let res = if rc < 0 {
+            i32::try_from(rc).unwrap_or(-libc::EIO)
+        } else {
+            self.ok
+        };
+        self.completions.push(self.token, res);
+    }
+}

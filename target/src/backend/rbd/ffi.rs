@@ -1,0 +1,306 @@
+//! Safe wrappers over the librados and librbd calls of [`super::sys`]: the
+//! library, loaded once at run time; a cluster connection; an open image
+//! and its asynchronous I/O.
+
+use super::sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Librbd};
+use std::ffi::{c_char, c_int, c_void, CStr, CString};
+use std::io;
+use std::sync::OnceLock;
+
+/// The shared object loaded; it pulls in librados.
+const LIBRARY: &str = "librbd.so.1";
+
+/// librbd, loaded on first use: a target without RBD namespaces never
+/// loads it.
+pub fn library() -> io::Result<&'static Librbd> {
+    static LIB: OnceLock<Result<Librbd, String>> = OnceLock::new();
+    LIB.get_or_init(|| {
+        // SAFETY: loading librbd runs its initialisers, which only set up
+        // the library's own state; every symbol is checked for presence
+        // (`--dynamic-link-require-all`) and has the signature of the
+        // headers the bindings were generated from (librbd's C API is
+        // stable across releases).
+        unsafe { Librbd::new(LIBRARY) }.map_err(|e| {
+            format!(
+                "backend = \"rbd\" needs {LIBRARY} ({e}); install librbd1 \
+                 (Debian, Ubuntu) or librbd (Fedora)"
+            )
+        })
+    })
+    .as_ref()
+    .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.clone()))
+}
+
+/// An error from a librados or librbd call returning `-errno`.
+fn check(what: &str, rc: c_int) -> io::Result<c_int> {
+    if rc < 0 {
+        let e = io::Error::from_raw_os_error(-rc);
+        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+    } else {
+        Ok(rc)
+    }
+}
+
+fn cstring(what: &str, s: &str) -> io::Result<CString> {
+    CString::new(s).map_err(|_| io::Error::other(format!("{what} contains a NUL byte")))
+}
+
+/// A connection to a Ceph cluster (`rados_t`), shut down on drop.
+pub struct Cluster {
+    handle: rados_t,
+    lib: &'static Librbd,
+}
+
+// SAFETY: a rados_t may be used from any thread, and concurrently
+// (librados documents the handle as thread safe once connected).
+unsafe impl Send for Cluster {}
+// SAFETY: as above.
+unsafe impl Sync for Cluster {}
+
+impl Cluster {
+    /// Connects as `client.<id>` with the configuration file `conf`, then
+    /// `options` (name, value) set over it.
+    pub fn connect(conf: &str, id: &str, options: &[(&str, String)]) -> io::Result<Cluster> {
+        let lib = library()?;
+        let name = cstring("client id", &format!("client.{id}"))?;
+        let mut handle: rados_t = std::ptr::null_mut();
+        // SAFETY: `handle` receives the new cluster; the names are C strings
+        // that outlive the call.
+        check("rados_create2", unsafe {
+            (lib.rados_create2)(&mut handle, c"ceph".as_ptr(), name.as_ptr(), 0)
+        })?;
+        // From here on `Drop` shuts the handle down, connected or not.
+        let cluster = Cluster { handle, lib };
+        let conf_c = cstring("ceph.conf path", conf)?;
+        // SAFETY: a created handle and a C string.
+        check(&format!("reading {conf}"), unsafe {
+            (lib.rados_conf_read_file)(cluster.handle, conf_c.as_ptr())
+        })?;
+        for (option, value) in options {
+            let (o, v) = (cstring(option, option)?, cstring(option, value)?);
+            // SAFETY: a created handle and two C strings.
+            check(&format!("setting {option}={value}"), unsafe {
+                (lib.rados_conf_set)(cluster.handle, o.as_ptr(), v.as_ptr())
+            })?;
+        }
+        // SAFETY: a configured handle; blocks up to client_mount_timeout.
+        check("connecting to the cluster", unsafe {
+            (lib.rados_connect)(cluster.handle)
+        })?;
+        Ok(cluster)
+    }
+
+    /// Opens `image` in `pool` (and RBD namespace `namespace`, "" for the
+    /// default one) for reading and writing.
+    pub fn open(&self, pool: &str, namespace: &str, image: &str) -> io::Result<Image> {
+        let lib = self.lib;
+        let pool_c = cstring("pool", pool)?;
+        let mut ioctx: rados_ioctx_t = std::ptr::null_mut();
+        // SAFETY: a connected handle; `ioctx` receives the new context.
+        check(&format!("opening pool {pool}"), unsafe {
+            (lib.rados_ioctx_create)(self.handle, pool_c.as_ptr(), &mut ioctx)
+        })?;
+        let ns_c = cstring("RBD namespace", namespace)?;
+        // SAFETY: a live I/O context and a C string (copied by librados).
+        unsafe { (lib.rados_ioctx_set_namespace)(ioctx, ns_c.as_ptr()) };
+        let image_c = cstring("image", image)?;
+        let mut handle: rbd_image_t = std::ptr::null_mut();
+        // SAFETY: a live I/O context; `handle` receives the image; no snapshot.
+        let rc = unsafe { (lib.rbd_open)(ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
+        if let Err(e) = check(&format!("opening image {image}"), rc) {
+            // SAFETY: the context is ours and nothing uses it any more.
+            unsafe { (lib.rados_ioctx_destroy)(ioctx) };
+            return Err(e);
+        }
+        Ok(Image {
+            handle,
+            ioctx,
+            lib,
+            watch: None,
+        })
+    }
+}
+
+impl Drop for Cluster {
+    fn drop(&mut self) {
+        // SAFETY: every image and I/O context of this cluster holds an
+        // `Arc` of it (see `super::Opened`), so none is left.
+        unsafe { (self.lib.rados_shutdown)(self.handle) };
+    }
+}
+
+/// An open image (`rbd_image_t`) and its I/O context, closed on drop.
+pub struct Image {
+    handle: rbd_image_t,
+    ioctx: rados_ioctx_t,
+    lib: &'static Librbd,
+    /// The update watch: its handle and the callback's context.
+    watch: Option<(u64, *mut WatchContext)>,
+}
+
+// SAFETY: librbd's image calls are thread safe (its own locks protect the
+// image state); the watch context is only touched by its callback and by
+// `Drop`, after unregistering it.
+unsafe impl Send for Image {}
+// SAFETY: as above.
+unsafe impl Sync for Image {}
+
+/// What an update watch calls: boxed so that its address stays put.
+type WatchContext = Box<dyn Fn() + Send + Sync>;
+
+impl Image {
+    /// The image's size in bytes now.
+    pub fn size(&self) -> io::Result<u64> {
+        let mut size = 0u64;
+        // SAFETY: an open image; `size` receives the value.
+        check("rbd_get_size", unsafe {
+            (self.lib.rbd_get_size)(self.handle, &mut size)
+        })?;
+        Ok(size)
+    }
+
+    /// The image's id: stable for its life, unlike its name.
+    pub fn id(&self) -> io::Result<String> {
+        let mut buf = [0 as c_char; 128];
+        // SAFETY: an open image; librbd writes a NUL-terminated id of at
+        // most `buf.len()` bytes.
+        check("rbd_get_id", unsafe {
+            (self.lib.rbd_get_id)(self.handle, buf.as_mut_ptr(), buf.len())
+        })?;
+        // SAFETY: rbd_get_id succeeded, so `buf` holds a C string.
+        Ok(unsafe { CStr::from_ptr(buf.as_ptr()) }
+            .to_string_lossy()
+            .into_owned())
+    }
+
+    /// Calls `changed` (on a librbd thread) whenever the image's header
+    /// changes, e.g. after a resize; until the image is dropped.
+    pub fn watch(&mut self, changed: impl Fn() + Send + Sync + 'static) -> io::Result<()> {
+        let ctx: *mut WatchContext = Box::into_raw(Box::new(Box::new(changed)));
+        let mut handle = 0u64;
+        // SAFETY: an open image; `ctx` stays valid until `rbd_update_unwatch`
+        // in `Drop` returned (librbd waits for running callbacks there).
+        let rc = unsafe {
+            (self.lib.rbd_update_watch)(self.handle, &mut handle, Some(on_update), ctx.cast())
+        };
+        if let Err(e) = check("rbd_update_watch", rc) {
+            // SAFETY: librbd did not take the context.
+            drop(unsafe { Box::from_raw(ctx) });
+            return Err(e);
+        }
+        self.watch = Some((handle, ctx));
+        Ok(())
+    }
+
+    /// Starts an asynchronous operation; `done` gets its result exactly
+    /// once: on a librbd thread, or on this one if librbd refuses it.
+    ///
+    /// # Safety
+    /// A read or write's buffer stays valid (and, for a read, unaliased)
+    /// until `done` ran; the image outlives the operation.
+    pub unsafe fn start<F: Finish>(&self, op: Aio, done: Box<F>) {
+        let lib = self.lib;
+        let arg = Box::into_raw(done);
+        let mut c: rbd_completion_t = std::ptr::null_mut();
+        // SAFETY: `c` receives the completion; `arg` stays valid until the
+        // callback takes it back.
+        let rc =
+            unsafe { (lib.rbd_aio_create_completion)(arg.cast(), Some(on_complete::<F>), &mut c) };
+        if rc < 0 {
+            // SAFETY: librbd did not take `arg`.
+            return unsafe { Box::from_raw(arg) }.finish(rc as i64);
+        }
+        let h = self.handle;
+        // SAFETY: an open image, a live completion; buffers as the caller
+        // promised. rbd_cache is off and zero-copy writes are on (see
+        // `super::CLIENT_OPTIONS`), so librbd reads a write's buffer until
+        // completion rather than copying it.
+        let rc = unsafe {
+            match op {
+                Aio::Read { offset, buf, len } => {
+                    (lib.rbd_aio_read)(h, offset, len, buf.cast::<c_char>(), c)
+                }
+                Aio::Write { offset, buf, len } => {
+                    (lib.rbd_aio_write)(h, offset, len, buf.cast::<c_char>().cast_const(), c)
+                }
+                Aio::Flush => (lib.rbd_aio_flush)(h, c),
+                Aio::Discard { offset, len } => (lib.rbd_aio_discard)(h, offset, len, c),
+                Aio::WriteZeroes { offset, len } => {
+                    (lib.rbd_aio_write_zeroes)(h, offset, len as usize, c, 0, 0)
+                }
+            }
+        };
+        if rc < 0 {
+            // Refused before it started: the callback will not run.
+            // SAFETY: librbd did not queue the completion; it is ours.
+            unsafe { (lib.rbd_aio_release)(c) };
+            // SAFETY: as above, `arg` is still ours.
+            unsafe { Box::from_raw(arg) }.finish(rc as i64);
+        }
+    }
+
+    /// Waits until every write so far is durable.
+    pub fn flush(&self) -> io::Result<()> {
+        // SAFETY: an open image.
+        check("rbd_flush", unsafe { (self.lib.rbd_flush)(self.handle) })?;
+        Ok(())
+    }
+}
+
+impl Drop for Image {
+    fn drop(&mut self) {
+        if let Some((handle, ctx)) = self.watch.take() {
+            // SAFETY: the watch was registered on this image; after this call
+            // no callback runs, so the context can go.
+            unsafe {
+                (self.lib.rbd_update_unwatch)(self.handle, handle);
+                drop(Box::from_raw(ctx));
+            }
+        }
+        // SAFETY: nothing refers to the image any more (in-flight operations
+        // hold their namespace, which owns it); rbd_close waits for librbd's
+        // own work, then the I/O context goes.
+        unsafe {
+            (self.lib.rbd_close)(self.handle);
+            (self.lib.rados_ioctx_destroy)(self.ioctx);
+        }
+    }
+}
+
+/// One asynchronous operation.
+#[derive(Clone, Copy, Debug)]
+pub enum Aio {
+    Read { offset: u64, buf: *mut u8, len: usize },
+    Write { offset: u64, buf: *mut u8, len: usize },
+    Flush,
+    Discard { offset: u64, len: u64 },
+    WriteZeroes { offset: u64, len: u64 },
+}
+
+/// Who hears of an operation's end, with librbd's return value (bytes
+/// or 0, or `-errno`).
+pub trait Finish: Send {
+    fn finish(self: Box<Self>, rc: i64);
+}
+
+unsafe extern "C" fn on_complete<F: Finish>(c: rbd_completion_t, arg: *mut c_void) {
+    let Ok(lib) = library() else {
+        return;
+    };
+    // SAFETY: librbd calls this once per completion, with the live
+    // completion; reading its value and releasing it are ours to do.
+    let rc = unsafe {
+        let rc = (lib.rbd_aio_get_return_value)(c);
+        (lib.rbd_aio_release)(c);
+        rc
+    };
+    // SAFETY: `arg` is the box `Image::start` gave away for this completion.
+    unsafe { Box::from_raw(arg.cast::<F>()) }.finish(rc as i64);
+}
+
+unsafe extern "C" fn on_update(arg: *mut c_void) {
+    // SAFETY: `arg` is the context `Image::watch` registered, alive until
+    // the watch is unregistered, which waits for this call.
+    let changed = unsafe { &*arg.cast::<WatchContext>() };
+    changed();
+}

@@ -1,0 +1,199 @@
+//! `backend = "rbd"`: a namespace backed by a Ceph RBD image, its keys,
+//! the `--rbd POOL/IMAGE` quick form, and the rules across namespaces.
+
+use super::{duration_value, invalid, ConfigError, RawDuration};
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Where Ceph's tools look for the cluster configuration by default.
+pub const DEFAULT_CEPH_CONF: &str = "/etc/ceph/ceph.conf";
+/// The client id used when none is given (`client.admin`).
+pub const DEFAULT_CLIENT_ID: &str = "admin";
+/// How long a cluster operation may take before it fails: below the 30 s
+/// after which the Linux host gives up on a command and resets the
+/// controller, so that the host sees a retryable status first.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(20);
+/// The Linux host's default I/O timeout (nvme_core.io_timeout).
+const HOST_IO_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// An RBD image and how to reach its cluster.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RbdImage {
+    pub pool: String,
+    /// RBD namespace inside the pool; `None` for the pool's default one.
+    pub namespace: Option<String>,
+    pub image: String,
+    /// The cluster's ceph.conf (monitors, authentication).
+    pub ceph_conf: PathBuf,
+    /// Ceph client id: the target connects as `client.<id>`.
+    pub client_id: String,
+    /// Keyring of the client, when ceph.conf does not name it.
+    pub keyring: Option<PathBuf>,
+    /// rados_osd_op_timeout, rados_mon_op_timeout and client_mount_timeout.
+    pub timeout: Duration,
+}
+
+impl RbdImage {
+    /// `pool[/namespace]/image`, as the rbd tool writes it.
+    pub fn spec(&self) -> String {
+        match &self.namespace {
+            Some(ns) => format!("{}/{ns}/{}", self.pool, self.image),
+            None => format!("{}/{}", self.pool, self.image),
+        }
+    }
+
+    /// The cluster connection this image shares with others.
+    pub fn cluster_key(&self) -> (PathBuf, String) {
+        (self.ceph_conf.clone(), self.client_id.clone())
+    }
+}
+
+/// The keys of a namespace table only `backend = "rbd"` uses.
+#[derive(Debug, Default)]
+pub(super) struct RawRbd {
+    pub pool: Option<String>,
+    pub image: Option<String>,
+    pub rbd_namespace: Option<String>,
+    pub ceph_conf: Option<PathBuf>,
+    pub client_id: Option<String>,
+    pub keyring: Option<PathBuf>,
+    pub timeout: Option<RawDuration>,
+}
+
+impl RawRbd {
+    /// An RBD key that is set, if any (they belong to `backend = "rbd"` only).
+    pub(super) fn any(&self) -> Option<&'static str> {
+        [
+            ("pool", self.pool.is_some()),
+            ("image", self.image.is_some()),
+            ("rbd_namespace", self.rbd_namespace.is_some()),
+            ("ceph_conf", self.ceph_conf.is_some()),
+            ("client_id", self.client_id.is_some()),
+            ("keyring", self.keyring.is_some()),
+            ("timeout", self.timeout.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(k, set)| set.then_some(k))
+    }
+}
+
+/// The image of namespace table `key`.
+pub(super) fn convert(key: &str, raw: RawRbd) -> Result<RbdImage, ConfigError> {
+    let name = |k: &str, v: Option<String>, example: &str| {
+        v.filter(|s| !s.is_empty()).ok_or_else(|| {
+            invalid(
+                format!("{key}.{k}"),
+                format!("missing or empty; backend = \"rbd\" needs {k} = \"{example}\""),
+            )
+        })
+    };
+    let image = RbdImage {
+        pool: name("pool", raw.pool, "rbd")?,
+        image: name("image", raw.image, "disk1")?,
+        namespace: raw.rbd_namespace.filter(|s| !s.is_empty()),
+        ceph_conf: raw
+            .ceph_conf
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CEPH_CONF)),
+        client_id: raw
+            .client_id
+            .unwrap_or_else(|| DEFAULT_CLIENT_ID.to_string()),
+        keyring: raw.keyring,
+        timeout: match &raw.timeout {
+            None => DEFAULT_TIMEOUT,
+            Some(t) => duration_value(&format!("{key}.timeout"), t)?,
+        },
+    };
+    validate(key, &image)?;
+    Ok(image)
+}
+
+/// The rules of one image's keys.
+pub(super) fn validate(key: &str, i: &RbdImage) -> Result<(), ConfigError> {
+    for (k, v) in [
+        ("pool", i.pool.as_str()),
+        ("image", i.image.as_str()),
+        ("client_id", i.client_id.as_str()),
+    ] {
+        if v.is_empty() || v.contains(['/', '\0', '@']) {
+            return Err(invalid(
+                format!("{key}.{k}"),
+                format!("{v:?} is not a valid name (empty, or holds '/', '@' or NUL)"),
+            ));
+        }
+    }
+    if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&i.timeout) {
+        return Err(invalid(
+            format!("{key}.timeout"),
+            "give 1s to 300s (the default, 20s, stays below the Linux host's 30 s I/O timeout)",
+        ));
+    }
+    Ok(())
+}
+
+/// Namespaces that share a cluster connection (the same ceph.conf and
+/// client id) must agree on its keyring and timeout: they are settings of
+/// the connection. `images` are (key, image) pairs.
+pub(super) fn validate_shared<'a>(
+    images: impl Iterator<Item = (String, &'a RbdImage)>,
+) -> Result<(), ConfigError> {
+    let mut seen: Vec<(String, &RbdImage)> = Vec::new();
+    for (key, i) in images {
+        if let Some((first, f)) = seen.iter().find(|(_, f)| f.cluster_key() == i.cluster_key()) {
+            if f.keyring != i.keyring || f.timeout != i.timeout {
+                return Err(invalid(
+                    key,
+                    format!(
+                        "shares its cluster connection (ceph_conf and client_id) with {first} \
+                         but sets another keyring or timeout; give both the same"
+                    ),
+                ));
+            }
+        }
+        seen.push((key, i));
+    }
+    Ok(())
+}
+
+/// A warning for a timeout the Linux host would not wait for.
+pub(super) fn warning(key: &str, i: &RbdImage) -> Option<String> {
+    (i.timeout >= HOST_IO_TIMEOUT).then(|| {
+        format!(
+            "{key}.timeout is {:?}: the Linux host resets the controller after 30 s \
+             (nvme_core.io_timeout) before a timed-out I/O could answer; use less, e.g. 20s",
+            i.timeout
+        )
+    })
+}
+
+/// The quick form: `--rbd POOL/IMAGE` or `POOL/NAMESPACE/IMAGE`, with
+/// `--ceph-conf` and `--ceph-id`.
+pub(super) fn from_quick_args(
+    spec: &str,
+    ceph_conf: Option<&PathBuf>,
+    client_id: Option<&str>,
+) -> Result<RbdImage, ConfigError> {
+    let parts: Vec<&str> = spec.split('/').collect();
+    let (pool, namespace, image) = match parts[..] {
+        [p, i] => (p, None, i),
+        [p, n, i] => (p, Some(n.to_string()), i),
+        _ => {
+            return Err(invalid(
+                "--rbd",
+                format!("{spec:?}: give POOL/IMAGE or POOL/NAMESPACE/IMAGE, e.g. rbd/disk1"),
+            ))
+        }
+    };
+    let image = RbdImage {
+        pool: pool.to_string(),
+        namespace,
+        image: image.to_string(),
+        ceph_conf: ceph_conf
+            .cloned()
+            .unwrap_or_else(|| PathBuf::from(DEFAULT_CEPH_CONF)),
+        client_id: client_id.unwrap_or(DEFAULT_CLIENT_ID).to_string(),
+        keyring: None,
+        timeout: DEFAULT_TIMEOUT,
+    };
+    validate("--rbd", &image)?;
+    Ok(image)
+}
