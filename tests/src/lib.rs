@@ -17,6 +17,7 @@ pub mod client;
 pub mod dhchap;
 pub mod nbd;
 pub mod proxy;
+pub mod tools;
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
