@@ -447,7 +447,10 @@ impl Config {
                         }
                     }
                     Backend::Rbd(image) => {
-                        let files = [("ceph_conf", Some(&image.ceph_conf)), ("keyring", image.keyring.as_ref())];
+                        let files = [
+                            ("ceph_conf", Some(&image.ceph_conf)),
+                            ("keyring", image.keyring.as_ref()),
+                        ];
                         for (k, path) in files {
                             if let Some(Err(e)) = path.map(std::fs::metadata) {
                                 return Err(invalid(
@@ -2664,13 +2667,13 @@ mod tests {
 
     #[test]
     fn quick_errors() {
-        assert_quick_invalid(|_| {}, "--memory/--file/--null", "exactly one");
+        assert_quick_invalid(|_| {}, "--memory/--file/--null/--rbd", "exactly one");
         assert_quick_invalid(
             |q| {
                 q.memory = Some("1GiB".into());
                 q.null = Some("1GiB".into());
             },
-            "--memory/--file/--null",
+            "--memory/--file/--null/--rbd",
             "--memory and --null were given together",
         );
         assert_quick_invalid(
@@ -2679,7 +2682,7 @@ mod tests {
                 q.file = Some("/x".into());
                 q.null = Some("1GiB".into());
             },
-            "--memory/--file/--null",
+            "--memory/--file/--null/--rbd",
             "--memory and --file and --null",
         );
         assert_quick_invalid(

@@ -64,10 +64,10 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                 n.nsid,
                 format_size(n.blocks() * n.block_size as u64),
                 n.backend.describe(),
-                if n.read_only() {
-                    "read-only"
-                } else {
-                    "read-write"
+                match (n.is_active(), n.read_only()) {
+                    (false, _) => "inactive (not open yet)",
+                    (true, true) => "read-only",
+                    (true, false) => "read-write",
                 },
                 format_size(bw as u64),
                 n.metrics.in_flight()

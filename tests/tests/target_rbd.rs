@@ -18,7 +18,7 @@ use rdmablk_tests::check::{assert_same, assert_status, open, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
 use rdmablk_tests::names::{HOST_A, HOST_B};
 use rdmablk_tests::tools::{bench, check_bench, fio_ok, TOOL_TIMEOUT};
-use rdmablk_tests::{run, NbdExport, Ran, Rng, Target, TempDir};
+use rdmablk_tests::{run, send_signal, NbdExport, Ran, Rng, Target, TempDir};
 use std::path::PathBuf;
 use std::process::Command;
 use std::sync::{Mutex, MutexGuard};
@@ -156,7 +156,11 @@ fn active(c: &Controller) -> Vec<u32> {
 }
 
 fn identify_ns(c: &Controller) -> NamespaceId {
-    NamespaceId::parse(&c.admin().identify(cns::NAMESPACE, 1).or_panic("Identify Namespace"))
+    NamespaceId::parse(
+        &c.admin()
+            .identify(cns::NAMESPACE, 1)
+            .or_panic("Identify Namespace"),
+    )
 }
 
 /// `rdmablk bench --verify` at 4 KiB and 1 MiB on an image.
@@ -172,7 +176,16 @@ fn bench_verifies_at_4k_and_1m() {
             t.port(),
             NQN,
             &[
-                "--rw", "randrw", "--bs", bs, "--qd", qd, "--runtime", "3", "--verify", "--json",
+                "--rw",
+                "randrw",
+                "--bs",
+                bs,
+                "--qd",
+                qd,
+                "--runtime",
+                "3",
+                "--verify",
+                "--json",
             ],
         );
         check_bench(&r, bytes, &["read", "write"], &format!("bench {bs} on RBD"));
@@ -230,7 +243,9 @@ fn written_over_tcp_lands_in_ceph() {
     // A zeroed range inside the first write and a deallocated one inside
     // the second: both must read back as zeroes from the cluster.
     let (z0, d0) = (writes[0].0 + 8, writes[1].0 + 16);
-    io(&mut c).write_zeroes(1, z0, 16, false).or_panic("Write Zeroes");
+    io(&mut c)
+        .write_zeroes(1, z0, 16, false)
+        .or_panic("Write Zeroes");
     io(&mut c).deallocate(1, &[(d0, 32)]).or_panic("Deallocate");
     io(&mut c).flush(1).or_panic("Flush");
 
@@ -279,9 +294,20 @@ fn two_gateways_on_one_image_agree() {
     wait_active(&b);
     let mut ca = controller(&a, HOST_A);
     let mut cb = controller(&b, HOST_B);
-    assert!((1..=99).contains(&ca.cntlid), "gateway A cntlid {}", ca.cntlid);
-    assert!((100..=199).contains(&cb.cntlid), "gateway B cntlid {}", cb.cntlid);
-    assert_eq!(ca.id.serial, cb.id.serial, "one subsystem, one serial number");
+    assert!(
+        (1..=99).contains(&ca.cntlid),
+        "gateway A cntlid {}",
+        ca.cntlid
+    );
+    assert!(
+        (100..=199).contains(&cb.cntlid),
+        "gateway B cntlid {}",
+        cb.cntlid
+    );
+    assert_eq!(
+        ca.id.serial, cb.id.serial,
+        "one subsystem, one serial number"
+    );
     let (na, nb) = (identify_ns(&ca), identify_ns(&cb));
     assert_eq!(na.nguid, nb.nguid, "NGUID of the image on both gateways");
     assert_ne!(na.nguid, [0; 16], "an NGUID is reported");
@@ -298,8 +324,14 @@ fn two_gateways_on_one_image_agree() {
         let slba = rng.below(64 * MIB / 512 - 256);
         let data = rng.bytes(128 << 10);
         io(w).write(1, slba, &data, 512, false).or_panic("write");
-        let back = io(r).read(1, slba, 256, 512).or_panic("read on the other gateway");
-        assert_same(&back, &data, &format!("round {round}: the other gateway's read"));
+        let back = io(r)
+            .read(1, slba, 256, 512)
+            .or_panic("read on the other gateway");
+        assert_same(
+            &back,
+            &data,
+            &format!("round {round}: the other gateway's read"),
+        );
     }
 }
 
@@ -327,7 +359,11 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
     let refused = io(&mut c)
         .exec(Queue::rw_sqe(nvm::READ, 1, 0, 1), None, 512)
         .or_panic("a read before the image exists");
-    assert_status(&refused, Status::INVALID_NAMESPACE, "read of an inactive namespace");
+    assert_status(
+        &refused,
+        Status::INVALID_NAMESPACE,
+        "read of an inactive namespace",
+    );
     // The target says why the namespace is inactive.
     wait_log(&t, "cannot open the RBD image");
 
@@ -339,9 +375,7 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
             .admin()
             .submit(Sqe::new(admin::ASYNC_EVENT, 0), None, 0)
             .or_panic("submitting an AER");
-        c.admin()
-            .set_timeout(OPEN_WITHIN)
-            .or_panic("admin timeout");
+        c.admin().set_timeout(OPEN_WITHIN).or_panic("admin timeout");
         let done = c.admin().wait(aer).or_panic(what);
         assert_status(&done, Status::SUCCESS, what);
         assert_eq!(done.cqe.dw0, NS_ATTR_CHANGED, "{what}: the event");
@@ -350,47 +384,66 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
             .admin()
             .get_log(rdmablk_common::nvme::log::lid::CHANGED_NS, 4096, 0)
             .or_panic("Changed Namespace List");
-        assert_eq!(&log[..8], &[1, 0, 0, 0, 0, 0, 0, 0], "{what}: nsid 1 changed");
+        assert_eq!(
+            &log[..8],
+            &[1, 0, 0, 0, 0, 0, 0, 0],
+            "{what}: nsid 1 changed"
+        );
     };
-    rbd(&["create", &spec, "--size", "32M", "--image-feature", "layering"])
-        .assert_success("rbd create");
+    rbd(&[
+        "create",
+        &spec,
+        "--size",
+        "32M",
+        "--image-feature",
+        "layering",
+    ])
+    .assert_success("rbd create");
     wait_event(&mut c, "the event of the image opening");
     assert_eq!(active(&c), vec![1], "active once open");
-    assert_eq!(identify_ns(&c).nsze, 32 * MIB / 512, "size of the open image");
+    assert_eq!(
+        identify_ns(&c).nsze,
+        32 * MIB / 512,
+        "size of the open image"
+    );
     let data = Rng::new(3).bytes(4096);
     io(&mut c).write(1, 8, &data, 512, false).or_panic("write");
 
     rbd(&["resize", &img.spec(), "--size", "48M"]).assert_success("rbd resize");
     wait_event(&mut c, "the event of the resize");
-    assert_eq!(identify_ns(&c).nsze, 48 * MIB / 512, "size after the resize");
+    assert_eq!(
+        identify_ns(&c).nsze,
+        48 * MIB / 512,
+        "size after the resize"
+    );
     let end = 48 * MIB / 512 - 8;
-    io(&mut c).write(1, end, &data, 512, false).or_panic("write past the old end");
+    io(&mut c)
+        .write(1, end, &data, 512, false)
+        .or_panic("write past the old end");
     let back = io(&mut c).read(1, 8, 8, 512).or_panic("read");
     assert_same(&back, &data, "data before the resize");
 }
 
 /// Sends SIGCONT to the OSD when dropped, so that a failing test does not
 /// leave the cluster stopped.
-struct StoppedOsd(i32);
+struct StoppedOsd(u32);
 
 impl StoppedOsd {
     fn stop() -> StoppedOsd {
         let pidfile = ceph_conf().with_file_name("osd.0.pid");
-        let pid: i32 = std::fs::read_to_string(&pidfile)
+        let pid: u32 = std::fs::read_to_string(&pidfile)
             .or_panic("reading the OSD's pid file")
             .trim()
             .parse()
             .expect("a pid");
-        // SAFETY: kill with a pid and a signal number only.
-        assert_eq!(unsafe { libc::kill(pid, libc::SIGSTOP) }, 0, "SIGSTOP to the OSD");
+        send_signal(pid, libc::SIGSTOP);
         StoppedOsd(pid)
     }
 }
 
 impl Drop for StoppedOsd {
     fn drop(&mut self) {
-        // SAFETY: as above.
-        unsafe { libc::kill(self.0, libc::SIGCONT) };
+        send_signal(self.0, libc::SIGCONT);
     }
 }
 
@@ -408,7 +461,9 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     wait_active(&t);
     let mut c = controller(&t, HOST_A);
     let data = Rng::new(5).bytes(64 << 10);
-    io(&mut c).write(1, 0, &data, 512, false).or_panic("write before");
+    io(&mut c)
+        .write(1, 0, &data, 512, false)
+        .or_panic("write before");
     io(&mut c)
         .set_timeout(Duration::from_secs(30))
         .or_panic("queue timeout");
@@ -453,5 +508,7 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
             done.status()
         );
     }
-    io(&mut c).write(1, 1024, &data, 512, true).or_panic("write after");
+    io(&mut c)
+        .write(1, 1024, &data, 512, true)
+        .or_panic("write after");
 }

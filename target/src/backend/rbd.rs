@@ -276,10 +276,13 @@ fn open(spec: &RbdImage) -> io::Result<Opened> {
     })
 }
 
+/// The live cluster connections by (ceph.conf, client id).
+type Clusters = HashMap<(PathBuf, String), Weak<Cluster>>;
+
 /// The connection for `spec`'s (ceph.conf, client id), shared by the images
 /// that use it; made on first use.
 fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
-    static CLUSTERS: Mutex<Option<HashMap<(PathBuf, String), Weak<Cluster>>>> = Mutex::new(None);
+    static CLUSTERS: Mutex<Option<Clusters>> = Mutex::new(None);
     // Held while connecting: a second image of the same cluster waits for
     // this connection rather than making its own.
     let mut clusters = CLUSTERS.lock().expect("clusters lock");

@@ -138,7 +138,10 @@ pub(super) fn validate_shared<'a>(
 ) -> Result<(), ConfigError> {
     let mut seen: Vec<(String, &RbdImage)> = Vec::new();
     for (key, i) in images {
-        if let Some((first, f)) = seen.iter().find(|(_, f)| f.cluster_key() == i.cluster_key()) {
+        if let Some((first, f)) = seen
+            .iter()
+            .find(|(_, f)| f.cluster_key() == i.cluster_key())
+        {
             if f.keyring != i.keyring || f.timeout != i.timeout {
                 return Err(invalid(
                     key,
@@ -196,4 +199,165 @@ pub(super) fn from_quick_args(
     };
     validate("--rbd", &image)?;
     Ok(image)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::super::{parse, Backend, ConfigError};
+    use super::*;
+
+    /// A configuration whose subsystem has `subsystem` keys and the
+    /// namespace tables `namespaces`.
+    fn config(subsystem: &str, namespaces: &[&str]) -> String {
+        let mut text = format!(
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n\
+             [[subsystem]]\nnqn = \"nqn.2026-11.io.example:a\"\nallow_any_host = true\n{subsystem}\n"
+        );
+        for ns in namespaces {
+            text.push_str(&format!("[[subsystem.namespace]]\n{ns}\n"));
+        }
+        text
+    }
+
+    #[track_caller]
+    fn refused(text: &str, key: &str, part: &str) {
+        match parse(text) {
+            Err(ConfigError::Invalid { key: k, problem }) => {
+                assert_eq!(k, key, "problem: {problem}");
+                assert!(problem.contains(part), "{k}: {problem:?} lacks {part:?}");
+            }
+            other => panic!("expected Invalid at {key}, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn an_image_with_defaults_and_with_every_key() {
+        let c = parse(&config(
+            "",
+            &["backend = \"rbd\"\npool = \"rbd\"\nimage = \"d1\""],
+        ))
+        .expect("valid");
+        let Backend::Rbd(i) = &c.subsystems[0].namespaces[0].backend else {
+            panic!("an RBD backend");
+        };
+        assert_eq!(i.spec(), "rbd/d1");
+        assert_eq!(i.ceph_conf, PathBuf::from(DEFAULT_CEPH_CONF));
+        assert_eq!(i.client_id, DEFAULT_CLIENT_ID);
+        assert_eq!(i.timeout, DEFAULT_TIMEOUT);
+        assert!(c.warnings().is_empty());
+
+        let all = "backend = \"rbd\"\npool = \"p\"\nimage = \"d2\"\nrbd_namespace = \"t\"\n\
+                   ceph_conf = \"/c/ceph.conf\"\nclient_id = \"gw\"\nkeyring = \"/c/k\"\ntimeout = \"45s\"";
+        let c = parse(&config("", &[all])).expect("valid");
+        let Backend::Rbd(i) = &c.subsystems[0].namespaces[0].backend else {
+            panic!("an RBD backend");
+        };
+        assert_eq!(i.spec(), "p/t/d2");
+        assert_eq!(i.keyring, Some(PathBuf::from("/c/k")));
+        assert_eq!(i.timeout, Duration::from_secs(45));
+        assert!(
+            c.warnings()[0].contains("30 s"),
+            "a timeout above the host's is a warning: {:?}",
+            c.warnings()
+        );
+    }
+
+    #[test]
+    fn image_keys_are_checked() {
+        let ns = "subsystem[0].namespace[0]";
+        for (body, key, part) in [
+            ("backend = \"rbd\"\nimage = \"d\"", "pool", "missing"),
+            ("backend = \"rbd\"\npool = \"rbd\"", "image", "missing"),
+            (
+                "backend = \"rbd\"\npool = \"a/b\"\nimage = \"d\"",
+                "pool",
+                "not a valid name",
+            ),
+            (
+                "backend = \"rbd\"\npool = \"p\"\nimage = \"d\"\nsize = \"1GiB\"",
+                "size",
+                "image's",
+            ),
+            (
+                "backend = \"rbd\"\npool = \"p\"\nimage = \"d\"\npath = \"/x\"",
+                "path",
+                "takes no path",
+            ),
+            (
+                "backend = \"rbd\"\npool = \"p\"\nimage = \"d\"\ntimeout = \"0s\"",
+                "timeout",
+                "1s to 300s",
+            ),
+            (
+                "backend = \"memory\"\nsize = \"1GiB\"\npool = \"p\"",
+                "pool",
+                "only backend = \"rbd\"",
+            ),
+        ] {
+            refused(&config("", &[body]), &format!("{ns}.{key}"), part);
+        }
+        // Two images on one connection with different timeouts.
+        let a = "backend = \"rbd\"\npool = \"p\"\nimage = \"a\"";
+        let b = "backend = \"rbd\"\npool = \"p\"\nimage = \"b\"\ntimeout = \"10s\"";
+        refused(
+            &config("", &[a, b]),
+            "subsystem[0].namespace[1]",
+            "namespace[0]",
+        );
+        let b_elsewhere = format!("{b}\nclient_id = \"other\"");
+        parse(&config("", &[a, &b_elsewhere])).expect("another client is another connection");
+    }
+
+    #[test]
+    fn controller_id_ranges() {
+        let ns = ["backend = \"memory\"\nsize = \"1GiB\""];
+        let c = parse(&config("cntlid_min = 100\ncntlid_max = 199", &ns)).expect("valid");
+        assert_eq!(c.subsystems[0].cntlids, 100..=199);
+        let c = parse(&config("", &ns)).expect("valid");
+        assert_eq!(c.subsystems[0].cntlids, 1..=super::super::MAX_CNTLID);
+        refused(
+            &config("cntlid_min = 0", &ns),
+            "subsystem[0].cntlid_min",
+            "1 to 65519",
+        );
+        refused(
+            &config("cntlid_max = 65520", &ns),
+            "subsystem[0].cntlid_max",
+            "1 to 65519",
+        );
+        refused(
+            &config("cntlid_min = 10\ncntlid_max = 9", &ns),
+            "subsystem[0].cntlid_max",
+            "below cntlid_min",
+        );
+    }
+
+    #[test]
+    fn the_shipped_example_parses() {
+        let c = parse(include_str!("../../../config/rbd.toml")).expect("config/rbd.toml is valid");
+        let s = &c.subsystems[0];
+        assert_eq!(s.cntlids, 1..=1000);
+        let specs: Vec<String> = s
+            .namespaces
+            .iter()
+            .map(|n| match &n.backend {
+                Backend::Rbd(i) => i.spec(),
+                other => panic!("not RBD: {other:?}"),
+            })
+            .collect();
+        assert_eq!(specs, ["rbd/vm-disk-1", "rbd/tenant-a/data"]);
+        assert!(c.warnings().is_empty(), "{:?}", c.warnings());
+    }
+
+    #[test]
+    fn the_quick_form() {
+        let i = from_quick_args("rbd/ns1/disk", None, Some("gw")).expect("valid");
+        assert_eq!(
+            (i.spec().as_str(), i.client_id.as_str()),
+            ("rbd/ns1/disk", "gw")
+        );
+        for bad in ["disk", "a/b/c/d", "/disk", "rbd/"] {
+            assert!(from_quick_args(bad, None, None).is_err(), "{bad} accepted");
+        }
+    }
 }

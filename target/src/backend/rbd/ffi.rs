@@ -270,11 +270,25 @@ impl Drop for Image {
 /// One asynchronous operation.
 #[derive(Clone, Copy, Debug)]
 pub enum Aio {
-    Read { offset: u64, buf: *mut u8, len: usize },
-    Write { offset: u64, buf: *mut u8, len: usize },
+    Read {
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+    },
+    Write {
+        offset: u64,
+        buf: *mut u8,
+        len: usize,
+    },
     Flush,
-    Discard { offset: u64, len: u64 },
-    WriteZeroes { offset: u64, len: u64 },
+    Discard {
+        offset: u64,
+        len: u64,
+    },
+    WriteZeroes {
+        offset: u64,
+        len: u64,
+    },
 }
 
 /// Who hears of an operation's end, with librbd's return value (bytes

@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# rdmablk as a gateway to Ceph, against librbd's own tool on the same image:
+# `rbd bench` (librbd in-process, --rbd_cache=false like the RBD backend)
+# and `rdmablk bench` over NVMe/TCP through rdmablk-target's RBD namespace,
+# in interleaved rounds, medians and the ratio rdmablk/rbd.
+#
+# Usage: bench/rbd.sh [ROUNDS]   (default 3; needs `cargo build --release`)
+# Runs against scripts/ceph-dev.sh's one-node cluster (started if needed,
+# left running) or the cluster of $CEPH_CONF. Loads: 4K random write QD32,
+# 128K sequential read QD32. Not part of CI.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+rounds=${1:-3}
+conf=${CEPH_CONF:-$(bash scripts/ceph-dev.sh up | tail -n 1)}
+bin=build/release
+image=bench-$$
+size_mib=1024
+seconds=5
+work=$(mktemp -d /tmp/rdmablk-rbd-bench.XXXXXX)
+tpid=""
+cleanup() {
+  [ -n "$tpid" ] && kill "$tpid" 2>/dev/null
+  wait 2>/dev/null || true
+  rbd -c "$conf" rm "rbd/$image" >/dev/null 2>&1 || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+
+rbd -c "$conf" create "rbd/$image" --size "${size_mib}M" --image-feature layering
+# Written once through, so that reads fetch data rather than holes.
+rbd -c "$conf" bench --io-type write --io-pattern seq --io-size 4M --io-threads 8 \
+  --io-total "${size_mib}M" "rbd/$image" >/dev/null
+
+port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+"$bin/rdmablk-target" --listen "tcp://127.0.0.1:$port" --rbd "rbd/$image" \
+  --ceph-conf "$conf" --nqn nqn.2026-11.io.example:rbd-bench >"$work/target.log" 2>&1 &
+tpid=$!
+for _ in $(seq 100); do
+  grep -q "namespace active" "$work/target.log" && break
+  sleep 0.1
+done
+grep -q "namespace active" "$work/target.log" || { cat "$work/target.log"; exit 1; }
+
+# rbd_bench TYPE PATTERN BS: ops per second of one run of about $seconds.
+rbd_bench() {
+  local total=$(( $4 ))
+  rbd -c "$conf" bench --rbd_cache=false --io-type "$1" --io-pattern "$2" --io-size "$3" \
+    --io-threads 32 --io-total "$total" "rbd/$image" 2>&1 |
+    awk '/^elapsed:/ { for (i = 1; i < NF; i++) if ($i == "ops/sec:") print $(i + 1) }'
+}
+
+# ours RW BS: IOPS of `rdmablk bench` for $seconds.
+ours() {
+  "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n nqn.2026-11.io.example:rbd-bench \
+    --rw "$1" --bs "$2" --qd 32 --runtime "$seconds" --json |
+    python3 -c 'import json,sys; print(json.load(sys.stdin)["iops"])'
+}
+
+# compare NAME RBD_TYPE RBD_PATTERN RW BS BYTES_PER_RBD_RUN
+compare() {
+  : > "$work/rbd"; : > "$work/ours"
+  for _ in $(seq "$rounds"); do
+    rbd_bench "$2" "$3" "$5" "$6" >> "$work/rbd"
+    ours "$4" "$5" >> "$work/ours"
+  done
+  python3 - "$work/rbd" "$work/ours" "$1" <<'EOF'
+import statistics, sys
+r = statistics.median(float(l) for l in open(sys.argv[1]) if l.strip())
+o = statistics.median(float(l) for l in open(sys.argv[2]) if l.strip())
+print(f"{sys.argv[3]:>20}: rbd bench {r:,.0f} IOPS | rdmablk bench via rdmablk-target {o:,.0f} IOPS | ratio {o/r:.2f}x")
+EOF
+}
+
+echo "rounds: $rounds, image rbd/$image (${size_mib} MiB), cluster $conf" >&2
+compare "4K randwrite QD32" write rand randwrite 4k $((64 << 20))
+compare "128K read QD32" read seq read 128k $((size_mib << 20))
