@@ -407,6 +407,8 @@ fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError>
                     source,
                 });
             }
+            // The pollers have ended: nothing is in flight.
+            ns.backend.close();
         }
     }
     tracing::info!("stopped");

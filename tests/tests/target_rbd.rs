@@ -91,12 +91,10 @@ impl Drop for Image {
 }
 
 /// A target exporting `image` as namespace 1 of [`NQN`], as the test
-/// cluster's client.rdmablk, with `extra` subsystem keys and `timeout`.
-fn target(image: &str, subsystem_extra: &str, timeout: &str, top: &str) -> Target {
+/// cluster's client.rdmablk, with `subsystem_extra` keys and `timeout`.
+fn target(image: &str, subsystem_extra: &str, timeout: &str) -> Target {
     Target::start_config(&format!(
         r#"
-{top}
-
 [[listener]]
 transport = "tcp"
 address = "127.0.0.1:{{port}}"
@@ -137,6 +135,13 @@ fn wait_active(t: &Target) {
     wait_log(t, "namespace active");
 }
 
+/// Stops a target with SIGTERM: it exits 0, having closed its image (so
+/// that the image can be removed at once, its watch gone).
+fn stop(mut t: Target) {
+    let status = t.stop();
+    assert!(status.success(), "exit status {status}\n{}", t.log_tail());
+}
+
 /// A controller of [`NQN`] with one I/O queue.
 fn controller(t: &Target, host: &str) -> Controller {
     open(t, NQN, host, &Opts::default())
@@ -169,7 +174,7 @@ fn identify_ns(c: &Controller) -> NamespaceId {
 fn bench_verifies_at_4k_and_1m() {
     let _s = serial();
     let img = Image::create("bench", IMAGE_BYTES);
-    let t = target(&img.name, "", "20s", "");
+    let t = target(&img.name, "", "20s");
     wait_active(&t);
     for (bs, qd, bytes) in [("4k", "32", 4096.0), ("1m", "4", MIB as f64)] {
         let r = bench(
@@ -190,6 +195,7 @@ fn bench_verifies_at_4k_and_1m() {
         );
         check_bench(&r, bytes, &["read", "write"], &format!("bench {bs} on RBD"));
     }
+    stop(t);
 }
 
 /// fio's nbd engine through our NBD export of an RBD namespace, verified.
@@ -198,7 +204,7 @@ fn bench_verifies_at_4k_and_1m() {
 fn fio_through_the_nbd_export_verifies() {
     let _s = serial();
     let img = Image::create("fio", IMAGE_BYTES);
-    let t = target(&img.name, "", "20s", "");
+    let t = target(&img.name, "", "20s");
     wait_active(&t);
     let e = NbdExport::start(t.port(), NQN, &[]);
     let size = 32 * MIB;
@@ -216,6 +222,8 @@ fn fio_through_the_nbd_export_verifies() {
         size,
         "fio through the NBD export of an RBD namespace",
     );
+    drop(e);
+    stop(t);
 }
 
 /// Bytes written over NVMe/TCP (plain, FUA, and zeroed) are in the
@@ -225,7 +233,7 @@ fn fio_through_the_nbd_export_verifies() {
 fn written_over_tcp_lands_in_ceph() {
     let _s = serial();
     let img = Image::create("land", 64 * MIB);
-    let t = target(&img.name, "", "20s", "");
+    let t = target(&img.name, "", "20s");
     wait_active(&t);
     let mut c = controller(&t, HOST_A);
     let mut rng = Rng::new(7);
@@ -277,6 +285,8 @@ fn written_over_tcp_lands_in_ceph() {
             .or_panic("read");
         assert_same(&back, &want, "read over NVMe/TCP");
     }
+    drop(c);
+    stop(t);
 }
 
 /// Two targets export one image under one NQN and NSID, with disjoint
@@ -288,8 +298,8 @@ fn written_over_tcp_lands_in_ceph() {
 fn two_gateways_on_one_image_agree() {
     let _s = serial();
     let img = Image::create("pair", 64 * MIB);
-    let a = target(&img.name, "cntlid_min = 1\ncntlid_max = 99", "20s", "");
-    let b = target(&img.name, "cntlid_min = 100\ncntlid_max = 199", "20s", "");
+    let a = target(&img.name, "cntlid_min = 1\ncntlid_max = 99", "20s");
+    let b = target(&img.name, "cntlid_min = 100\ncntlid_max = 199", "20s");
     wait_active(&a);
     wait_active(&b);
     let mut ca = controller(&a, HOST_A);
@@ -333,6 +343,9 @@ fn two_gateways_on_one_image_agree() {
             &format!("round {round}: the other gateway's read"),
         );
     }
+    drop((ca, cb));
+    stop(a);
+    stop(b);
 }
 
 /// A namespace whose image does not exist yet is inactive (absent from the
@@ -348,7 +361,7 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
     let _ = rbd(&["rm", &spec]);
     // Removes the image after the target is gone (declared first).
     let img = Image { name: name.clone() };
-    let t = target(&name, "", "20s", "");
+    let t = target(&name, "", "20s");
     // A KATO longer than the waits for an event, which hold the admin queue.
     let opts = Opts {
         kato_ms: 120_000,
@@ -422,6 +435,8 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
         .or_panic("write past the old end");
     let back = io(&mut c).read(1, 8, 8, 512).or_panic("read");
     assert_same(&back, &data, "data before the resize");
+    drop(c);
+    stop(t);
 }
 
 /// Sends SIGCONT to the OSD when dropped, so that a failing test does not
@@ -457,7 +472,7 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     let _s = serial();
     let img = Image::create("stall", 64 * MIB);
     let timeout = Duration::from_secs(3);
-    let t = target(&img.name, "", "3s", "");
+    let t = target(&img.name, "", "3s");
     wait_active(&t);
     let mut c = controller(&t, HOST_A);
     let data = Rng::new(5).bytes(64 << 10);
@@ -511,4 +526,6 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     io(&mut c)
         .write(1, 1024, &data, 512, true)
         .or_panic("write after");
+    drop(c);
+    stop(t);
 }

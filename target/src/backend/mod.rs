@@ -195,6 +195,15 @@ impl Backend {
         }
     }
 
+    /// Lets go of what others wait for (an RBD image's watch and lock) at
+    /// the end of shutdown, once the pollers ended: no I/O is in flight and
+    /// none follows.
+    pub fn close(&self) {
+        if let Backend::Rbd(r) = self {
+            r.close();
+        }
+    }
+
     /// Short description for logs.
     pub fn describe(&self) -> String {
         match self {

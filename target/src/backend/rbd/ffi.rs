@@ -5,6 +5,7 @@
 use super::sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Librbd};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
 
 /// The shared object loaded; it pulls in librados.
@@ -117,6 +118,7 @@ impl Cluster {
             ioctx,
             lib,
             watch: None,
+            closed: AtomicBool::new(false),
         })
     }
 }
@@ -136,6 +138,8 @@ pub struct Image {
     lib: &'static Librbd,
     /// The update watch: its handle and the callback's context.
     watch: Option<(u64, *mut WatchContext)>,
+    /// `close` ran: the handles are gone.
+    closed: AtomicBool,
 }
 
 // SAFETY: librbd's image calls are thread safe (its own locks protect the
@@ -151,6 +155,7 @@ type WatchContext = Box<dyn Fn() + Send + Sync>;
 impl Image {
     /// The image's size in bytes now.
     pub fn size(&self) -> io::Result<u64> {
+        self.open_handle()?;
         let mut size = 0u64;
         // SAFETY: an open image; `size` receives the value.
         check("rbd_get_size", unsafe {
@@ -197,7 +202,7 @@ impl Image {
     ///
     /// # Safety
     /// A read or write's buffer stays valid (and, for a read, unaliased)
-    /// until `done` ran; the image outlives the operation.
+    /// until `done` ran; the image is not closed and outlives the operation.
     pub unsafe fn start<F: Finish>(&self, op: Aio, done: Box<F>) {
         let lib = self.lib;
         let arg = Box::into_raw(done);
@@ -239,8 +244,48 @@ impl Image {
         }
     }
 
+    /// Whether `close` ran.
+    pub fn is_closed(&self) -> bool {
+        self.closed.load(Ordering::Acquire)
+    }
+
+    /// Ends the watch, closes the image (releasing its watch and any lock
+    /// on the cluster at once, rather than when they time out) and its I/O
+    /// context; the first call only. Nothing may use the image afterwards:
+    /// callers close it once no operation can be in flight (at shutdown,
+    /// after the pollers ended) or by dropping it.
+    pub fn close(&self) {
+        if self.closed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        if let Some((handle, ctx)) = self.watch {
+            // SAFETY: the watch was registered on this image; after this call
+            // no callback runs, so its context can go (once: `closed` guards).
+            unsafe {
+                (self.lib.rbd_update_unwatch)(self.handle, handle);
+                drop(Box::from_raw(ctx));
+            }
+        }
+        // SAFETY: no operation is in flight (as the caller ensures); rbd_close
+        // waits for librbd's own work, then the I/O context goes; `closed`
+        // keeps this from running twice.
+        unsafe {
+            (self.lib.rbd_close)(self.handle);
+            (self.lib.rados_ioctx_destroy)(self.ioctx);
+        }
+    }
+
+    /// An error once the image is closed.
+    fn open_handle(&self) -> io::Result<()> {
+        if self.is_closed() {
+            return Err(io::Error::other("the image is closed"));
+        }
+        Ok(())
+    }
+
     /// Waits until every write so far is durable.
     pub fn flush(&self) -> io::Result<()> {
+        self.open_handle()?;
         // SAFETY: an open image.
         check("rbd_flush", unsafe { (self.lib.rbd_flush)(self.handle) })?;
         Ok(())
@@ -249,21 +294,7 @@ impl Image {
 
 impl Drop for Image {
     fn drop(&mut self) {
-        if let Some((handle, ctx)) = self.watch.take() {
-            // SAFETY: the watch was registered on this image; after this call
-            // no callback runs, so the context can go.
-            unsafe {
-                (self.lib.rbd_update_unwatch)(self.handle, handle);
-                drop(Box::from_raw(ctx));
-            }
-        }
-        // SAFETY: nothing refers to the image any more (in-flight operations
-        // hold their namespace, which owns it); rbd_close waits for librbd's
-        // own work, then the I/O context goes.
-        unsafe {
-            (self.lib.rbd_close)(self.handle);
-            (self.lib.rados_ioctx_destroy)(self.ioctx);
-        }
+        self.close();
     }
 }
 
