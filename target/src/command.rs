@@ -407,9 +407,9 @@ impl Command {
                 tracing::debug!("deallocate not supported by the backend; ignored");
             } else if errno == libc::ETIMEDOUT {
                 // The backend (a cluster) did not answer in time: the host
-                // may retry (NVMe Base 2.1, 4.2.3.1, Figure 102: Command
-                // Interrupted), after the controller's retry delay once it
-                // enabled ACRE.
+                // may retry (NVMe Base 2.1, 4.2.3.1, Generic Command Status
+                // Values: Command Interrupted, 21h), after the controller's
+                // retry delay once it enabled ACRE.
                 tracing::warn!(
                     opcode = self.sqe.opcode(),
                     offset = req.offset,

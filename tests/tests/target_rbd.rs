@@ -13,7 +13,7 @@
 //! works again once the OSD continues.
 
 use rdmablk_common::nvme::identify::{cns, parse_ns_list, NamespaceId};
-use rdmablk_common::nvme::{admin, dnr_of, feature, nvm, Sqe, Status};
+use rdmablk_common::nvme::{admin, crd_of, dnr_of, feature, nvm, Sqe, Status};
 use rdmablk_tests::check::{assert_same, assert_status, open, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
 use rdmablk_tests::names::{HOST_A, HOST_B};
@@ -464,8 +464,8 @@ impl Drop for StoppedOsd {
 
 /// With the OSD stopped, a write and a read complete within the namespace's
 /// timeout with Command Interrupted, DNR clear (NVMe Base 2.1, 4.2.3.1,
-/// Figure 102: the host should retry), and the target logs it; after the
-/// OSD continues, I/O works again.
+/// Generic Command Status Values, 21h: the host should retry), and the
+/// target logs it; after the OSD continues, I/O works again.
 #[test]
 #[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
 fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
@@ -482,6 +482,17 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     io(&mut c)
         .set_timeout(Duration::from_secs(30))
         .or_panic("queue timeout");
+    // Advanced Command Retry (Host Behavior Support, FID 16h, ACRE in byte 0),
+    // as the Linux host enables it: retryable statuses then carry a CRD.
+    let mut hbs = vec![0u8; 512];
+    hbs[0] = 1;
+    let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+    sqe.set_cdw(10, feature::HOST_BEHAVIOR as u32);
+    let set = c
+        .admin()
+        .exec(sqe, Some(&hbs), 0)
+        .or_panic("Set Features ACRE");
+    assert_status(&set, Status::SUCCESS, "Set Features Host Behavior Support");
 
     let osd = StoppedOsd::stop();
     let start = Instant::now();
@@ -496,6 +507,11 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
         let took = start.elapsed();
         assert_status(&done, Status::COMMAND_INTERRUPTED, what);
         assert!(!dnr_of(done.cqe.status), "{what}: DNR clear (retryable)");
+        assert_eq!(
+            crd_of(done.cqe.status),
+            1,
+            "{what}: CRD names CRDT1 (ACRE on)"
+        );
         assert!(
             took >= timeout && took < timeout + Duration::from_secs(5),
             "{what} answered after {took:?}, the timeout being {timeout:?}"

@@ -182,6 +182,9 @@ fn rbd(ns: &Namespace) -> &RbdBackend {
 /// works or the namespace is gone), activate, then follow resizes.
 fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
     let (resized, resizes) = mpsc::sync_channel::<()>(1);
+    // A failure is logged as an error when it is new, then quietly while it
+    // repeats every RETRY_OPEN.
+    let mut last_failure = String::new();
     loop {
         let Some(n) = ns.upgrade() else {
             return;
@@ -204,11 +207,18 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
                     Err(e) => tracing::error!(image = %r.spec.spec(), "{e}; retrying"),
                 }
             }
-            Err(e) => tracing::error!(
+            Err(e) if e.to_string() == last_failure => tracing::debug!(
                 image = %r.spec.spec(),
-                client = %r.spec.client_id,
-                "cannot open the RBD image: {e}; retrying in {RETRY_OPEN:?}"
+                "still cannot open the RBD image: {e}; retrying in {RETRY_OPEN:?}"
             ),
+            Err(e) => {
+                tracing::error!(
+                    image = %r.spec.spec(),
+                    client = %r.spec.client_id,
+                    "cannot open the RBD image: {e}; retrying every {RETRY_OPEN:?}"
+                );
+                last_failure = e.to_string();
+            }
         }
         drop(n);
         std::thread::sleep(RETRY_OPEN);
