@@ -64,10 +64,17 @@ impl Binding {
     /// retries (Command Interrupted once it enabled ACRE, as the
     /// specification allows only then; Transient Transport Error before).
     pub fn retry_later(&self) -> Status {
-        match &self.assoc {
-            Some(a) if a.ctrl.acre() => Status::COMMAND_INTERRUPTED,
-            _ => Status::TRANSIENT_TRANSPORT_ERROR,
+        if self.acre() {
+            Status::COMMAND_INTERRUPTED
+        } else {
+            Status::TRANSIENT_TRANSPORT_ERROR
         }
+    }
+
+    /// Whether the host enabled Advanced Command Retry (Host Behavior
+    /// Support): the controller may then answer Command Interrupted.
+    pub fn acre(&self) -> bool {
+        self.assoc.as_ref().is_some_and(|a| a.ctrl.acre())
     }
 
     /// Copies staged data into the command's buffer, which it now has.

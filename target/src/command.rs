@@ -380,8 +380,14 @@ impl Command {
 
     /// Handles a backend completion (`res` as io_uring reports it). Returns
     /// a follow-up operation to submit, if any; the command is complete when
-    /// `ops_in_flight` is back to zero.
-    pub fn on_backend_done(&mut self, res: i32, arena: &Arena) -> Option<BackendOp> {
+    /// `ops_in_flight` is back to zero. `acre` says whether the host enabled
+    /// Advanced Command Retry.
+    pub fn on_backend_done(
+        &mut self,
+        res: i32,
+        arena: &Arena,
+        acre: impl FnOnce() -> bool,
+    ) -> Option<BackendOp> {
         let Work::Io(req) = &self.work else {
             unreachable!("backend completion for a non-I/O command")
         };
@@ -406,18 +412,25 @@ impl Command {
                 // Deallocation is advisory: the blocks simply stay allocated.
                 tracing::debug!("deallocate not supported by the backend; ignored");
             } else if errno == libc::ETIMEDOUT {
-                // The backend (a cluster) did not answer in time: the host
-                // may retry (NVMe Base 2.1, 4.2.3.1, Generic Command Status
-                // Values: Command Interrupted, 21h), after the controller's
-                // retry delay once it enabled ACRE.
+                // The backend (a cluster) did not answer in time: a status
+                // the host retries (NVMe Base 2.1, 4.2.3.1, Generic Command
+                // Status Values). Command Interrupted (21h) only once the
+                // host enabled ACRE, as the specification allows it only
+                // then (with the controller's retry delay); Namespace Not
+                // Ready (82h) before.
+                self.status = if acre() {
+                    Status::COMMAND_INTERRUPTED
+                } else {
+                    Status::NAMESPACE_NOT_READY
+                };
                 tracing::warn!(
                     opcode = self.sqe.opcode(),
                     offset = req.offset,
                     len = req.len,
                     backend = %req.ns.backend.describe(),
-                    "backend I/O timed out; answered Command Interrupted (the host may retry)"
+                    "backend I/O timed out; answered {} (the host may retry)",
+                    self.status
                 );
-                self.status = Status::COMMAND_INTERRUPTED;
             } else {
                 tracing::error!(
                     opcode = self.sqe.opcode(),

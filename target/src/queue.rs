@@ -543,7 +543,9 @@ impl Queue {
         let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        if let Some(next) = cmd.on_backend_done(res, io.arena) {
+        // Only a timeout asks (the controller's state is locked for it).
+        let acre = || self.bind.acre();
+        if let Some(next) = cmd.on_backend_done(res, io.arena, acre) {
             // The rest of a short transfer, or the other way of zeroing.
             let mut more = Entries::new();
             more.push(next);

@@ -206,6 +206,21 @@ fn namespace_changes(
             changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
             continue;
         }
+        if let (Backend::Rbd(a), Backend::Rbd(b)) = (&o.backend, &n.backend) {
+            // The same image: its cluster connection's settings stay (the
+            // connection is shared, and reopening would take the namespace
+            // away from hosts); its size is the image's, followed live.
+            if a != b {
+                return Err(refuse(
+                    format!("{nkey}.ceph_conf/client_id/keyring/timeout"),
+                    RESTART,
+                ));
+            }
+            if n.read_only != o.read_only {
+                changes.push(NsChange::ReadOnly(live, n.read_only));
+            }
+            continue;
+        }
         let size = storage_size(&live, &n.backend)
             .map_err(|e| refuse(format!("{nkey}.path"), e.to_string()))?;
         let now = live.blocks() * live.block_size as u64;
@@ -256,7 +271,7 @@ fn same_storage(a: &Backend, b: &Backend) -> bool {
         (Backend::File { path: p, .. }, Backend::File { path: q, .. }) => p == q,
         (Backend::Memory { .. }, Backend::Memory { .. }) => true,
         (Backend::Null { .. }, Backend::Null { .. }) => true,
-        (Backend::Rbd(a), Backend::Rbd(b)) => a == b,
+        (Backend::Rbd(a), Backend::Rbd(b)) => a.spec() == b.spec(),
         _ => false,
     }
 }
@@ -265,8 +280,9 @@ fn same_storage(a: &Backend, b: &Backend) -> bool {
 /// may have grown), or the configured size.
 fn storage_size(live: &Namespace, b: &Backend) -> std::io::Result<u64> {
     match b {
-        Backend::File { .. } | Backend::Rbd(_) => live.backend.current_size(),
+        Backend::File { .. } => live.backend.current_size(),
         Backend::Memory { size } | Backend::Null { size } => Ok(*size),
+        Backend::Rbd(_) => unreachable!("an RBD namespace's size is followed by its own thread"),
     }
 }
 

@@ -475,7 +475,7 @@ pub fn open_namespace(
                 block_size: n.block_size,
                 blocks: AtomicU64::new(0),
                 read_only: AtomicBool::new(n.read_only),
-                backend: Backend::Rbd(backend),
+                backend: Backend::Rbd(Box::new(backend)),
                 ids: OnceLock::new(),
                 metrics: NsMetrics::new(pollers),
             });

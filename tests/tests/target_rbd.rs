@@ -462,10 +462,12 @@ impl Drop for StoppedOsd {
     }
 }
 
-/// With the OSD stopped, a write and a read complete within the namespace's
-/// timeout with Command Interrupted, DNR clear (NVMe Base 2.1, 4.2.3.1,
-/// Generic Command Status Values, 21h: the host should retry), and the
-/// target logs it; after the OSD continues, I/O works again.
+/// With the OSD stopped, I/O completes within the namespace's timeout with a
+/// status the host retries, DNR clear (NVMe Base 2.1, 4.2.3.1, Generic
+/// Command Status Values): Namespace Not Ready (82h) before the host enabled
+/// ACRE, Command Interrupted (21h, which the specification allows only
+/// with ACRE) with a Command Retry Delay after; the target logs it. After
+/// the OSD continues, I/O works again.
 #[test]
 #[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
 fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
@@ -482,8 +484,32 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     io(&mut c)
         .set_timeout(Duration::from_secs(30))
         .or_panic("queue timeout");
-    // Advanced Command Retry (Host Behavior Support, FID 16h, ACRE in byte 0),
-    // as the Linux host enables it: retryable statuses then carry a CRD.
+
+    let osd = StoppedOsd::stop();
+    let answered = |c: &mut Controller, sqe: Sqe, out: Option<&[u8]>, what: &str| {
+        let start = Instant::now();
+        let done = io(c)
+            .exec(sqe, out, if out.is_some() { 0 } else { 64 << 10 })
+            .or_panic(what);
+        let took = start.elapsed();
+        assert!(
+            took >= timeout && took < timeout + Duration::from_secs(5),
+            "{what} answered after {took:?}, the timeout being {timeout:?}"
+        );
+        assert!(!dnr_of(done.cqe.status), "{what}: DNR clear (retryable)");
+        done
+    };
+    let w = answered(
+        &mut c,
+        Queue::rw_sqe(nvm::WRITE, 1, 1024, 128),
+        Some(&data),
+        "a write to a stopped OSD",
+    );
+    assert_status(&w, Status::NAMESPACE_NOT_READY, "write without ACRE");
+    assert_eq!(crd_of(w.cqe.status), 0, "no CRD without ACRE");
+
+    // Advanced Command Retry (Host Behavior Support, FID 16h, ACRE in byte
+    // 0), as the Linux host enables it.
     let mut hbs = vec![0u8; 512];
     hbs[0] = 1;
     let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
@@ -493,30 +519,14 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
         .exec(sqe, Some(&hbs), 0)
         .or_panic("Set Features ACRE");
     assert_status(&set, Status::SUCCESS, "Set Features Host Behavior Support");
-
-    let osd = StoppedOsd::stop();
-    let start = Instant::now();
-    let w = io(&mut c)
-        .submit(Queue::rw_sqe(nvm::WRITE, 1, 1024, 128), Some(&data), 0)
-        .or_panic("a write to a stopped OSD");
-    let r = io(&mut c)
-        .submit(Queue::rw_sqe(nvm::READ, 1, 0, 128), None, 64 << 10)
-        .or_panic("a read from a stopped OSD");
-    for (cid, what) in [(w, "write"), (r, "read")] {
-        let done = io(&mut c).wait(cid).or_panic(what);
-        let took = start.elapsed();
-        assert_status(&done, Status::COMMAND_INTERRUPTED, what);
-        assert!(!dnr_of(done.cqe.status), "{what}: DNR clear (retryable)");
-        assert_eq!(
-            crd_of(done.cqe.status),
-            1,
-            "{what}: CRD names CRDT1 (ACRE on)"
-        );
-        assert!(
-            took >= timeout && took < timeout + Duration::from_secs(5),
-            "{what} answered after {took:?}, the timeout being {timeout:?}"
-        );
-    }
+    let r = answered(
+        &mut c,
+        Queue::rw_sqe(nvm::READ, 1, 0, 128),
+        None,
+        "a read from a stopped OSD",
+    );
+    assert_status(&r, Status::COMMAND_INTERRUPTED, "read with ACRE");
+    assert_eq!(crd_of(r.cqe.status), 1, "CRD names CRDT1 once ACRE is on");
     assert!(
         t.log().contains("backend I/O timed out"),
         "the target logs the timeout\n{}",

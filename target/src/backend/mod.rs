@@ -86,7 +86,8 @@ pub struct FixedBuf {
 pub enum Backend {
     File(FileBackend),
     Memory(MemoryBackend),
-    Rbd(RbdBackend),
+    /// Boxed: it holds the open image and its locks.
+    Rbd(Box<RbdBackend>),
     /// Discards writes, reads zeroes: for measuring the transport alone.
     Null,
 }

@@ -26,7 +26,7 @@ use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, Weak};
+use std::sync::{mpsc, Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 /// How long after a failed open the next attempt starts.
@@ -48,15 +48,29 @@ const CLIENT_OPTIONS: [(&str, &str); 3] = [
 pub struct RbdBackend {
     spec: RbdImage,
     block_size: u32,
-    open: OnceLock<Opened>,
+    open: OnceLock<Image>,
+    /// Set by `close` (shutdown): an image opened later is closed at once.
+    /// Held while the image is made available, so that neither misses the
+    /// other.
+    closing: Mutex<bool>,
     /// Whether the opening thread was started.
     started: AtomicBool,
 }
 
-/// An open image and the cluster connection it uses (dropped after it).
-struct Opened {
-    image: Image,
-    _cluster: Arc<Cluster>,
+impl Drop for RbdBackend {
+    /// The last holder of a namespace may be a poller (a command, a queue's
+    /// view of a removed namespace): the image is closed on a thread of its
+    /// own, as closing waits for the cluster.
+    fn drop(&mut self) {
+        if let Some(image) = self.open.take() {
+            let spawned = std::thread::Builder::new()
+                .name("rbd-close".into())
+                .spawn(move || drop(image));
+            if let Err(e) = spawned {
+                tracing::warn!("no thread to close an RBD image ({e}); the process will");
+            }
+        }
+    }
 }
 
 impl RbdBackend {
@@ -68,52 +82,57 @@ impl RbdBackend {
             spec,
             block_size,
             open: OnceLock::new(),
+            closing: Mutex::new(false),
             started: AtomicBool::new(false),
         })
     }
 
     /// Whether the image is open (the namespace takes I/O).
     pub fn is_open(&self) -> bool {
-        self.open.get().is_some_and(|o| !o.image.is_closed())
+        self.open.get().is_some_and(|i| !i.is_closed())
     }
 
     /// Closes the image for good, at shutdown once no I/O can be in flight:
     /// its watch and any lock on the cluster go at once rather than when
     /// they time out, so that another gateway or client takes over quickly.
+    /// An image still opening is closed as soon as it opens.
     pub fn close(&self) {
-        if let Some(o) = self.open.get() {
-            o.image.close();
+        let mut closing = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
+        *closing = true;
+        if let Some(i) = self.open.get() {
+            i.close();
         }
     }
 
     fn image(&self) -> &Image {
-        &self
-            .open
+        self.open
             .get()
             .expect("I/O reaches an RBD namespace only once it is active")
-            .image
     }
 
-    fn op(&self, aio: Aio, ok: i32) -> Access {
+    fn op(&self, aio: Aio, result: OnSuccess) -> Access {
         Access::Submit(BackendOp::Rbd(RbdOp {
             image: self.image(),
             aio,
-            ok,
+            result,
         }))
     }
 
     pub fn read(&self, offset: u64, buf: FixedBuf) -> Access {
         let (buf, len) = (buf.ptr, buf.len);
-        self.op(Aio::Read { offset, buf, len }, len as i32)
+        self.op(Aio::Read { offset, buf, len }, OnSuccess::Bytes)
     }
 
     pub fn write(&self, offset: u64, buf: FixedBuf) -> Access {
         let (buf, len) = (buf.ptr, buf.len);
-        self.op(Aio::Write { offset, buf, len }, len as i32)
+        self.op(
+            Aio::Write { offset, buf, len },
+            OnSuccess::BytesOr(len as i32),
+        )
     }
 
     pub fn flush(&self) -> Access {
-        self.op(Aio::Flush, 0)
+        self.op(Aio::Flush, OnSuccess::Zero)
     }
 
     /// Discards (deallocate) or writes zeroes; both read back as zeroes.
@@ -123,13 +142,13 @@ impl RbdBackend {
         } else {
             Aio::WriteZeroes { offset, len }
         };
-        self.op(aio, 0)
+        self.op(aio, OnSuccess::Zero)
     }
 
     /// The image's size now; 0 while it is not open.
     pub fn current_size(&self) -> io::Result<u64> {
         match self.open.get() {
-            Some(o) => o.image.size(),
+            Some(i) => i.size(),
             None => Ok(0),
         }
     }
@@ -137,7 +156,7 @@ impl RbdBackend {
     /// Waits until every acknowledged write is durable (at shutdown).
     pub fn sync(&self) -> io::Result<()> {
         match self.open.get() {
-            Some(o) => o.image.flush(),
+            Some(i) => i.flush(),
             None => Ok(()),
         }
     }
@@ -193,7 +212,7 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
         match open(&r.spec) {
             Ok(mut opened) => {
                 let notice = resized.clone();
-                if let Err(e) = opened.image.watch(move || {
+                if let Err(e) = opened.watch(move || {
                     // One pending notice is enough: the size is read anew.
                     let _ = notice.try_send(());
                 }) {
@@ -250,10 +269,10 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
 }
 
 /// Makes `n` active on `opened`: size, identifiers, then the image.
-fn activate(n: &Namespace, opened: Opened) -> io::Result<()> {
+fn activate(n: &Namespace, opened: Image) -> io::Result<()> {
     let r = rbd(n);
-    let size = opened.image.size()?;
-    let id = opened.image.id()?;
+    let size = opened.size()?;
+    let id = opened.id()?;
     let blocks = size / r.block_size as u64;
     if blocks == 0 {
         return Err(io::Error::other(format!(
@@ -268,9 +287,14 @@ fn activate(n: &Namespace, opened: Opened) -> io::Result<()> {
         s.pool,
         s.namespace.as_deref().unwrap_or("")
     )));
+    let closing = r.closing.lock().unwrap_or_else(PoisonError::into_inner);
+    if *closing {
+        return Err(io::Error::other("the daemon is stopping"));
+    }
     if r.open.set(opened).is_err() {
         unreachable!("only this thread opens the image");
     }
+    drop(closing);
     tracing::info!(
         image = %s.spec(),
         image_id = %id,
@@ -282,17 +306,12 @@ fn activate(n: &Namespace, opened: Opened) -> io::Result<()> {
 }
 
 /// Connects (or shares a connection) and opens the image.
-fn open(spec: &RbdImage) -> io::Result<Opened> {
-    let cluster = cluster(spec)?;
-    let image = cluster.open(
+fn open(spec: &RbdImage) -> io::Result<Image> {
+    cluster(spec)?.open(
         &spec.pool,
         spec.namespace.as_deref().unwrap_or(""),
         &spec.image,
-    )?;
-    Ok(Opened {
-        image,
-        _cluster: cluster,
-    })
+    )
 }
 
 /// The live cluster connections by (ceph.conf, client id).
@@ -338,9 +357,19 @@ fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
 pub struct RbdOp {
     image: *const Image,
     aio: Aio,
-    /// The result reported on success (the bytes moved, or 0), in
-    /// io_uring's convention, which the command's completion expects.
-    ok: i32,
+    result: OnSuccess,
+}
+
+/// What a successful operation reports, in io_uring's convention, which the
+/// command's completion expects: a read, the bytes librbd returned (fewer
+/// past the end of an image that shrank, which the command then answers as
+/// an error rather than send stale buffer bytes); a write, those or its
+/// length; the others 0.
+#[derive(Clone, Copy)]
+enum OnSuccess {
+    Bytes,
+    BytesOr(i32),
+    Zero,
 }
 
 impl RbdOp {
@@ -353,7 +382,7 @@ impl RbdOp {
     pub unsafe fn start(self, token: u64, completions: &Arc<Completions>) {
         let done = Box::new(Done {
             token,
-            ok: self.ok,
+            result: self.result,
             completions: completions.clone(),
         });
         // SAFETY: the image lives as long as the namespace, which the
@@ -366,16 +395,19 @@ impl RbdOp {
 /// Where a librbd completion goes.
 struct Done {
     token: u64,
-    ok: i32,
+    result: OnSuccess,
     completions: Arc<Completions>,
 }
 
 impl Finish for Done {
     fn finish(self: Box<Self>, rc: i64) {
-        let res = if rc < 0 {
-            i32::try_from(rc).unwrap_or(-libc::EIO)
-        } else {
-            self.ok
+        let bytes = || i32::try_from(rc).unwrap_or(i32::MAX);
+        let res = match self.result {
+            _ if rc < 0 => i32::try_from(rc).unwrap_or(-libc::EIO),
+            OnSuccess::Bytes => bytes(),
+            OnSuccess::BytesOr(len) if rc == 0 => len,
+            OnSuccess::BytesOr(_) => bytes(),
+            OnSuccess::Zero => 0,
         };
         self.completions.push(self.token, res);
     }

@@ -121,6 +121,15 @@ pub(super) fn validate(key: &str, i: &RbdImage) -> Result<(), ConfigError> {
             ));
         }
     }
+    if i.client_id.starts_with("client.") {
+        return Err(invalid(
+            format!("{key}.client_id"),
+            format!(
+                "{:?}: give the id without \"client.\" (the target connects as client.ID)",
+                i.client_id
+            ),
+        ));
+    }
     if !(Duration::from_secs(1)..=Duration::from_secs(300)).contains(&i.timeout) {
         return Err(invalid(
             format!("{key}.timeout"),
@@ -132,12 +141,24 @@ pub(super) fn validate(key: &str, i: &RbdImage) -> Result<(), ConfigError> {
 
 /// Namespaces that share a cluster connection (the same ceph.conf and
 /// client id) must agree on its keyring and timeout: they are settings of
-/// the connection. `images` are (key, image) pairs.
+/// the connection. An image is exported once (twice, its two namespaces
+/// would have the same identifiers). `images` are (key, image) pairs.
 pub(super) fn validate_shared<'a>(
     images: impl Iterator<Item = (String, &'a RbdImage)>,
 ) -> Result<(), ConfigError> {
     let mut seen: Vec<(String, &RbdImage)> = Vec::new();
     for (key, i) in images {
+        let same_image =
+            |f: &&(String, &RbdImage)| f.1.ceph_conf == i.ceph_conf && f.1.spec() == i.spec();
+        if let Some((first, _)) = seen.iter().find(same_image) {
+            return Err(invalid(
+                key,
+                format!(
+                    "exports image {} again (as {first}); export each image once",
+                    i.spec()
+                ),
+            ));
+        }
         if let Some((first, f)) = seen
             .iter()
             .find(|(_, f)| f.cluster_key() == i.cluster_key())
@@ -296,6 +317,16 @@ mod tests {
         ] {
             refused(&config("", &[body]), &format!("{ns}.{key}"), part);
         }
+        refused(
+            &config(
+                "",
+                &["backend = \"rbd\"\npool = \"p\"\nimage = \"d\"\nclient_id = \"client.gw\""],
+            ),
+            &format!("{ns}.client_id"),
+            "without \"client.\"",
+        );
+        let a = "backend = \"rbd\"\npool = \"p\"\nimage = \"a\"";
+        refused(&config("", &[a, a]), "subsystem[0].namespace[1]", "again");
         // Two images on one connection with different timeouts.
         let a = "backend = \"rbd\"\npool = \"p\"\nimage = \"a\"";
         let b = "backend = \"rbd\"\npool = \"p\"\nimage = \"b\"\ntimeout = \"10s\"";

@@ -5,8 +5,7 @@
 use super::sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Librbd};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
-use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::OnceLock;
+use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 
 /// The shared object loaded; it pulls in librados.
 const LIBRARY: &str = "librbd.so.1";
@@ -92,8 +91,9 @@ impl Cluster {
     }
 
     /// Opens `image` in `pool` (and RBD namespace `namespace`, "" for the
-    /// default one) for reading and writing.
-    pub fn open(&self, pool: &str, namespace: &str, image: &str) -> io::Result<Image> {
+    /// default one) for reading and writing; the image keeps the
+    /// connection alive.
+    pub fn open(self: &Arc<Self>, pool: &str, namespace: &str, image: &str) -> io::Result<Image> {
         let lib = self.lib;
         let pool_c = cstring("pool", pool)?;
         let mut ioctx: rados_ioctx_t = std::ptr::null_mut();
@@ -118,15 +118,16 @@ impl Cluster {
             ioctx,
             lib,
             watch: None,
-            closed: AtomicBool::new(false),
+            closed: RwLock::new(false),
+            _cluster: self.clone(),
         })
     }
 }
 
 impl Drop for Cluster {
     fn drop(&mut self) {
-        // SAFETY: every image and I/O context of this cluster holds an
-        // `Arc` of it (see `super::Opened`), so none is left.
+        // SAFETY: every image (with its I/O context) of this cluster holds
+        // an `Arc` of it, so none is left.
         unsafe { (self.lib.rados_shutdown)(self.handle) };
     }
 }
@@ -138,13 +139,18 @@ pub struct Image {
     lib: &'static Librbd,
     /// The update watch: its handle and the callback's context.
     watch: Option<(u64, *mut WatchContext)>,
-    /// `close` ran: the handles are gone.
-    closed: AtomicBool,
+    /// Whether `close` ran (the handles are gone). The control calls
+    /// (size, id, flush) hold it for reading, `close` for writing; I/O
+    /// (`start`) relies on its caller instead (see there).
+    closed: RwLock<bool>,
+    /// Dropped after the image: the connection outlives it.
+    _cluster: Arc<Cluster>,
 }
 
 // SAFETY: librbd's image calls are thread safe (its own locks protect the
-// image state); the watch context is only touched by its callback and by
-// `Drop`, after unregistering it.
+// image state); the handles are used only while `closed` is false, checked
+// under its lock (or, for I/O, by the caller's contract); the watch context
+// is touched only by its callback and by `close`, after unregistering it.
 unsafe impl Send for Image {}
 // SAFETY: as above.
 unsafe impl Sync for Image {}
@@ -155,9 +161,9 @@ type WatchContext = Box<dyn Fn() + Send + Sync>;
 impl Image {
     /// The image's size in bytes now.
     pub fn size(&self) -> io::Result<u64> {
-        self.open_handle()?;
+        let _open = self.open_handle()?;
         let mut size = 0u64;
-        // SAFETY: an open image; `size` receives the value.
+        // SAFETY: an open image (held open by `_open`); `size` receives the value.
         check("rbd_get_size", unsafe {
             (self.lib.rbd_get_size)(self.handle, &mut size)
         })?;
@@ -166,9 +172,10 @@ impl Image {
 
     /// The image's id: stable for its life, unlike its name.
     pub fn id(&self) -> io::Result<String> {
+        let _open = self.open_handle()?;
         let mut buf = [0 as c_char; 128];
-        // SAFETY: an open image; librbd writes a NUL-terminated id of at
-        // most `buf.len()` bytes.
+        // SAFETY: an open image (held open by `_open`); librbd writes a
+        // NUL-terminated id of at most `buf.len()` bytes.
         check("rbd_get_id", unsafe {
             (self.lib.rbd_get_id)(self.handle, buf.as_mut_ptr(), buf.len())
         })?;
@@ -202,7 +209,8 @@ impl Image {
     ///
     /// # Safety
     /// A read or write's buffer stays valid (and, for a read, unaliased)
-    /// until `done` ran; the image is not closed and outlives the operation.
+    /// until `done` ran; the image is not closed, and is neither closed nor
+    /// dropped before `done` ran.
     pub unsafe fn start<F: Finish>(&self, op: Aio, done: Box<F>) {
         let lib = self.lib;
         let arg = Box::into_raw(done);
@@ -246,18 +254,19 @@ impl Image {
 
     /// Whether `close` ran.
     pub fn is_closed(&self) -> bool {
-        self.closed.load(Ordering::Acquire)
+        *self.closed.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Ends the watch, closes the image (releasing its watch and any lock
     /// on the cluster at once, rather than when they time out) and its I/O
-    /// context; the first call only. Nothing may use the image afterwards:
-    /// callers close it once no operation can be in flight (at shutdown,
-    /// after the pollers ended) or by dropping it.
+    /// context; the first call only. Waits for control calls in progress;
+    /// later ones fail. I/O must not be in flight nor follow (see `start`).
     pub fn close(&self) {
-        if self.closed.swap(true, Ordering::AcqRel) {
+        let mut closed = self.closed.write().unwrap_or_else(PoisonError::into_inner);
+        if *closed {
             return;
         }
+        *closed = true;
         if let Some((handle, ctx)) = self.watch {
             // SAFETY: the watch was registered on this image; after this call
             // no callback runs, so its context can go (once: `closed` guards).
@@ -275,18 +284,19 @@ impl Image {
         }
     }
 
-    /// An error once the image is closed.
-    fn open_handle(&self) -> io::Result<()> {
-        if self.is_closed() {
+    /// Holds the image open for a control call; an error once it is closed.
+    fn open_handle(&self) -> io::Result<RwLockReadGuard<'_, bool>> {
+        let closed = self.closed.read().unwrap_or_else(PoisonError::into_inner);
+        if *closed {
             return Err(io::Error::other("the image is closed"));
         }
-        Ok(())
+        Ok(closed)
     }
 
     /// Waits until every write so far is durable.
     pub fn flush(&self) -> io::Result<()> {
-        self.open_handle()?;
-        // SAFETY: an open image.
+        let _open = self.open_handle()?;
+        // SAFETY: an open image (held open by `_open`).
         check("rbd_flush", unsafe { (self.lib.rbd_flush)(self.handle) })?;
         Ok(())
     }
