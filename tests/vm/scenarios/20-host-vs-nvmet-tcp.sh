@@ -11,6 +11,7 @@ rdmablk bench -t tcp -a 127.0.0.1 -s 4421 -n $NQN --rw randrw --bs 4k --qd 16 --
 cat /tmp/bench.log | tail -3
 rdmablk bench -t tcp -a 127.0.0.1 -s 4421 -n $NQN --rw write --bs 1m --qd 4 --runtime 2s --verify > /tmp/bench2.log 2>&1 || fail "rdmablk bench --verify 1 MiB against nvmet"
 /usr/bin/modprobe nbd || fail "modprobe nbd"
+: > /tmp/connect.out  # no earlier scenario's "ready: " for the wait to find
 rdmablk connect -t tcp -a 127.0.0.1 -s 4421 -n $NQN --nbd unix:/tmp/nvmet.sock > /tmp/connect.out 2> /tmp/connect.log &
 CPID=$!
 wait_for 30 grep -q "^ready: " /tmp/connect.out || fail "rdmablk connect did not become ready"

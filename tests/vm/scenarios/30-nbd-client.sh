@@ -4,6 +4,7 @@
 /usr/bin/modprobe nbd || fail "modprobe nbd"
 NQN=nqn.2026-11.io.rdmablk:vm-nbd
 start_target /tmp/target.log --listen tcp://127.0.0.1:4430 --memory 256MiB --nqn $NQN
+: > /tmp/connect.out  # no earlier scenario's "ready: " for the wait to find
 rdmablk connect -t tcp -a 127.0.0.1 -s 4430 -n $NQN --nbd unix:/tmp/export.sock > /tmp/connect.out 2> /tmp/connect.log &
 CPID=$!
 wait_for 30 grep -q "^ready: nbd+unix:///?socket=/tmp/export.sock" /tmp/connect.out || fail "rdmablk connect not ready"

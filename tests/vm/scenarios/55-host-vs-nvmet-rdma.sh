@@ -14,6 +14,7 @@ tail -3 /tmp/bench.log
 rdmablk bench $T -n $NQN --rw write --bs 1m --qd 8 --runtime 3s --verify > /tmp/bench2.log 2>&1 || fail "rdmablk bench --verify 1 MiB against nvmet-rdma"
 tail -3 /tmp/bench2.log
 /usr/bin/modprobe nbd || fail "modprobe nbd"
+: > /tmp/connect.out  # no earlier scenario's "ready: " for the wait to find
 rdmablk connect $T -n $NQN --nbd unix:/tmp/nvmet-rdma.sock > /tmp/connect.out 2> /tmp/connect.log &
 CPID=$!
 wait_for 30 grep -q "^ready: " /tmp/connect.out || fail "rdmablk connect -t rdma did not become ready"

@@ -21,6 +21,7 @@ rdmablk bench $T --rw randrw --bs 1m --qd 32 --runtime 3s --verify > /tmp/bench2
 tail -2 /tmp/bench2.log
 
 /usr/bin/modprobe nbd || fail "modprobe nbd"
+: > /tmp/connect.out  # no earlier scenario's "ready: " for the wait to find
 rdmablk connect $T --nbd unix:/tmp/rdma.sock > /tmp/connect.out 2> /tmp/connect.log &
 CPID=$!
 wait_for 30 grep -q "^ready: " /tmp/connect.out || fail "rdmablk connect -t rdma did not become ready"

@@ -24,6 +24,7 @@ ublk_up /tmp/ublk.log $T --ublk-id 0
 measure ublk $UBLK_DEV
 ublk_down
 
+: > /tmp/connect.out  # no earlier scenario's "ready: " for the wait to find
 rdmablk connect $T --nbd unix:/tmp/fronts.sock > /tmp/connect.out 2> /tmp/connect.log &
 CPID=$!
 wait_for 30 grep -q "^ready: " /tmp/connect.out || fail "rdmablk connect --nbd did not become ready"

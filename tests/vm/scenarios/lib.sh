@@ -15,6 +15,9 @@ wait_for() {
 # start_target LOG ARGS...: starts rdmablk-target and waits until it listens.
 start_target() {
   tlog=$1; shift
+  # Emptied here, not by the background job's redirection: the wait below
+  # must not find an earlier scenario's "listening on" before that runs.
+  : > "$tlog"
   RUST_LOG=info rdmablk-target "$@" > /dev/null 2> "$tlog" &
   TARGET_PID=$!
   wait_for 60 grep -q "listening on" "$tlog" || fail "rdmablk-target did not start within 60 s"
@@ -113,6 +116,7 @@ rxe_up() {
 # device; sets UBLK_PID and UBLK_DEV.
 ublk_up() {
   ulog=$1; shift
+  : > "$ulog.out"  # (as in start_target: no earlier "ready: " to find)
   RUST_LOG=info rdmablk connect "$@" --ublk > "$ulog.out" 2> "$ulog" &
   UBLK_PID=$!
   wait_for 30 grep -q "^ready: " "$ulog.out" || fail "rdmablk connect --ublk did not become ready"
