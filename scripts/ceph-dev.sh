@@ -19,6 +19,8 @@
 #                                  (and mgr 'profile rbd pool=rbd', unused without a mgr)
 #                                  (found through ceph.conf's keyring = $cluster.$name.keyring,
 #                                  so `--id rdmablk` alone is enough)
+#   ceph.client.reader.keyring     client.reader: mon 'profile rbd', osd 'profile rbd-read-only pool=rbd'
+#                                  (a client that may only read images)
 #   mon.a.pid, osd.0.pid           daemon pids (tests SIGSTOP/SIGCONT the OSD by osd.0.pid)
 #   log/                           daemon logs (ceph-mon.a.log, ceph-osd.0.log, ceph.log, *.out)
 #   mon.a/, osd.0/, run/           mon store, OSD data (memstore), admin sockets
@@ -264,6 +266,8 @@ do_up() {
   rbdc pool init rbd >&2
   cph auth get-or-create client.rdmablk mon 'profile rbd' osd 'profile rbd pool=rbd' \
     mgr 'profile rbd pool=rbd' -o "$DIR/ceph.client.rdmablk.keyring" >&2
+  cph auth get-or-create client.reader mon 'profile rbd' osd 'profile rbd-read-only pool=rbd' \
+    -o "$DIR/ceph.client.reader.keyring" >&2
   rbdc --id rdmablk create rbd/ceph-dev-probe --size 4M >&2 ||
     die "rbd create failed; read $DIR/log/ceph-osd.0.log"
   rbdc --id rdmablk rm rbd/ceph-dev-probe >/dev/null 2>&1 ||

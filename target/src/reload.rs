@@ -217,7 +217,13 @@ fn namespace_changes(
                 ));
             }
             if n.read_only != o.read_only {
-                changes.push(NsChange::ReadOnly(live, n.read_only));
+                if !n.read_only && !live.backend.writable() {
+                    // Opened for reading only: opened again for writing.
+                    changes.push(NsChange::Remove(live));
+                    changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
+                } else {
+                    changes.push(NsChange::ReadOnly(live, n.read_only));
+                }
             }
             continue;
         }

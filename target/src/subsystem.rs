@@ -463,7 +463,7 @@ pub fn open_namespace(
         config::Backend::Rbd(image) => {
             // Opened in the background (`Registry::start_backends`): the
             // namespace is inactive until then.
-            let backend = RbdBackend::new(image.clone(), n.block_size)?;
+            let backend = RbdBackend::new(image.clone(), n.block_size, n.read_only)?;
             tracing::info!(
                 subsystem = %nqn,
                 nsid = n.nsid,

@@ -93,6 +93,11 @@ impl Drop for Image {
 /// A target exporting `image` as namespace 1 of [`NQN`], as the test
 /// cluster's client.rdmablk, with `subsystem_extra` keys and `timeout`.
 fn target(image: &str, subsystem_extra: &str, timeout: &str) -> Target {
+    target_as(image, subsystem_extra, timeout, "client_id = \"rdmablk\"")
+}
+
+/// [`target`] with other namespace keys than client.rdmablk's.
+fn target_as(image: &str, subsystem_extra: &str, timeout: &str, ns_extra: &str) -> Target {
     Target::start_config(&format!(
         r#"
 [[listener]]
@@ -110,8 +115,8 @@ allow_any_host = true
   pool = "rbd"
   image = "{image}"
   ceph_conf = "{conf}"
-  client_id = "rdmablk"
   timeout = "{timeout}"
+  {ns_extra}
 "#,
         conf = ceph_conf().display()
     ))
@@ -435,6 +440,57 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
         .or_panic("write past the old end");
     let back = io(&mut c).read(1, 8, 8, 512).or_panic("read");
     assert_same(&back, &data, "data before the resize");
+    drop(c);
+    stop(t);
+}
+
+/// A read-only namespace opens its image for reading only, so a client
+/// with read-only credentials (client.reader: `profile rbd-read-only`)
+/// serves it: reads return what `rbd import` put there, writes are refused
+/// with Namespace Is Write Protected, and Identify says so (NSATTR bit 0).
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn read_only_namespaces_serve_read_only_credentials() {
+    let _s = serial();
+    let img = Image {
+        name: format!("golden-{}", std::process::id()),
+    };
+    let dir = TempDir::new("rbd-import");
+    let file = dir.join("golden");
+    let data = Rng::new(21).bytes(4 << 20);
+    std::fs::write(&file, &data).or_panic("writing the image file");
+    let _ = rbd(&["rm", &img.spec()]);
+    rbd(&[
+        "import",
+        "--image-feature",
+        "layering",
+        file.to_str().expect("path"),
+        &img.spec(),
+    ])
+    .assert_success("rbd import");
+    let t = target_as(
+        &img.name,
+        "",
+        "20s",
+        "client_id = \"reader\"\n  read_only = true",
+    );
+    wait_active(&t);
+    let mut c = controller(&t, HOST_A);
+    assert_eq!(identify_ns(&c).nsattr & 1, 1, "NSATTR: write protected");
+    // In 1 MiB reads (the target's MDTS).
+    for (k, chunk) in data.chunks(MIB as usize).enumerate() {
+        let slba = k as u64 * 2048;
+        let back = io(&mut c).read(1, slba, 2048, 512).or_panic("read");
+        assert_same(&back, chunk, &format!("the imported bytes at LBA {slba}"));
+    }
+    let refused = io(&mut c)
+        .exec(Queue::rw_sqe(nvm::WRITE, 1, 0, 8), Some(&data[..4096]), 0)
+        .or_panic("a write");
+    assert_status(
+        &refused,
+        Status::NAMESPACE_WRITE_PROTECTED,
+        "write to a read-only namespace",
+    );
     drop(c);
     stop(t);
 }

@@ -167,7 +167,8 @@ impl Backend {
     pub fn writable(&self) -> bool {
         match self {
             Backend::File(f) => f.writable(),
-            Backend::Memory(_) | Backend::Rbd(_) | Backend::Null => true,
+            Backend::Rbd(r) => r.writable(),
+            Backend::Memory(_) | Backend::Null => true,
         }
     }
 

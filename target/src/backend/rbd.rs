@@ -48,6 +48,8 @@ const CLIENT_OPTIONS: [(&str, &str); 3] = [
 pub struct RbdBackend {
     spec: RbdImage,
     block_size: u32,
+    /// Opened for reading only (a read-only namespace).
+    read_only: bool,
     open: OnceLock<Image>,
     /// Set by `close` (shutdown): an image opened later is closed at once.
     /// Held while the image is made available, so that neither misses the
@@ -74,13 +76,14 @@ impl Drop for RbdBackend {
 }
 
 impl RbdBackend {
-    /// The backend of `spec`, not open yet; fails when librbd cannot be
-    /// loaded.
-    pub fn new(spec: RbdImage, block_size: u32) -> io::Result<RbdBackend> {
+    /// The backend of `spec`, not open yet, to be opened for reading only
+    /// when `read_only`; fails when librbd cannot be loaded.
+    pub fn new(spec: RbdImage, block_size: u32, read_only: bool) -> io::Result<RbdBackend> {
         ffi::library()?;
         Ok(RbdBackend {
             spec,
             block_size,
+            read_only,
             open: OnceLock::new(),
             closing: Mutex::new(false),
             started: AtomicBool::new(false),
@@ -88,6 +91,11 @@ impl RbdBackend {
     }
 
     /// Whether the image is open (the namespace takes I/O).
+    /// Whether the image is (to be) opened for writing.
+    pub fn writable(&self) -> bool {
+        !self.read_only
+    }
+
     pub fn is_open(&self) -> bool {
         self.open.get().is_some_and(|i| !i.is_closed())
     }
@@ -163,10 +171,11 @@ impl RbdBackend {
 
     pub fn describe(&self) -> String {
         format!(
-            "RBD image {} (client.{}, {})",
+            "RBD image {} (client.{}, {}{})",
             self.spec.spec(),
             self.spec.client_id,
-            self.spec.ceph_conf.display()
+            self.spec.ceph_conf.display(),
+            if self.read_only { ", read-only" } else { "" }
         )
     }
 
@@ -209,7 +218,7 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
             return;
         };
         let r = rbd(&n);
-        match open(&r.spec) {
+        match open(&r.spec, r.read_only) {
             Ok(mut opened) => {
                 let notice = resized.clone();
                 if let Err(e) = opened.watch(move || {
@@ -306,11 +315,12 @@ fn activate(n: &Namespace, opened: Image) -> io::Result<()> {
 }
 
 /// Connects (or shares a connection) and opens the image.
-fn open(spec: &RbdImage) -> io::Result<Image> {
+fn open(spec: &RbdImage, read_only: bool) -> io::Result<Image> {
     cluster(spec)?.open(
         &spec.pool,
         spec.namespace.as_deref().unwrap_or(""),
         &spec.image,
+        read_only,
     )
 }
 

@@ -91,9 +91,15 @@ impl Cluster {
     }
 
     /// Opens `image` in `pool` (and RBD namespace `namespace`, "" for the
-    /// default one) for reading and writing; the image keeps the
-    /// connection alive.
-    pub fn open(self: &Arc<Self>, pool: &str, namespace: &str, image: &str) -> io::Result<Image> {
+    /// default one) for reading and writing, or for reading only (which
+    /// read-only credentials allow); the image keeps the connection alive.
+    pub fn open(
+        self: &Arc<Self>,
+        pool: &str,
+        namespace: &str,
+        image: &str,
+        read_only: bool,
+    ) -> io::Result<Image> {
         let lib = self.lib;
         let pool_c = cstring("pool", pool)?;
         let mut ioctx: rados_ioctx_t = std::ptr::null_mut();
@@ -106,8 +112,13 @@ impl Cluster {
         unsafe { (lib.rados_ioctx_set_namespace)(ioctx, ns_c.as_ptr()) };
         let image_c = cstring("image", image)?;
         let mut handle: rbd_image_t = std::ptr::null_mut();
+        let open = if read_only {
+            lib.rbd_open_read_only
+        } else {
+            lib.rbd_open
+        };
         // SAFETY: a live I/O context; `handle` receives the image; no snapshot.
-        let rc = unsafe { (lib.rbd_open)(ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
+        let rc = unsafe { open(ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
         if let Err(e) = check(&format!("opening image {image}"), rc) {
             // SAFETY: the context is ours and nothing uses it any more.
             unsafe { (lib.rados_ioctx_destroy)(ioctx) };

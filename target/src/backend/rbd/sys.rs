@@ -53,6 +53,12 @@ pub struct Librbd {
         image: *mut rbd_image_t,
         snap_name: *const ::std::os::raw::c_char,
     ) -> ::std::os::raw::c_int,
+    pub rbd_open_read_only: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        name: *const ::std::os::raw::c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
     pub rbd_close: unsafe extern "C" fn(image: rbd_image_t) -> ::std::os::raw::c_int,
     pub rbd_get_size:
         unsafe extern "C" fn(image: rbd_image_t, size: *mut u64) -> ::std::os::raw::c_int,
@@ -132,6 +138,7 @@ impl Librbd {
             .get(b"rados_ioctx_set_namespace\0")
             .map(|sym| *sym)?;
         let rbd_open = __library.get(b"rbd_open\0").map(|sym| *sym)?;
+        let rbd_open_read_only = __library.get(b"rbd_open_read_only\0").map(|sym| *sym)?;
         let rbd_close = __library.get(b"rbd_close\0").map(|sym| *sym)?;
         let rbd_get_size = __library.get(b"rbd_get_size\0").map(|sym| *sym)?;
         let rbd_get_id = __library.get(b"rbd_get_id\0").map(|sym| *sym)?;
@@ -161,6 +168,7 @@ impl Librbd {
             rados_ioctx_destroy,
             rados_ioctx_set_namespace,
             rbd_open,
+            rbd_open_read_only,
             rbd_close,
             rbd_get_size,
             rbd_get_id,
@@ -233,6 +241,15 @@ impl Librbd {
         snap_name: *const ::std::os::raw::c_char,
     ) -> ::std::os::raw::c_int {
         (self.rbd_open)(io, name, image, snap_name)
+    }
+    pub unsafe fn rbd_open_read_only(
+        &self,
+        io: rados_ioctx_t,
+        name: *const ::std::os::raw::c_char,
+        image: *mut rbd_image_t,
+        snap_name: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rbd_open_read_only)(io, name, image, snap_name)
     }
     pub unsafe fn rbd_close(&self, image: rbd_image_t) -> ::std::os::raw::c_int {
         (self.rbd_close)(image)
