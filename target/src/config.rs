@@ -1805,7 +1805,7 @@ mod tests {
     }
 
     #[track_caller]
-    fn assert_invalid(text: &str, key: &str, problem_part: &str) {
+    pub(super) fn assert_invalid(text: &str, key: &str, problem_part: &str) {
         let (k, p) = invalid_of(text);
         assert_eq!(k, key, "problem was: {p}");
         assert!(

@@ -209,51 +209,20 @@ fn namespace_changes(
         if let (Backend::Rbd(a), Backend::Rbd(b)) = (&o.backend, &n.backend) {
             // The same image: its cluster connection's settings stay (the
             // connection is shared, and reopening would take the namespace
-            // away from hosts); its size is the image's, followed live.
+            // away from hosts).
             if a != b {
                 return Err(refuse(
                     format!("{nkey}.ceph_conf/client_id/keyring/timeout"),
                     RESTART,
                 ));
             }
-            if n.read_only != o.read_only {
-                if !n.read_only && !live.backend.writable() {
-                    // Opened for reading only: opened again for writing.
-                    changes.push(NsChange::Remove(live));
-                    changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
-                } else {
-                    changes.push(NsChange::ReadOnly(live, n.read_only));
-                }
-            }
-            continue;
-        }
-        let size = storage_size(&live, &n.backend)
-            .map_err(|e| refuse(format!("{nkey}.path"), e.to_string()))?;
-        let now = live.blocks() * live.block_size as u64;
-        let size = size / n.block_size as u64 * n.block_size as u64;
-        if size < now {
-            return Err(refuse(
-                format!("{nkey}.size"),
-                format!("{size} bytes is smaller than the {now} served now; shrinking is refused"),
-            ));
-        }
-        if size > now {
-            if let Backend::Memory { .. } = n.backend {
-                if size > live.backend.capacity() {
-                    return Err(refuse(
-                        format!("{nkey}.size"),
-                        format!(
-                            "a memory namespace grows live up to {} bytes; this needs a restart",
-                            live.backend.capacity()
-                        ),
-                    ));
-                }
-            }
-            changes.push(NsChange::Grow(live.clone(), size));
+        } else if let Some(grow) = size_change(&nkey, n, &live)? {
+            // (An image's size is its own, followed live.)
+            changes.push(grow);
         }
         if n.read_only != o.read_only {
             if !n.read_only && !live.backend.writable() {
-                // Opened read-only: writing needs the file opened again.
+                // Opened read-only: writing needs it opened again.
                 changes.push(NsChange::Remove(live));
                 changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
             } else {
@@ -269,6 +238,41 @@ fn namespace_changes(
         }
     }
     Ok(changes)
+}
+
+/// The growth of a file, memory or null namespace to the size configured or
+/// found now, if any; shrinking, and growing memory past its reservation,
+/// are refused.
+fn size_change(
+    nkey: &str,
+    n: &config::Namespace,
+    live: &Arc<Namespace>,
+) -> Result<Option<NsChange>, ConfigError> {
+    let size = storage_size(live, &n.backend)
+        .map_err(|e| refuse(format!("{nkey}.path"), e.to_string()))?;
+    let now = live.blocks() * live.block_size as u64;
+    let size = size / n.block_size as u64 * n.block_size as u64;
+    if size < now {
+        return Err(refuse(
+            format!("{nkey}.size"),
+            format!("{size} bytes is smaller than the {now} served now; shrinking is refused"),
+        ));
+    }
+    if size > now {
+        if let Backend::Memory { .. } = n.backend {
+            if size > live.backend.capacity() {
+                return Err(refuse(
+                    format!("{nkey}.size"),
+                    format!(
+                        "a memory namespace grows live up to {} bytes; this needs a restart",
+                        live.backend.capacity()
+                    ),
+                ));
+            }
+        }
+        return Ok(Some(NsChange::Grow(live.clone(), size)));
+    }
+    Ok(None)
 }
 
 /// Whether two backends are the same storage (sizes aside).

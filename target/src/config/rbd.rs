@@ -224,7 +224,8 @@ pub(super) fn from_quick_args(
 
 #[cfg(test)]
 mod tests {
-    use super::super::{parse, Backend, ConfigError};
+    use super::super::tests::assert_invalid;
+    use super::super::{parse, Backend};
     use super::*;
 
     /// A configuration whose subsystem has `subsystem` keys and the
@@ -238,17 +239,6 @@ mod tests {
             text.push_str(&format!("[[subsystem.namespace]]\n{ns}\n"));
         }
         text
-    }
-
-    #[track_caller]
-    fn refused(text: &str, key: &str, part: &str) {
-        match parse(text) {
-            Err(ConfigError::Invalid { key: k, problem }) => {
-                assert_eq!(k, key, "problem: {problem}");
-                assert!(problem.contains(part), "{k}: {problem:?} lacks {part:?}");
-            }
-            other => panic!("expected Invalid at {key}, got {other:?}"),
-        }
     }
 
     #[test]
@@ -315,9 +305,9 @@ mod tests {
                 "only backend = \"rbd\"",
             ),
         ] {
-            refused(&config("", &[body]), &format!("{ns}.{key}"), part);
+            assert_invalid(&config("", &[body]), &format!("{ns}.{key}"), part);
         }
-        refused(
+        assert_invalid(
             &config(
                 "",
                 &["backend = \"rbd\"\npool = \"p\"\nimage = \"d\"\nclient_id = \"client.gw\""],
@@ -326,11 +316,11 @@ mod tests {
             "without \"client.\"",
         );
         let a = "backend = \"rbd\"\npool = \"p\"\nimage = \"a\"";
-        refused(&config("", &[a, a]), "subsystem[0].namespace[1]", "again");
+        assert_invalid(&config("", &[a, a]), "subsystem[0].namespace[1]", "again");
         // Two images on one connection with different timeouts.
         let a = "backend = \"rbd\"\npool = \"p\"\nimage = \"a\"";
         let b = "backend = \"rbd\"\npool = \"p\"\nimage = \"b\"\ntimeout = \"10s\"";
-        refused(
+        assert_invalid(
             &config("", &[a, b]),
             "subsystem[0].namespace[1]",
             "namespace[0]",
@@ -346,17 +336,17 @@ mod tests {
         assert_eq!(c.subsystems[0].cntlids, 100..=199);
         let c = parse(&config("", &ns)).expect("valid");
         assert_eq!(c.subsystems[0].cntlids, 1..=super::super::MAX_CNTLID);
-        refused(
+        assert_invalid(
             &config("cntlid_min = 0", &ns),
             "subsystem[0].cntlid_min",
             "1 to 65519",
         );
-        refused(
+        assert_invalid(
             &config("cntlid_max = 65520", &ns),
             "subsystem[0].cntlid_max",
             "1 to 65519",
         );
-        refused(
+        assert_invalid(
             &config("cntlid_min = 10\ncntlid_max = 9", &ns),
             "subsystem[0].cntlid_max",
             "below cntlid_min",
