@@ -4,15 +4,19 @@
 //! the command: the next AUTH_Receive returns AUTH_Failure1 and the
 //! controller ends, as nvmet does. Every queue of a host with a secret
 //! authenticates; until it has, only Fabrics commands run on it.
+//! Diffie-Hellman (key generation for the Challenge, the shared secret of a
+//! Reply) runs off the poller: the command executes again once it is done.
 
 use crate::config::HostAuth;
+use crate::offload::{Job, Task};
 use rdmablk_common::auth::dhchap::{
     augmented_challenge, controller_response, host_response, responses_match, Transaction,
 };
-use rdmablk_common::auth::ffdhe::KeyPair;
+use rdmablk_common::auth::ffdhe::{DhError, KeyPair};
 use rdmablk_common::auth::message::{explanation, Message};
 use rdmablk_common::auth::{random_bytes, DhGroup, Hash};
 use std::sync::atomic::{AtomicU32, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use zeroize::Zeroizing;
 
@@ -34,7 +38,7 @@ enum Step {
         hash: Hash,
         seqnum: u32,
         challenge: Zeroizing<Vec<u8>>,
-        pair: Option<KeyPair>,
+        pair: Option<Arc<KeyPair>>,
     },
     /// The host's response was right: the next AUTH_Receive gets Success1
     /// (with the controller's response when the host asked for one).
@@ -50,13 +54,24 @@ enum Step {
 }
 
 /// What a message did to the queue.
-#[derive(Debug, PartialEq, Eq)]
+#[derive(Debug)]
 pub enum Outcome {
     Continue,
     /// The queue is authenticated.
     Authenticated,
     /// The controller must end (the reason, for the log).
     Fatal(String),
+    /// The message needs this Diffie-Hellman work first: the command
+    /// executes again once the job has run.
+    After(Job),
+}
+
+/// Diffie-Hellman work of the transaction, off the poller.
+enum DhWork {
+    /// The controller's key pair for the Challenge.
+    KeyPair(Task<std::io::Result<KeyPair>>),
+    /// The shared secret with the value of the host's Reply.
+    Secret(Task<Result<Zeroizing<Vec<u8>>, DhError>>),
 }
 
 /// The queue's side of the association.
@@ -65,6 +80,8 @@ pub struct QueueAuth {
     step: Step,
     /// When the transaction in progress started.
     since: Option<Instant>,
+    /// Diffie-Hellman work started for the message being handled.
+    dh: Option<DhWork>,
 }
 
 /// The host and subsystem a transaction is between.
@@ -75,6 +92,9 @@ pub struct Peers<'a> {
     /// when the host no longer has a secret.
     pub host: Option<&'a HostAuth>,
 }
+
+/// Why a transaction fails when the offload thread has too much waiting.
+const BUSY: &str = "too many authentications in progress (the host may retry)";
 
 /// Sequence numbers of challenges: never 0, never repeated soon.
 static SEQNUM: AtomicU32 = AtomicU32::new(0);
@@ -103,6 +123,7 @@ impl Default for QueueAuth {
             authenticated: false,
             step: Step::Idle,
             since: None,
+            dh: None,
         }
     }
 }
@@ -120,6 +141,12 @@ impl QueueAuth {
     fn fail(&mut self, tid: u16, explanation: u8) -> Outcome {
         self.step = Step::Failed { tid, explanation };
         Outcome::Continue
+    }
+
+    /// The offload thread had too many jobs waiting to take this one.
+    fn offload_refused(&mut self, tid: u16, peers: &Peers) -> Outcome {
+        tracing::warn!(host = peers.host_nqn, "authentication failed: {BUSY}");
+        self.fail(tid, explanation::FAILED)
     }
 
     /// An AUTH_Send brought `data`.
@@ -155,6 +182,7 @@ impl QueueAuth {
                 },
             ) => {
                 self.since = Some(Instant::now());
+                self.dh = None;
                 if sc_c != 0 {
                     return self.fail(tid, explanation::CONCAT_MISMATCH);
                 }
@@ -205,11 +233,28 @@ impl QueueAuth {
                 }
                 let z = match &pair {
                     None if dh_value.is_empty() => None,
-                    Some(p) => match p.shared_secret(&dh_value) {
-                        Ok(z) => Some(z),
-                        Err(e) => {
-                            tracing::warn!(host = peers.host_nqn, "authentication: {e}");
-                            return self.fail(tid, explanation::DHGROUP_UNUSABLE);
+                    Some(p) => match self.dh.take() {
+                        Some(DhWork::Secret(task)) => match task.take() {
+                            Some(Ok(z)) => Some(z),
+                            Some(Err(e)) => {
+                                tracing::warn!(host = peers.host_nqn, "authentication: {e}");
+                                return self.fail(tid, explanation::DHGROUP_UNUSABLE);
+                            }
+                            None => return self.offload_refused(tid, peers),
+                        },
+                        _ => {
+                            let p = p.clone();
+                            let (task, job) = Task::new(move || p.shared_secret(&dh_value));
+                            self.dh = Some(DhWork::Secret(task));
+                            self.step = Step::Challenged {
+                                tid,
+                                sc_c,
+                                hash,
+                                seqnum,
+                                challenge,
+                                pair,
+                            };
+                            return Outcome::After(job);
                         }
                     },
                     None => return self.fail(tid, explanation::INCORRECT_PAYLOAD),
@@ -291,16 +336,30 @@ impl QueueAuth {
                 hash,
                 group,
             } => {
+                let pair = match (group, self.dh.take()) {
+                    (DhGroup::Null, _) => None,
+                    (_, Some(DhWork::KeyPair(task))) => match task.take() {
+                        Some(Ok(p)) => Some(Arc::new(p)),
+                        Some(Err(e)) => {
+                            return self.refuse_now(tid, peers, format!("no DH key: {e}"))
+                        }
+                        None => return self.refuse_now(tid, peers, BUSY.into()),
+                    },
+                    (g, _) => {
+                        let (task, job) = Task::new(move || KeyPair::generate(g));
+                        self.dh = Some(DhWork::KeyPair(task));
+                        self.step = Step::Negotiated {
+                            tid,
+                            sc_c,
+                            hash,
+                            group,
+                        };
+                        return (Vec::new(), Outcome::After(job));
+                    }
+                };
                 let challenge = match random_bytes(hash.digest_len()) {
                     Ok(c) => c,
                     Err(e) => return self.refuse_now(tid, peers, format!("no random bytes: {e}")),
-                };
-                let pair = match group {
-                    DhGroup::Null => None,
-                    g => match KeyPair::generate(g) {
-                        Ok(p) => Some(p),
-                        Err(e) => return self.refuse_now(tid, peers, format!("no DH key: {e}")),
-                    },
                 };
                 let seqnum = next_seqnum();
                 let msg = Message::Challenge {

@@ -311,6 +311,12 @@ impl Command {
                 Progress::Complete
             }
             Reply::Held => Progress::Held,
+            Reply::After(job) => {
+                self.ops_in_flight = 1;
+                let mut entries = Entries::new();
+                entries.push(BackendOp::Offload(job));
+                Progress::Waiting(entries)
+            }
             Reply::Done {
                 status,
                 dw0,

@@ -6,6 +6,7 @@
 use crate::admission::{Gauge, Permit};
 use crate::auth::{self, QueueAuth};
 use crate::config::Limits;
+use crate::offload::Job;
 use crate::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
 use rdmablk_common::auth::message;
 use rdmablk_common::fabrics::{
@@ -256,10 +257,14 @@ impl Association {
             let (msg, outcome) = auth.on_receive(&peers);
             (Reply::data(msg), outcome)
         };
-        if let auth::Outcome::Fatal(why) = outcome {
-            ctrl.kill(&why);
+        match outcome {
+            auth::Outcome::Fatal(why) => {
+                ctrl.kill(&why);
+                reply
+            }
+            auth::Outcome::After(job) => Reply::After(job),
+            auth::Outcome::Continue | auth::Outcome::Authenticated => reply,
         }
-        reply
     }
 
     /// Namespace `nsid` of the subsystem, as of now (no lock unless a
@@ -307,6 +312,8 @@ pub enum Reply {
     /// An Asynchronous Event Request: held until an event (or the end of the
     /// association).
     Held,
+    /// Executes again once this job, started off the poller, has run.
+    After(Job),
 }
 
 impl Reply {

@@ -14,6 +14,7 @@ mod error;
 mod io_cmd;
 mod metrics;
 mod notify;
+mod offload;
 mod poller;
 mod queue;
 mod reload;

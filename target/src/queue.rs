@@ -532,6 +532,7 @@ impl Queue {
                 BackendOp::Ring(e) => unsafe { io.sq.push(e.user_data(token.encode())) },
                 // SAFETY: as above.
                 BackendOp::Rbd(r) => unsafe { r.start(token.encode(), io.completions) },
+                BackendOp::Offload(job) => job.start(token.encode(), io.completions),
             }
             self.backend_ops += 1;
         }
@@ -543,6 +544,12 @@ impl Queue {
         let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
+        if !matches!(cmd.work, Work::Io(_)) {
+            // Work it needed ran off the poller (authentication): it
+            // executes again and finds the result.
+            cmd.ops_in_flight -= 1;
+            return self.run(slot, io, w);
+        }
         // Only a timeout asks (the controller's state is locked for it).
         let acre = || self.bind.acre();
         if let Some(next) = cmd.on_backend_done(res, io.arena, acre) {

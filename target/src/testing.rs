@@ -111,6 +111,7 @@ pub fn status(r: &Reply) -> Status {
     match r {
         Reply::Done { status, .. } => *status,
         Reply::Held => panic!("a held reply"),
+        Reply::After(_) => panic!("a reply after work off the poller"),
     }
 }
 

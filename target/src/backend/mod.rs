@@ -25,13 +25,15 @@ pub enum Access {
     Submit(BackendOp),
 }
 
-/// An operation a backend hands the poller to start with the command's
-/// token as user data.
+/// An operation a command waits for, started by the poller with the
+/// command's token as user data: a backend's, or work off the poller.
 pub enum BackendOp {
     /// An io_uring entry (files and block devices).
     Ring(squeue::Entry),
     /// A librbd asynchronous call.
     Rbd(rbd::RbdOp),
+    /// Work on the offload thread (DH-HMAC-CHAP's Diffie-Hellman).
+    Offload(crate::offload::Job),
 }
 
 /// Completions of backend operations that do not run on the poller's
