@@ -139,6 +139,7 @@ impl Engine {
     /// than sleeping until one arrives: lower latency, one busy core.
     pub fn with_busy_poll(mut self, on: bool) -> Engine {
         self.busy_poll = on;
+        self.queue.set_busy_poll(on);
         self
     }
 
@@ -170,6 +171,7 @@ impl Engine {
             // The old queue (and its memory registration) goes first; its
             // polls that may still be in the ring are cancelled.
             drop(std::mem::replace(&mut self.queue, q));
+            self.queue.set_busy_poll(self.busy_poll);
             let old = self.generation & GENERATION_MASK;
             for kind in [KIND_RECV, KIND_SEND] {
                 let cancel = opcode::AsyncCancel::new(kind << 56 | old)
@@ -238,6 +240,9 @@ impl Engine {
             events.clear();
             self.ring.reap(&mut events);
             news = !events.is_empty() || !self.busy_poll;
+            if self.busy_poll && self.queue.poll_direct() {
+                news = true;
+            }
             for &(ud, res) in &events {
                 let mut cx = Cx::new(
                     &mut self.ring.arena,

@@ -242,6 +242,24 @@ impl IoQueue {
         }
     }
 
+    /// Makes the queue rely on [`IoQueue::poll_direct`] every round rather
+    /// than on an operation in the ring where the transport allows it
+    /// (NVMe/RDMA's CQ; NVMe/TCP still needs its receive).
+    pub fn set_busy_poll(&mut self, on: bool) {
+        if let Link::Rdma(q) = &mut self.link {
+            q.set_busy_poll(on);
+        }
+    }
+
+    /// Takes what arrived without the ring (NVMe/RDMA completions, when
+    /// busy polling); returns whether anything did.
+    pub fn poll_direct(&mut self) -> bool {
+        match &mut self.link {
+            Link::Rdma(q) if q.busy_poll() => q.poll_cq(),
+            _ => false,
+        }
+    }
+
     /// Operation `a` of [`IoQueue::pump`] completed.
     pub fn on_a(&mut self, res: i32) {
         match &mut self.link {

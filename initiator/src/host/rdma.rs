@@ -129,6 +129,9 @@ pub struct RdmaQueue {
     cq_armed: bool,
     cm_armed: bool,
     wcs: Vec<Completion>,
+    /// The engine polls the CQ itself every round ([`RdmaQueue::poll_cq`])
+    /// instead of waiting for the completion channel.
+    busy_poll: bool,
 }
 
 // SAFETY: the queue is used by one thread at a time; verbs objects may move
@@ -304,6 +307,7 @@ impl RdmaQueue {
             cq_armed: false,
             cm_armed: false,
             wcs: Vec::new(),
+            busy_poll: false,
         };
         for i in 0..=depth as usize {
             q.post_recv(i).map_err(|e| rdma_err(addr, e))?;
@@ -559,13 +563,25 @@ impl RdmaQueue {
         out.append(&mut self.done);
     }
 
-    /// Keeps polls on the completion channel (`cq_ud`) and the CM channel
-    /// (`cm_ud`) in the caller's ring.
+    /// Makes the caller poll the CQ itself ([`RdmaQueue::poll_cq`]) rather
+    /// than wait for the completion channel: no interrupt, no event, no
+    /// system call per completion (busy polling).
+    pub fn set_busy_poll(&mut self, on: bool) {
+        self.busy_poll = on;
+    }
+
+    /// Whether the caller polls the CQ itself.
+    pub fn busy_poll(&self) -> bool {
+        self.busy_poll
+    }
+
+    /// Keeps polls on the completion channel (`cq_ud`, unless the caller
+    /// polls the CQ itself) and the CM channel (`cm_ud`) in the caller's ring.
     pub fn pump(&mut self, sq: &mut Vec<squeue::Entry>, cq_ud: u64, cm_ud: u64) {
         if self.failed.is_some() {
             return;
         }
-        if !self.cq_armed {
+        if !self.cq_armed && !self.busy_poll {
             sq.push(
                 opcode::PollAdd::new(types::Fd(self.cq.fd()), libc::POLLIN as u32)
                     .build()
@@ -592,12 +608,21 @@ impl RdmaQueue {
         if let Err(e) = self.cq.take_events() {
             return self.fail(format!("re-arming the CQ: {e}"));
         }
+        self.poll_cq();
+    }
+
+    /// Takes the completions the CQ holds; returns whether there were any.
+    pub fn poll_cq(&mut self) -> bool {
+        if self.failed.is_some() {
+            return false;
+        }
+        let mut any = false;
         let mut wcs = std::mem::take(&mut self.wcs);
         loop {
             wcs.clear();
             match self.cq.poll(&mut wcs) {
                 Ok(0) => break,
-                Ok(_) => {}
+                Ok(_) => any = true,
                 Err(e) => {
                     self.fail(format!("polling the CQ: {e}"));
                     break;
@@ -613,6 +638,7 @@ impl RdmaQueue {
             }
         }
         self.wcs = wcs;
+        any
     }
 
     /// The CM channel was readable: a disconnect ends the queue.

@@ -1,5 +1,5 @@
 # rdmablk host -> rdmablk-target over soft-RoCE: bench --verify with 4 KiB
-# and 1 MiB blocks at QD 32, an NBD export driven by fio with verify, and a
+# and 1 MiB blocks at QD 32 (and 4 KiB busy polling), an NBD export driven by fio with verify, and a
 # host killed mid-write: the target keeps serving and every arena buffer
 # comes back (read from the target's stats file). First, rdma_keys: the
 # host's keys reach one command's buffer, in its direction, while it runs
@@ -19,6 +19,11 @@ tail -2 /tmp/bench.log
 grep -q 'remote_access=Registrations' /tmp/bench.log || fail "the host did not register per command on rxe: $(grep -m1 'queue connected' /tmp/bench.log)"
 rdmablk bench $T --rw randrw --bs 1m --qd 32 --runtime 3s --verify > /tmp/bench2.log 2>&1 || fail "bench --verify 1 MiB over rdma"
 tail -2 /tmp/bench2.log
+# Busy polling takes completions straight from the CQ, with no completion
+# channel event: the same verified load.
+rdmablk bench $T --rw randrw --bs 4k --qd 32 --runtime 3s --verify --busy-poll > /tmp/bench-busy.log 2>&1 ||
+  fail "bench --busy-poll --verify over rdma: $(tail -3 /tmp/bench-busy.log)"
+tail -2 /tmp/bench-busy.log
 
 /usr/bin/modprobe nbd || fail "modprobe nbd"
 : > /tmp/connect.out  # no earlier scenario's "ready: " for the wait to find

@@ -1,7 +1,7 @@
 # Over soft-RoCE, in one boot: the same fio load (4 KiB random read QD 32,
 # 128 KiB sequential read QD 8; O_DIRECT, io_uring) on /dev/nvmeXnY from
 # rdmablk-target and from Linux nvmet-rdma (both backed by a file on tmpfs),
-# `rdmablk bench` against both, and perftest's ib_write_bw / ib_read_bw as
+# `rdmablk bench` against both (sleeping and busy polling), and perftest's ib_write_bw / ib_read_bw as
 # the ceiling. Prints COMPARE lines; figures are only ratios (TCG).
 . /scenarios/lib.sh
 rxe_up
@@ -25,9 +25,14 @@ for side in ours:4450:$OURS theirs:4451:$THEIRS; do
   wait_for 10 sh -c "! ls $dev" || fail "$dev still present after disconnect"
   rdmablk bench -t rdma -a "$RDMA_IP" -s $port -n $nqn --rw randread --bs 4k --qd 32 --runtime 6s > /tmp/bench-$name.txt 2>/dev/null ||
     fail "rdmablk bench against $name"
+  rdmablk bench -t rdma -a "$RDMA_IP" -s $port -n $nqn --rw randread --bs 4k --qd 32 --runtime 6s --busy-poll > /tmp/busy-$name.txt 2>/dev/null ||
+    fail "rdmablk bench --busy-poll against $name"
 done
 while read -r l; do echo "COMPARE fio  rdmablk-target: $l"; done < /tmp/fio-ours.txt
 while read -r l; do echo "COMPARE fio  nvmet-rdma:     $l"; done < /tmp/fio-theirs.txt
 echo "COMPARE bench rdmablk-target: $(grep read: /tmp/bench-ours.txt)"
 echo "COMPARE bench nvmet-rdma:     $(grep read: /tmp/bench-theirs.txt)"
+echo "COMPARE bench --busy-poll rdmablk-target: $(grep read: /tmp/busy-ours.txt)"
+echo "COMPARE bench --busy-poll nvmet-rdma:     $(grep read: /tmp/busy-theirs.txt)"
+for f in bench-ours bench-theirs busy-ours busy-theirs; do echo "COMPARE cpu $f: $(grep 'run:' /tmp/$f.txt)"; done
 stop_target
