@@ -417,26 +417,35 @@ impl Command {
             if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::Dsm { .. }) {
                 // Deallocation is advisory: the blocks simply stay allocated.
                 tracing::debug!("deallocate not supported by the backend; ignored");
-            } else if errno == libc::ETIMEDOUT {
-                // The backend (a cluster) did not answer in time: a status
-                // the host retries (NVMe Base 2.1, 4.2.3.1, Generic Command
-                // Status Values). Command Interrupted (21h) only once the
-                // host enabled ACRE, as the specification allows it only
-                // then (with the controller's retry delay); Namespace Not
-                // Ready (82h) before.
+            } else if matches!(errno, libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN) {
+                // The backend (a cluster) did not answer in time, refused a
+                // client it blocklisted, or is being connected again: a
+                // status the host retries (NVMe Base 2.1, 4.2.3.1, Generic
+                // Command Status Values). Command Interrupted (21h) only
+                // once the host enabled ACRE, as the specification allows
+                // it only then (with the controller's retry delay);
+                // Namespace Not Ready (82h) before.
                 self.status = if acre() {
                     Status::COMMAND_INTERRUPTED
                 } else {
                     Status::NAMESPACE_NOT_READY
                 };
-                tracing::warn!(
-                    opcode = self.sqe.opcode(),
-                    offset = req.offset,
-                    len = req.len,
-                    backend = %req.ns.backend.describe(),
-                    "backend I/O timed out; answered {} (the host may retry)",
-                    self.status
-                );
+                // A reconnection (ENOTCONN) is said once, by the backend.
+                let why = match errno {
+                    libc::ETIMEDOUT => Some("timed out"),
+                    libc::ESHUTDOWN => Some("refused: the cluster blocklisted the client"),
+                    _ => None,
+                };
+                if let Some(why) = why {
+                    tracing::warn!(
+                        opcode = self.sqe.opcode(),
+                        offset = req.offset,
+                        len = req.len,
+                        backend = %req.ns.backend.describe(),
+                        "backend I/O {why}; answered {} (the host may retry)",
+                        self.status
+                    );
+                }
             } else {
                 tracing::error!(
                     opcode = self.sqe.opcode(),

@@ -611,3 +611,142 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     drop(c);
     stop(t);
 }
+
+/// `ceph -c CONF ARGS...` as client.admin.
+fn ceph(args: &[&str]) -> Ran {
+    let mut c = Command::new("ceph");
+    c.arg("-c").arg(ceph_conf()).args(args);
+    run("ceph", &mut c, TOOL_TIMEOUT)
+}
+
+/// The addresses of the clients watching an image (`rbd status`).
+fn watchers(img: &Image) -> Vec<String> {
+    let out = rbd(&["status", &img.spec(), "--format", "json"]);
+    out.assert_success("rbd status");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("rbd status JSON");
+    v["watchers"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|x| x["address"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// Takes a client off the cluster's blocklist when dropped.
+struct Blocklisted(String);
+
+impl Drop for Blocklisted {
+    fn drop(&mut self) {
+        let _ = ceph(&["osd", "blocklist", "rm", &self.0]);
+    }
+}
+
+/// A client the cluster blocklists (as another client breaking its lock
+/// would, or an operator) has every operation refused for good: the target
+/// opens the image again on a new connection. Meanwhile I/O is answered
+/// with a status the host retries (DNR clear); then it works again, with
+/// the data written before, and the image has a new watcher. A namespace
+/// blocklisted while idle reconnects too (its image's watch notices).
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn a_blocklisted_client_reconnects() {
+    let _s = serial();
+    let img = Image::create("blocklist", 64 * MIB);
+    let t = target(&img.name, "", "5s");
+    wait_active(&t);
+    let mut c = controller(&t, HOST_A);
+    let data = Rng::new(6).bytes(64 << 10);
+    io(&mut c)
+        .write(1, 0, &data, 512, false)
+        .or_panic("write before");
+    io(&mut c)
+        .set_timeout(Duration::from_secs(30))
+        .or_panic("queue timeout");
+    let before = watchers(&img);
+    assert_eq!(before.len(), 1, "one watcher, the target: {before:?}");
+    ceph(&["osd", "blocklist", "add", &before[0]]).assert_success("ceph osd blocklist add");
+    let _unlist = Blocklisted(before[0].clone());
+
+    let start = Instant::now();
+    let mut refused = Vec::new();
+    loop {
+        let done = io(&mut c)
+            .exec(Queue::rw_sqe(nvm::READ, 1, 0, 128), None, 64 << 10)
+            .or_panic("a read while the client is blocklisted");
+        let st = done.status();
+        if st.is_success() && t.log().contains("open again on a new connection") {
+            assert_same(&done.data, &data, "read after reconnecting");
+            break;
+        }
+        if !st.is_success() {
+            assert!(
+                !dnr_of(done.cqe.status)
+                    && (st == Status::NAMESPACE_NOT_READY || st == Status::COMMAND_INTERRUPTED),
+                "a read while reconnecting answered {st} (DNR {}): not a status the host retries",
+                dnr_of(done.cqe.status)
+            );
+            refused.push(st);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no new connection within 60 s ({} reads refused)\n{}",
+            refused.len(),
+            t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    assert!(
+        !refused.is_empty(),
+        "no read was refused while the client was blocklisted"
+    );
+    assert!(
+        t.log().contains("the cluster blocklisted this client"),
+        "{}",
+        t.log_tail()
+    );
+    let fresh = Rng::new(7).bytes(64 << 10);
+    io(&mut c)
+        .write(1, 128, &fresh, 512, true)
+        .or_panic("write after reconnecting");
+    assert_same(
+        &io(&mut c).read(1, 128, 128, 512).or_panic("read back"),
+        &fresh,
+        "read back after reconnecting",
+    );
+    let after = watchers(&img);
+    assert!(
+        after.len() == 1 && after[0] != before[0],
+        "the image is watched by a new client: before {before:?}, after {after:?}"
+    );
+    println!(
+        "reconnected after {:?}; {} reads refused meanwhile ({:?})",
+        start.elapsed(),
+        refused.len(),
+        refused.first()
+    );
+
+    // Blocklisted while idle: the image's watch notices, and the namespace
+    // has a new connection before the next I/O.
+    ceph(&["osd", "blocklist", "add", &after[0]]).assert_success("ceph osd blocklist add");
+    let _unlist2 = Blocklisted(after[0].clone());
+    let start = Instant::now();
+    while t.log().matches("open again on a new connection").count() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "an idle namespace did not reconnect after its client was blocklisted\n{}",
+            t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_same(
+        &io(&mut c)
+            .read(1, 128, 128, 512)
+            .or_panic("read after the idle reconnection"),
+        &fresh,
+        "read after the idle reconnection",
+    );
+    drop(c);
+    stop(t);
+}

@@ -13,6 +13,13 @@
 //! librbd cannot cancel an operation: its buffer stays with the command,
 //! and the command in its queue, until librbd completed it, whatever
 //! happens to the queue meanwhile (see `Queue::idle_backend`).
+//!
+//! A client the cluster blocklisted (another client broke its lock, or an
+//! operator) gets every operation refused for good: the first refusal
+//! wakes the namespace's thread, which retires the image once its
+//! operations ended, and opens it again on a new connection. The namespace
+//! stays active meanwhile; its I/O is answered with a status the host
+//! retries.
 
 mod ffi;
 #[rustfmt::skip]
@@ -27,7 +34,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, PoisonError, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How long after a failed open the next attempt starts.
 const RETRY_OPEN: Duration = Duration::from_secs(5);
@@ -50,7 +57,16 @@ pub struct RbdBackend {
     block_size: u32,
     /// Opened for reading only (a read-only namespace).
     read_only: bool,
-    open: OnceLock<Image>,
+    /// The open image: none before the first opening, nor while a
+    /// blocklisted connection is being replaced.
+    image: Mutex<Option<Arc<Image>>>,
+    /// The image's id at its first opening: a later one must be the same
+    /// image, not another made under its name.
+    image_id: OnceLock<String>,
+    /// The image opened once: the namespace is active (until shutdown).
+    active: AtomicBool,
+    /// What operations tell the namespace's thread.
+    health: Arc<Health>,
     /// Set by `close` (shutdown): an image opened later is closed at once.
     /// Held while the image is made available, so that neither misses the
     /// other.
@@ -59,12 +75,33 @@ pub struct RbdBackend {
     started: AtomicBool,
 }
 
+/// Shared by a backend's operations and its thread.
+#[derive(Default)]
+struct Health {
+    /// An operation was refused because the cluster blocklisted the client.
+    blocklisted: AtomicBool,
+    /// Wakes the namespace's thread.
+    wake: OnceLock<mpsc::SyncSender<()>>,
+}
+
+impl Health {
+    fn blocklisted(&self) {
+        if !self.blocklisted.swap(true, Ordering::AcqRel) {
+            if let Some(w) = self.wake.get() {
+                // One pending wake-up is enough: the thread looks at both.
+                let _ = w.try_send(());
+            }
+        }
+    }
+}
+
 impl Drop for RbdBackend {
     /// The last holder of a namespace may be a poller (a command, a queue's
     /// view of a removed namespace): the image is closed on a thread of its
     /// own, as closing waits for the cluster.
     fn drop(&mut self) {
-        if let Some(image) = self.open.take() {
+        let image = self.image.get_mut().unwrap_or_else(PoisonError::into_inner);
+        if let Some(image) = image.take() {
             let spawned = std::thread::Builder::new()
                 .name("rbd-close".into())
                 .spawn(move || drop(image));
@@ -84,20 +121,32 @@ impl RbdBackend {
             spec,
             block_size,
             read_only,
-            open: OnceLock::new(),
+            image: Mutex::new(None),
+            image_id: OnceLock::new(),
+            active: AtomicBool::new(false),
+            health: Arc::default(),
             closing: Mutex::new(false),
             started: AtomicBool::new(false),
         })
     }
 
-    /// Whether the image is open (the namespace takes I/O).
     /// Whether the image is (to be) opened for writing.
     pub fn writable(&self) -> bool {
         !self.read_only
     }
 
+    /// Whether the image was opened (the namespace takes I/O), and the
+    /// daemon is not stopping.
     pub fn is_open(&self) -> bool {
-        self.open.get().is_some_and(|i| !i.is_closed())
+        self.active.load(Ordering::Acquire)
+    }
+
+    /// The open image, if there is one now.
+    fn current(&self) -> Option<Arc<Image>> {
+        self.image
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone()
     }
 
     /// Closes the image for good, at shutdown once no I/O can be in flight:
@@ -107,20 +156,16 @@ impl RbdBackend {
     pub fn close(&self) {
         let mut closing = self.closing.lock().unwrap_or_else(PoisonError::into_inner);
         *closing = true;
-        if let Some(i) = self.open.get() {
+        self.active.store(false, Ordering::Release);
+        if let Some(i) = self.current() {
             i.close();
         }
     }
 
-    fn image(&self) -> &Image {
-        self.open
-            .get()
-            .expect("I/O reaches an RBD namespace only once it is active")
-    }
-
     fn op(&self, aio: Aio, result: OnSuccess) -> Access {
         Access::Submit(BackendOp::Rbd(RbdOp {
-            image: self.image(),
+            image: self.current(),
+            health: self.health.clone(),
             aio,
             result,
         }))
@@ -155,7 +200,7 @@ impl RbdBackend {
 
     /// The image's size now; 0 while it is not open.
     pub fn current_size(&self) -> io::Result<u64> {
-        match self.open.get() {
+        match self.current() {
             Some(i) => i.size(),
             None => Ok(0),
         }
@@ -163,7 +208,7 @@ impl RbdBackend {
 
     /// Waits until every acknowledged write is durable (at shutdown).
     pub fn sync(&self) -> io::Result<()> {
-        match self.open.get() {
+        match self.current() {
             Some(i) => i.flush(),
             None => Ok(()),
         }
@@ -207,30 +252,72 @@ fn rbd(ns: &Namespace) -> &RbdBackend {
 }
 
 /// The life of an RBD namespace after it is made: open (retrying until it
-/// works or the namespace is gone), activate, then follow resizes.
+/// works or the namespace is gone), activate, then follow resizes; when the
+/// cluster blocklisted the client, replace the connection and open again.
 fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
-    let (resized, resizes) = mpsc::sync_channel::<()>(1);
+    // The senders are the backend's and its images' watches' only: this
+    // thread ends once the namespace and its images are gone.
+    let (wake, woken) = mpsc::sync_channel::<()>(1);
+    match ns.upgrade() {
+        Some(n) => {
+            let _ = rbd(&n).health.wake.set(wake);
+        }
+        None => return,
+    }
+    loop {
+        if !open_until_done(&ns, &changed) {
+            return;
+        }
+        // Woken by the image's update watch (a resize) or by an operation
+        // the cluster refused (blocklisted).
+        loop {
+            if woken.recv().is_err() {
+                return;
+            }
+            let Some(n) = ns.upgrade() else {
+                return;
+            };
+            let r = rbd(&n);
+            if r.health.blocklisted.load(Ordering::Acquire) {
+                retire(r);
+                break;
+            }
+            follow_resize(&n, &changed);
+        }
+    }
+}
+
+/// Opens the image of the namespace behind `ns` and makes it the
+/// namespace's, retrying every RETRY_OPEN; the image's update watch wakes
+/// the namespace's thread. False once the namespace is gone.
+fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
     // A failure is logged as an error when it is new, then quietly while it
     // repeats every RETRY_OPEN.
     let mut last_failure = String::new();
     loop {
         let Some(n) = ns.upgrade() else {
-            return;
+            return false;
         };
         let r = rbd(&n);
         match open(&r.spec, r.read_only) {
             Ok(mut opened) => {
-                let notice = resized.clone();
+                let notice = r.health.wake.get().cloned();
                 if let Err(e) = opened.watch(move || {
                     // One pending notice is enough: the size is read anew.
-                    let _ = notice.try_send(());
+                    if let Some(n) = &notice {
+                        let _ = n.try_send(());
+                    }
                 }) {
                     tracing::warn!(image = %r.spec.spec(), "resizes will not be seen: {e}");
                 }
                 match activate(&n, opened) {
-                    Ok(()) => {
-                        changed();
-                        break;
+                    Ok(first) => {
+                        if first {
+                            changed();
+                        } else {
+                            follow_resize(&n, changed);
+                        }
+                        return true;
                     }
                     Err(e) => tracing::error!(image = %r.spec.spec(), "{e}; retrying"),
                 }
@@ -251,67 +338,124 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
         drop(n);
         std::thread::sleep(RETRY_OPEN);
     }
-    drop(resized);
-    // The watch holds the other sender: this ends when the image closes.
-    while resizes.recv().is_ok() {
-        let Some(n) = ns.upgrade() else {
-            return;
-        };
-        let r = rbd(&n);
-        let now = n.blocks() * n.block_size as u64;
-        match r.current_size() {
-            Ok(size) if size > now => {
-                n.grow_to(size / r.block_size as u64 * r.block_size as u64);
-                tracing::info!(image = %r.spec.spec(), size, "RBD image grew; namespace resized");
-                changed();
-            }
-            Ok(size) if size < now => tracing::warn!(
-                image = %r.spec.spec(),
-                size,
-                served = now,
-                "RBD image shrank; the namespace keeps its size and I/O past the image's end fails"
-            ),
-            Ok(_) => {}
-            Err(e) => tracing::warn!(image = %r.spec.spec(), "cannot read the image's size: {e}"),
-        }
+}
+
+/// Takes the image of a blocklisted client out of service: new I/O is
+/// answered with a status the host retries, the connection is no longer
+/// shared, and the image is closed once the operations started on it have
+/// ended (librbd ends them with an error; they all do within the client's
+/// operation timeout).
+fn retire(r: &RbdBackend) {
+    let old = r
+        .image
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .take();
+    let Some(old) = old else {
+        r.health.blocklisted.store(false, Ordering::Release);
+        return;
+    };
+    tracing::warn!(
+        image = %r.spec.spec(),
+        client = %r.spec.client_id,
+        "the cluster blocklisted this client (another client took the image's lock, or an \
+         operator); opening the image again on a new connection; I/O meanwhile is answered \
+         with a status the host retries"
+    );
+    forget_cluster(&r.spec, old.cluster());
+    let deadline = Instant::now() + 2 * r.spec.timeout + Duration::from_secs(5);
+    while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    // Its operations have ended, and with them their reports.
+    r.health.blocklisted.store(false, Ordering::Release);
+    if Arc::strong_count(&old) > 1 {
+        // Closing it would free what librbd still uses: it is left open.
+        tracing::error!(
+            image = %r.spec.spec(),
+            "operations of the blocklisted connection did not end; its image is left open"
+        );
+        std::mem::forget(old);
+    } else {
+        old.close();
     }
 }
 
-/// Makes `n` active on `opened`: size, identifiers, then the image.
-fn activate(n: &Namespace, opened: Image) -> io::Result<()> {
+/// Grows the namespace to its image's size (a resize seen by the update
+/// watch, or while the connection was replaced) and tells the controllers.
+fn follow_resize(n: &Namespace, changed: &impl Fn()) {
+    let r = rbd(n);
+    let now = n.blocks() * n.block_size as u64;
+    match r.current_size() {
+        Ok(size) if size > now => {
+            n.grow_to(size / r.block_size as u64 * r.block_size as u64);
+            tracing::info!(image = %r.spec.spec(), size, "RBD image grew; namespace resized");
+            changed();
+        }
+        Ok(size) if size < now && size > 0 => tracing::warn!(
+            image = %r.spec.spec(),
+            size,
+            served = now,
+            "RBD image shrank; the namespace keeps its size and I/O past the image's end fails"
+        ),
+        Ok(_) => {}
+        // The watch also fires when the client is blocklisted: an idle
+        // namespace gets a new connection too.
+        Err(e) if ffi::errno_of(&e) == Some(libc::ESHUTDOWN) => r.health.blocklisted(),
+        Err(e) => tracing::warn!(image = %r.spec.spec(), "cannot read the image's size: {e}"),
+    }
+}
+
+/// Makes `opened` the image of `n`: at the first opening, sets the size and
+/// identifiers and activates the namespace (returns true); later (after a
+/// blocklisted connection), the image must be the same one (same id).
+fn activate(n: &Namespace, opened: Image) -> io::Result<bool> {
     let r = rbd(n);
     let size = opened.size()?;
     let id = opened.id()?;
-    let blocks = size / r.block_size as u64;
-    if blocks == 0 {
+    let s = &r.spec;
+    let first = r.image_id.get().is_none();
+    if let Some(was) = r.image_id.get().filter(|&was| *was != id) {
         return Err(io::Error::other(format!(
-            "the image is smaller than one {}-byte block",
-            r.block_size
+            "the image is not the one this namespace served (id {id}, was {was}): \
+             it was removed and made again; restart the target to serve the new one"
         )));
     }
-    n.grow_to(blocks * r.block_size as u64);
-    let s = &r.spec;
-    n.set_ids(NamespaceIds::derive(&format!(
-        "rbd:{}/{}/{id}",
-        s.pool,
-        s.namespace.as_deref().unwrap_or("")
-    )));
+    if first {
+        let blocks = size / r.block_size as u64;
+        if blocks == 0 {
+            return Err(io::Error::other(format!(
+                "the image is smaller than one {}-byte block",
+                r.block_size
+            )));
+        }
+        n.grow_to(blocks * r.block_size as u64);
+        n.set_ids(NamespaceIds::derive(&format!(
+            "rbd:{}/{}/{id}",
+            s.pool,
+            s.namespace.as_deref().unwrap_or("")
+        )));
+    }
     let closing = r.closing.lock().unwrap_or_else(PoisonError::into_inner);
     if *closing {
         return Err(io::Error::other("the daemon is stopping"));
     }
-    if r.open.set(opened).is_err() {
-        unreachable!("only this thread opens the image");
-    }
+    *r.image.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(opened));
+    let _ = r.image_id.set(id.clone());
+    r.active.store(true, Ordering::Release);
     drop(closing);
-    tracing::info!(
-        image = %s.spec(),
-        image_id = %id,
-        nsid = n.nsid,
-        size,
-        "RBD image open; namespace active"
-    );
-    Ok(())
+    if first {
+        tracing::info!(
+            image = %s.spec(),
+            image_id = %id,
+            nsid = n.nsid,
+            size,
+            "RBD image open; namespace active"
+        );
+    } else {
+        tracing::info!(image = %s.spec(), nsid = n.nsid, "RBD image open again on a new connection");
+    }
+    Ok(first)
 }
 
 /// Connects (or shares a connection) and opens the image.
@@ -327,10 +471,23 @@ fn open(spec: &RbdImage, read_only: bool) -> io::Result<Image> {
 /// The live cluster connections by (ceph.conf, client id).
 type Clusters = HashMap<(PathBuf, String), Weak<Cluster>>;
 
+static CLUSTERS: Mutex<Option<Clusters>> = Mutex::new(None);
+
+/// Stops sharing `old` (its client was blocklisted): the next image of its
+/// (ceph.conf, client id) makes a new connection.
+fn forget_cluster(spec: &RbdImage, old: &Arc<Cluster>) {
+    let mut clusters = CLUSTERS.lock().expect("clusters lock");
+    if let Some(c) = clusters.as_mut() {
+        let key = spec.cluster_key();
+        if c.get(&key).is_some_and(|w| w.as_ptr() == Arc::as_ptr(old)) {
+            c.remove(&key);
+        }
+    }
+}
+
 /// The connection for `spec`'s (ceph.conf, client id), shared by the images
 /// that use it; made on first use.
 fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
-    static CLUSTERS: Mutex<Option<Clusters>> = Mutex::new(None);
     // Held while connecting: a second image of the same cluster waits for
     // this connection rather than making its own.
     let mut clusters = CLUSTERS.lock().expect("clusters lock");
@@ -365,7 +522,9 @@ fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
 /// One librbd call of a command, started by its queue with the command's
 /// token (`RbdOp::start`).
 pub struct RbdOp {
-    image: *const Image,
+    /// None while a blocklisted connection is being replaced.
+    image: Option<Arc<Image>>,
+    health: Arc<Health>,
     aio: Aio,
     result: OnSuccess,
 }
@@ -383,22 +542,29 @@ enum OnSuccess {
 }
 
 impl RbdOp {
-    /// Starts the call; its end reaches `completions` as (`token`, result).
+    /// Starts the call; its end reaches `completions` as (`token`, result):
+    /// -ENOTCONN at once while there is no image (a blocklisted connection
+    /// being replaced), which the command answers with a status the host
+    /// retries.
     ///
     /// # Safety
     /// A read or write's arena buffer stays with the command until the
-    /// completion was dispatched, and so does the command's namespace
-    /// (which owns the image).
+    /// completion was dispatched.
     pub unsafe fn start(self, token: u64, completions: &Arc<Completions>) {
+        let Some(image) = self.image else {
+            return completions.push(token, -libc::ENOTCONN);
+        };
         let done = Box::new(Done {
             token,
             result: self.result,
             completions: completions.clone(),
+            image: Some(image.clone()),
+            health: self.health,
         });
-        // SAFETY: the image lives as long as the namespace, which the
-        // command holds until completion (as the caller promised), and so
-        // are the buffers.
-        unsafe { (*self.image).start(self.aio, done) };
+        // SAFETY: the buffers stay valid until completion (as the caller
+        // promised), and `done` keeps the image from being closed until then
+        // (an image is closed only by its last holder: see `retire`).
+        unsafe { image.start(self.aio, done) };
     }
 }
 
@@ -407,10 +573,22 @@ struct Done {
     token: u64,
     result: OnSuccess,
     completions: Arc<Completions>,
+    /// Held until the operation ended.
+    image: Option<Arc<Image>>,
+    health: Arc<Health>,
 }
 
 impl Finish for Done {
-    fn finish(self: Box<Self>, rc: i64) {
+    fn finish(mut self: Box<Self>, rc: i64) {
+        if rc == -(libc::ESHUTDOWN as i64) {
+            // librados' EBLOCKLISTED; said before the image is let go, so
+            // that `retire`, which waits for that, sees it.
+            self.health.blocklisted();
+        }
+        // The image goes before the command can complete: its completion
+        // may drop the namespace, and the last holder of an image must not
+        // be a librbd thread (closing waits for them).
+        drop(self.image.take());
         let bytes = || i32::try_from(rc).unwrap_or(i32::MAX);
         let res = match self.result {
             _ if rc < 0 => i32::try_from(rc).unwrap_or(-libc::EIO),

@@ -34,11 +34,38 @@ pub fn library() -> io::Result<&'static Librbd> {
 /// An error from a librados or librbd call returning `-errno`.
 fn check(what: &str, rc: c_int) -> io::Result<c_int> {
     if rc < 0 {
-        let e = io::Error::from_raw_os_error(-rc);
-        Err(io::Error::new(e.kind(), format!("{what}: {e}")))
+        let kind = io::Error::from_raw_os_error(-rc).kind();
+        Err(io::Error::new(
+            kind,
+            CallError {
+                what: what.to_string(),
+                errno: -rc,
+            },
+        ))
     } else {
         Ok(rc)
     }
+}
+
+/// A librados or librbd call that failed, and its errno.
+#[derive(Debug)]
+struct CallError {
+    what: String,
+    errno: i32,
+}
+
+impl std::fmt::Display for CallError {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        let e = io::Error::from_raw_os_error(self.errno);
+        write!(f, "{}: {e}", self.what)
+    }
+}
+
+impl std::error::Error for CallError {}
+
+/// The errno of a failed librados or librbd call.
+pub fn errno_of(e: &io::Error) -> Option<i32> {
+    e.get_ref()?.downcast_ref::<CallError>().map(|c| c.errno)
 }
 
 fn cstring(what: &str, s: &str) -> io::Result<CString> {
@@ -130,7 +157,7 @@ impl Cluster {
             lib,
             watch: None,
             closed: RwLock::new(false),
-            _cluster: self.clone(),
+            cluster: self.clone(),
         })
     }
 }
@@ -155,7 +182,7 @@ pub struct Image {
     /// (`start`) relies on its caller instead (see there).
     closed: RwLock<bool>,
     /// Dropped after the image: the connection outlives it.
-    _cluster: Arc<Cluster>,
+    cluster: Arc<Cluster>,
 }
 
 // SAFETY: librbd's image calls are thread safe (its own locks protect the
@@ -170,6 +197,11 @@ unsafe impl Sync for Image {}
 type WatchContext = Box<dyn Fn() + Send + Sync>;
 
 impl Image {
+    /// The connection the image was opened on.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
     /// The image's size in bytes now.
     pub fn size(&self) -> io::Result<u64> {
         let _open = self.open_handle()?;
@@ -261,11 +293,6 @@ impl Image {
             // SAFETY: as above, `arg` is still ours.
             unsafe { Box::from_raw(arg) }.finish(rc as i64);
         }
-    }
-
-    /// Whether `close` ran.
-    pub fn is_closed(&self) -> bool {
-        *self.closed.read().unwrap_or_else(PoisonError::into_inner)
     }
 
     /// Ends the watch, closes the image (releasing its watch and any lock
