@@ -66,8 +66,14 @@ pub enum Outcome {
     After(Job),
 }
 
-/// Diffie-Hellman work of the transaction, off the poller.
-enum DhWork {
+/// Diffie-Hellman work of the transaction, off the poller, for the
+/// command `cid`: one at a time per queue.
+struct DhWork {
+    cid: u16,
+    task: DhTask,
+}
+
+enum DhTask {
     /// The controller's key pair for the Challenge.
     KeyPair(Task<std::io::Result<KeyPair>>),
     /// The shared secret with the value of the host's Reply.
@@ -80,7 +86,7 @@ pub struct QueueAuth {
     step: Step,
     /// When the transaction in progress started.
     since: Option<Instant>,
-    /// Diffie-Hellman work started for the message being handled.
+    /// Diffie-Hellman work started for the command being handled.
     dh: Option<DhWork>,
 }
 
@@ -149,8 +155,30 @@ impl QueueAuth {
         self.fail(tid, explanation::FAILED)
     }
 
-    /// An AUTH_Send brought `data`.
-    pub fn on_send(&mut self, data: &[u8], peers: &Peers) -> Outcome {
+    /// The Diffie-Hellman work command `cid` started, if it is the one
+    /// that waits; an error when another command waits for its own (a
+    /// host sends one authentication command at a time).
+    fn dh_of(&mut self, cid: u16) -> Result<Option<DhTask>, String> {
+        match self.dh.take() {
+            Some(w) if w.cid == cid => Ok(Some(w.task)),
+            Some(w) => {
+                self.dh = Some(w);
+                Err(
+                    "an authentication command arrived while another waits for its \
+                     Diffie-Hellman work"
+                        .into(),
+                )
+            }
+            None => Ok(None),
+        }
+    }
+
+    /// An AUTH_Send (command `cid`) brought `data`.
+    pub fn on_send(&mut self, cid: u16, data: &[u8], peers: &Peers) -> Outcome {
+        let dh = match self.dh_of(cid) {
+            Ok(dh) => dh,
+            Err(why) => return Outcome::Fatal(why),
+        };
         let msg = match Message::decode(data) {
             Ok(m) => m,
             Err(e) => {
@@ -181,8 +209,9 @@ impl QueueAuth {
                     dh_groups,
                 },
             ) => {
-                self.since = Some(Instant::now());
-                self.dh = None;
+                // From the first Negotiate: starting over does not move the
+                // transaction's deadline.
+                self.since.get_or_insert_with(Instant::now);
                 if sc_c != 0 {
                     return self.fail(tid, explanation::CONCAT_MISMATCH);
                 }
@@ -233,8 +262,8 @@ impl QueueAuth {
                 }
                 let z = match &pair {
                     None if dh_value.is_empty() => None,
-                    Some(p) => match self.dh.take() {
-                        Some(DhWork::Secret(task)) => match task.take() {
+                    Some(p) => match dh {
+                        Some(DhTask::Secret(task)) => match task.take() {
                             Some(Ok(z)) => Some(z),
                             Some(Err(e)) => {
                                 tracing::warn!(host = peers.host_nqn, "authentication: {e}");
@@ -245,7 +274,10 @@ impl QueueAuth {
                         _ => {
                             let p = p.clone();
                             let (task, job) = Task::new(move || p.shared_secret(&dh_value));
-                            self.dh = Some(DhWork::Secret(task));
+                            self.dh = Some(DhWork {
+                                cid,
+                                task: DhTask::Secret(task),
+                            });
                             self.step = Step::Challenged {
                                 tid,
                                 sc_c,
@@ -327,8 +359,12 @@ impl QueueAuth {
         Outcome::Authenticated
     }
 
-    /// An AUTH_Receive: the message to return.
-    pub fn on_receive(&mut self, peers: &Peers) -> (Vec<u8>, Outcome) {
+    /// An AUTH_Receive (command `cid`): the message to return.
+    pub fn on_receive(&mut self, cid: u16, peers: &Peers) -> (Vec<u8>, Outcome) {
+        let dh = match self.dh_of(cid) {
+            Ok(dh) => dh,
+            Err(why) => return (Vec::new(), Outcome::Fatal(why)),
+        };
         match std::mem::replace(&mut self.step, Step::Idle) {
             Step::Negotiated {
                 tid,
@@ -336,9 +372,9 @@ impl QueueAuth {
                 hash,
                 group,
             } => {
-                let pair = match (group, self.dh.take()) {
+                let pair = match (group, dh) {
                     (DhGroup::Null, _) => None,
-                    (_, Some(DhWork::KeyPair(task))) => match task.take() {
+                    (_, Some(DhTask::KeyPair(task))) => match task.take() {
                         Some(Ok(p)) => Some(Arc::new(p)),
                         Some(Err(e)) => {
                             return self.refuse_now(tid, peers, format!("no DH key: {e}"))
@@ -347,7 +383,10 @@ impl QueueAuth {
                     },
                     (g, _) => {
                         let (task, job) = Task::new(move || KeyPair::generate(g));
-                        self.dh = Some(DhWork::KeyPair(task));
+                        self.dh = Some(DhWork {
+                            cid,
+                            task: DhTask::KeyPair(task),
+                        });
                         self.step = Step::Negotiated {
                             tid,
                             sc_c,
@@ -437,5 +476,89 @@ impl QueueAuth {
             .encode(),
             Outcome::Fatal(why),
         )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use rdmablk_common::auth::Secret;
+
+    fn host() -> HostAuth {
+        HostAuth {
+            nqn: "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-000000000001".into(),
+            secret: Secret::new(&[7u8; 32], None),
+            ctrl_secret: None,
+            hashes: vec![Hash::Sha256],
+            dh_groups: vec![DhGroup::Ffdhe2048],
+        }
+    }
+
+    fn negotiate() -> Vec<u8> {
+        Message::Negotiate {
+            tid: 1,
+            sc_c: 0,
+            hashes: vec![Hash::Sha256.id()],
+            dh_groups: vec![DhGroup::Ffdhe2048.id()],
+        }
+        .encode()
+    }
+
+    #[test]
+    fn the_challenge_waits_for_its_key_pair_and_nothing_else_runs_meanwhile() {
+        let h = host();
+        let peers = Peers {
+            host_nqn: &h.nqn,
+            subsys_nqn: "nqn.2026-11.io.example:s",
+            host: Some(&h),
+        };
+        let mut a = QueueAuth::default();
+        assert!(matches!(
+            a.on_send(1, &negotiate(), &peers),
+            Outcome::Continue
+        ));
+        let (msg, outcome) = a.on_receive(2, &peers);
+        assert!(msg.is_empty(), "no Challenge before the key pair");
+        let Outcome::After(job) = outcome else {
+            panic!("the key pair is made off the poller");
+        };
+        // Another authentication command while command 2 waits ends the
+        // controller (a host sends one at a time).
+        let (_, other) = a.on_receive(3, &peers);
+        assert!(
+            matches!(&other, Outcome::Fatal(why) if why.contains("another waits")),
+            "{other:?}"
+        );
+        // Command 2 executes again once its work ran: the Challenge, with
+        // the controller's DH value.
+        job.run_here();
+        let (msg, outcome) = a.on_receive(2, &peers);
+        assert!(matches!(outcome, Outcome::Continue), "{outcome:?}");
+        let Ok(Message::Challenge { dh_value, .. }) = Message::decode(&msg) else {
+            panic!("a Challenge");
+        };
+        assert_eq!(dh_value.len(), DhGroup::Ffdhe2048.value_len());
+    }
+
+    #[test]
+    fn work_dropped_by_a_full_offload_queue_fails_the_transaction() {
+        let h = host();
+        let peers = Peers {
+            host_nqn: &h.nqn,
+            subsys_nqn: "nqn.2026-11.io.example:s",
+            host: Some(&h),
+        };
+        let mut a = QueueAuth::default();
+        a.on_send(1, &negotiate(), &peers);
+        let (_, outcome) = a.on_receive(2, &peers);
+        // The job never runs (the queue was full): executed again, the
+        // command gets AUTH_Failure1 and the controller ends.
+        drop(outcome);
+        let (msg, outcome) = a.on_receive(2, &peers);
+        assert!(matches!(outcome, Outcome::Fatal(_)), "{outcome:?}");
+        assert!(matches!(
+            Message::decode(&msg),
+            Ok(Message::Failure1 { .. })
+        ));
     }
 }

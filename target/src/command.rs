@@ -3,7 +3,7 @@
 //! operations whose completions are counted here. Transports move the data
 //! and send the response.
 
-use crate::backend::{Access, BackendOp, FixedBuf};
+use crate::backend::{Access, Backend, BackendOp, FixedBuf};
 use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
@@ -417,32 +417,29 @@ impl Command {
             if errno == libc::EOPNOTSUPP && matches!(req.kind, IoKind::Dsm { .. }) {
                 // Deallocation is advisory: the blocks simply stay allocated.
                 tracing::debug!("deallocate not supported by the backend; ignored");
-            } else if matches!(errno, libc::ETIMEDOUT | libc::ESHUTDOWN | libc::ENOTCONN) {
-                // The backend (a cluster) did not answer in time, refused a
-                // client it blocklisted, or is being connected again: a
-                // status the host retries (NVMe Base 2.1, 4.2.3.1, Generic
-                // Command Status Values). Command Interrupted (21h) only
-                // once the host enabled ACRE, as the specification allows
-                // it only then (with the controller's retry delay);
-                // Namespace Not Ready (82h) before.
+            } else if errno == libc::ETIMEDOUT
+                || matches!(errno, libc::ESHUTDOWN | libc::ENOTCONN)
+                    && matches!(req.ns.backend, Backend::Rbd(_))
+            {
+                // The backend (a cluster) did not answer in time, or (RBD)
+                // refused a client it blocklisted, which the backend
+                // replaces, saying so once: a status the host retries (NVMe
+                // Base 2.1, 4.2.3.1, Generic Command Status Values). Command
+                // Interrupted (21h) only once the host enabled ACRE, as the
+                // specification allows it only then (with the controller's
+                // retry delay); Namespace Not Ready (82h) before.
                 self.status = if acre() {
                     Status::COMMAND_INTERRUPTED
                 } else {
                     Status::NAMESPACE_NOT_READY
                 };
-                // A reconnection (ENOTCONN) is said once, by the backend.
-                let why = match errno {
-                    libc::ETIMEDOUT => Some("timed out"),
-                    libc::ESHUTDOWN => Some("refused: the cluster blocklisted the client"),
-                    _ => None,
-                };
-                if let Some(why) = why {
+                if errno == libc::ETIMEDOUT {
                     tracing::warn!(
                         opcode = self.sqe.opcode(),
                         offset = req.offset,
                         len = req.len,
                         backend = %req.ns.backend.describe(),
-                        "backend I/O {why}; answered {} (the host may retry)",
+                        "backend I/O timed out; answered {} (the host may retry)",
                         self.status
                     );
                 }

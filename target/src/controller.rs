@@ -252,9 +252,9 @@ impl Association {
         };
         let mut auth = self.auth.borrow_mut();
         let (reply, outcome) = if sqe.fctype() == fctype::AUTH_SEND {
-            (Reply::ok(0), auth.on_send(data, &peers))
+            (Reply::ok(0), auth.on_send(sqe.cid(), data, &peers))
         } else {
-            let (msg, outcome) = auth.on_receive(&peers);
+            let (msg, outcome) = auth.on_receive(sqe.cid(), &peers);
             (Reply::data(msg), outcome)
         };
         match outcome {

@@ -634,6 +634,15 @@ fn watchers(img: &Image) -> Vec<String> {
         .unwrap_or_default()
 }
 
+/// Removes a cephx client when dropped.
+struct Client(String);
+
+impl Drop for Client {
+    fn drop(&mut self) {
+        let _ = ceph(&["auth", "del", &format!("client.{}", self.0)]);
+    }
+}
+
 /// Takes a client off the cluster's blocklist when dropped.
 struct Blocklisted(String);
 
@@ -646,7 +655,8 @@ impl Drop for Blocklisted {
 /// A client the cluster blocklists (as another client breaking its lock
 /// would, or an operator) has every operation refused for good: the target
 /// opens the image again on a new connection. Meanwhile I/O is answered
-/// with a status the host retries (DNR clear); then it works again, with
+/// with a status the host retries (DNR clear), if any meets the old
+/// connection; then it works again, with
 /// the data written before, and the image has a new watcher. A namespace
 /// blocklisted while idle reconnects too (its image's watch notices).
 #[test]
@@ -654,7 +664,31 @@ impl Drop for Blocklisted {
 fn a_blocklisted_client_reconnects() {
     let _s = serial();
     let img = Image::create("blocklist", 64 * MIB);
-    let t = target(&img.name, "", "5s");
+    // A client of its own, whose caps the test takes away for a while.
+    let client = format!("blocklist-{}", std::process::id());
+    let keyring = ceph_conf().with_file_name(format!("ceph.client.{client}.keyring"));
+    ceph(&[
+        "auth",
+        "get-or-create",
+        &format!("client.{client}"),
+        "mon",
+        "profile rbd",
+        "osd",
+        "profile rbd pool=rbd",
+        "-o",
+        keyring.to_str().expect("utf-8"),
+    ])
+    .assert_success("ceph auth get-or-create");
+    let _client = Client(client.clone());
+    let t = target_as(
+        &img.name,
+        "",
+        "5s",
+        &format!(
+            "client_id = \"{client}\"\n  keyring = \"{}\"",
+            keyring.display()
+        ),
+    );
     wait_active(&t);
     let mut c = controller(&t, HOST_A);
     let data = Rng::new(6).bytes(64 << 10);
@@ -697,10 +731,8 @@ fn a_blocklisted_client_reconnects() {
         );
         std::thread::sleep(Duration::from_millis(20));
     }
-    assert!(
-        !refused.is_empty(),
-        "no read was refused while the client was blocklisted"
-    );
+    // Whether a read met the blocklisted connection depends on which of
+    // them and the image's watch saw the refusal first.
     assert!(
         t.log().contains("the cluster blocklisted this client"),
         "{}",
@@ -727,12 +759,70 @@ fn a_blocklisted_client_reconnects() {
         refused.first()
     );
 
+    // Blocklisted while it cannot connect again (its OSD caps revoked
+    // first): I/O meets the old connection and is answered with a status
+    // the host retries while the target retries; once the caps are back,
+    // the namespace reconnects.
+    let now = watchers(&img);
+    let (name, caps) = (format!("client.{client}"), ["mon", "profile rbd"]);
+    ceph(&["auth", "caps", &name, caps[0], caps[1]]).assert_success("ceph auth caps (revoke)");
+    ceph(&["osd", "blocklist", "add", &now[0]]).assert_success("ceph osd blocklist add");
+    let _unlist3 = Blocklisted(now[0].clone());
+    let start = Instant::now();
+    let mut refused = Vec::new();
+    while refused.len() < 3 {
+        let done = io(&mut c)
+            .exec(Queue::rw_sqe(nvm::READ, 1, 0, 128), None, 64 << 10)
+            .or_panic("a read while the target cannot reconnect");
+        let st = done.status();
+        if !st.is_success() {
+            assert!(
+                !dnr_of(done.cqe.status) && st == Status::NAMESPACE_NOT_READY,
+                "a read on a blocklisted connection answered {st} (DNR {})",
+                dnr_of(done.cqe.status)
+            );
+            refused.push(st);
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "reads were not refused\n{}",
+            t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    ceph(&[
+        "auth",
+        "caps",
+        &name,
+        "mon",
+        "profile rbd",
+        "osd",
+        "profile rbd pool=rbd",
+    ])
+    .assert_success("ceph auth caps (restore)");
+    while t.log().matches("open again on a new connection").count() < 2 {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no reconnection after the caps came back\n{}",
+            t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert_same(
+        &io(&mut c)
+            .read(1, 128, 128, 512)
+            .or_panic("read after reconnecting again"),
+        &fresh,
+        "read after reconnecting again",
+    );
+
     // Blocklisted while idle: the image's watch notices, and the namespace
     // has a new connection before the next I/O.
-    ceph(&["osd", "blocklist", "add", &after[0]]).assert_success("ceph osd blocklist add");
-    let _unlist2 = Blocklisted(after[0].clone());
+    let idle = watchers(&img);
+    ceph(&["osd", "blocklist", "add", &idle[0]]).assert_success("ceph osd blocklist add");
+    let _unlist2 = Blocklisted(idle[0].clone());
     let start = Instant::now();
-    while t.log().matches("open again on a new connection").count() < 2 {
+    while t.log().matches("open again on a new connection").count() < 3 {
         assert!(
             start.elapsed() < Duration::from_secs(60),
             "an idle namespace did not reconnect after its client was blocklisted\n{}",

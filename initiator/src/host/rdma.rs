@@ -638,7 +638,8 @@ impl RdmaQueue {
             }
         }
         self.wcs = wcs;
-        any
+        // A failure completed every command: news too.
+        any || self.failed.is_some()
     }
 
     /// The CM channel was readable: a disconnect ends the queue.

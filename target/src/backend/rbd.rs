@@ -16,10 +16,10 @@
 //!
 //! A client the cluster blocklisted (another client broke its lock, or an
 //! operator) gets every operation refused for good: the first refusal
-//! wakes the namespace's thread, which retires the image once its
-//! operations ended, and opens it again on a new connection. The namespace
-//! stays active meanwhile; its I/O is answered with a status the host
-//! retries.
+//! wakes the namespace's thread, which opens the image again on a new
+//! connection, puts it in place of the old one, and closes the old one once
+//! its operations ended. The namespace stays active meanwhile; its I/O is
+//! answered with a status the host retries.
 
 mod ffi;
 #[rustfmt::skip]
@@ -32,7 +32,7 @@ use ffi::{Aio, Cluster, Finish, Image};
 use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
@@ -57,8 +57,7 @@ pub struct RbdBackend {
     block_size: u32,
     /// Opened for reading only (a read-only namespace).
     read_only: bool,
-    /// The open image: none before the first opening, nor while a
-    /// blocklisted connection is being replaced.
+    /// The open image: none before the first opening (and after shutdown).
     image: Mutex<Option<Arc<Image>>>,
     /// The image's id at its first opening: a later one must be the same
     /// image, not another made under its name.
@@ -78,19 +77,22 @@ pub struct RbdBackend {
 /// Shared by a backend's operations and its thread.
 #[derive(Default)]
 struct Health {
-    /// An operation was refused because the cluster blocklisted the client.
-    blocklisted: AtomicBool,
+    /// The image (its address) whose client an operation found
+    /// blocklisted; 0 for none. The thread acts only if that image is still
+    /// the namespace's: a late report about a replaced one changes nothing.
+    blocklisted: AtomicUsize,
     /// Wakes the namespace's thread.
     wake: OnceLock<mpsc::SyncSender<()>>,
 }
 
 impl Health {
-    fn blocklisted(&self) {
-        if !self.blocklisted.swap(true, Ordering::AcqRel) {
-            if let Some(w) = self.wake.get() {
-                // One pending wake-up is enough: the thread looks at both.
-                let _ = w.try_send(());
-            }
+    /// The cluster refused an operation of `image`'s client (EBLOCKLISTED).
+    fn blocklisted(&self, image: &Arc<Image>) {
+        self.blocklisted
+            .store(Arc::as_ptr(image) as usize, Ordering::Release);
+        if let Some(w) = self.wake.get() {
+            // One pending wake-up is enough: the thread looks at both.
+            let _ = w.try_send(());
         }
     }
 }
@@ -264,25 +266,28 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
         }
         None => return,
     }
+    if !open_until_done(&ns, &changed) {
+        return;
+    }
+    // Woken by the image's update watch (a resize) or by an operation the
+    // cluster refused (blocklisted).
     loop {
-        if !open_until_done(&ns, &changed) {
+        if woken.recv().is_err() {
             return;
         }
-        // Woken by the image's update watch (a resize) or by an operation
-        // the cluster refused (blocklisted).
-        loop {
-            if woken.recv().is_err() {
-                return;
+        let Some(n) = ns.upgrade() else {
+            return;
+        };
+        let r = rbd(&n);
+        let reported = r.health.blocklisted.swap(0, Ordering::AcqRel);
+        match r.current() {
+            Some(old) if Arc::as_ptr(&old) as usize == reported => {
+                drop(n);
+                if !reconnect(&ns, old, &changed) {
+                    return;
+                }
             }
-            let Some(n) = ns.upgrade() else {
-                return;
-            };
-            let r = rbd(&n);
-            if r.health.blocklisted.load(Ordering::Acquire) {
-                retire(r);
-                break;
-            }
-            follow_resize(&n, &changed);
+            _ => follow_resize(&n, &changed),
         }
     }
 }
@@ -340,59 +345,60 @@ fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
     }
 }
 
-/// Takes the image of a blocklisted client out of service: new I/O is
-/// answered with a status the host retries, the connection is no longer
-/// shared, and the image is closed once the operations started on it have
-/// ended (librbd ends them with an error; they all do within the client's
-/// operation timeout).
-fn retire(r: &RbdBackend) {
-    let old = r
-        .image
-        .lock()
-        .unwrap_or_else(PoisonError::into_inner)
-        .take();
-    let Some(old) = old else {
-        r.health.blocklisted.store(false, Ordering::Release);
-        return;
+/// Replaces `old`, whose client the cluster blocklisted: the shared
+/// connection is forgotten, the image opened again on a new one and put in
+/// its place (I/O meanwhile fails on the old one with a status the host
+/// retries), then the old one is closed once the operations started on it
+/// have ended (librbd ends them with an error, within the client's
+/// operation timeout). False once the namespace is gone.
+fn reconnect(ns: &Weak<Namespace>, old: Arc<Image>, changed: &impl Fn()) -> bool {
+    let Some(n) = ns.upgrade() else {
+        return false;
     };
+    let r = rbd(&n);
+    let (spec, client, timeout) = (r.spec.spec(), r.spec.client_id.clone(), r.spec.timeout);
     tracing::warn!(
-        image = %r.spec.spec(),
-        client = %r.spec.client_id,
+        image = %spec,
+        client = %client,
         "the cluster blocklisted this client (another client took the image's lock, or an \
          operator); opening the image again on a new connection; I/O meanwhile is answered \
          with a status the host retries"
     );
     forget_cluster(&r.spec, old.cluster());
-    let deadline = Instant::now() + 2 * r.spec.timeout + Duration::from_secs(5);
+    drop(n);
+    let reopened = open_until_done(ns, changed);
+    let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);
     while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
-    // Its operations have ended, and with them their reports.
-    r.health.blocklisted.store(false, Ordering::Release);
     if Arc::strong_count(&old) > 1 {
         // Closing it would free what librbd still uses: it is left open.
         tracing::error!(
-            image = %r.spec.spec(),
+            image = %spec,
             "operations of the blocklisted connection did not end; its image is left open"
         );
         std::mem::forget(old);
     } else {
         old.close();
     }
+    reopened
 }
 
 /// Grows the namespace to its image's size (a resize seen by the update
 /// watch, or while the connection was replaced) and tells the controllers.
 fn follow_resize(n: &Namespace, changed: &impl Fn()) {
     let r = rbd(n);
+    let Some(image) = r.current() else {
+        return;
+    };
     let now = n.blocks() * n.block_size as u64;
-    match r.current_size() {
+    match image.size() {
         Ok(size) if size > now => {
             n.grow_to(size / r.block_size as u64 * r.block_size as u64);
             tracing::info!(image = %r.spec.spec(), size, "RBD image grew; namespace resized");
             changed();
         }
-        Ok(size) if size < now && size > 0 => tracing::warn!(
+        Ok(size) if size < now => tracing::warn!(
             image = %r.spec.spec(),
             size,
             served = now,
@@ -401,7 +407,7 @@ fn follow_resize(n: &Namespace, changed: &impl Fn()) {
         Ok(_) => {}
         // The watch also fires when the client is blocklisted: an idle
         // namespace gets a new connection too.
-        Err(e) if ffi::errno_of(&e) == Some(libc::ESHUTDOWN) => r.health.blocklisted(),
+        Err(e) if ffi::errno_of(&e) == Some(libc::ESHUTDOWN) => r.health.blocklisted(&image),
         Err(e) => tracing::warn!(image = %r.spec.spec(), "cannot read the image's size: {e}"),
     }
 }
@@ -522,7 +528,8 @@ fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
 /// One librbd call of a command, started by its queue with the command's
 /// token (`RbdOp::start`).
 pub struct RbdOp {
-    /// None while a blocklisted connection is being replaced.
+    /// None before the image opened (the namespace is inactive then) or
+    /// after shutdown.
     image: Option<Arc<Image>>,
     health: Arc<Health>,
     aio: Aio,
@@ -543,9 +550,7 @@ enum OnSuccess {
 
 impl RbdOp {
     /// Starts the call; its end reaches `completions` as (`token`, result):
-    /// -ENOTCONN at once while there is no image (a blocklisted connection
-    /// being replaced), which the command answers with a status the host
-    /// retries.
+    /// -ENOTCONN at once when there is no image.
     ///
     /// # Safety
     /// A read or write's arena buffer stays with the command until the
@@ -563,7 +568,7 @@ impl RbdOp {
         });
         // SAFETY: the buffers stay valid until completion (as the caller
         // promised), and `done` keeps the image from being closed until then
-        // (an image is closed only by its last holder: see `retire`).
+        // (an image is closed only by its last holder: see `reconnect`).
         unsafe { image.start(self.aio, done) };
     }
 }
@@ -581,9 +586,10 @@ struct Done {
 impl Finish for Done {
     fn finish(mut self: Box<Self>, rc: i64) {
         if rc == -(libc::ESHUTDOWN as i64) {
-            // librados' EBLOCKLISTED; said before the image is let go, so
-            // that `retire`, which waits for that, sees it.
-            self.health.blocklisted();
+            if let Some(image) = &self.image {
+                // librados' EBLOCKLISTED.
+                self.health.blocklisted(image);
+            }
         }
         // The image goes before the command can complete: its completion
         // may drop the namespace, and the last holder of an image must not
