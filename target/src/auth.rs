@@ -273,7 +273,8 @@ impl QueueAuth {
                         },
                         _ => {
                             let p = p.clone();
-                            let (task, job) = Task::new(move || p.shared_secret(&dh_value));
+                            let (task, job) =
+                                Task::new(peers.host_nqn, move || p.shared_secret(&dh_value));
                             self.dh = Some(DhWork {
                                 cid,
                                 task: DhTask::Secret(task),
@@ -382,7 +383,7 @@ impl QueueAuth {
                         None => return self.refuse_now(tid, peers, BUSY.into()),
                     },
                     (g, _) => {
-                        let (task, job) = Task::new(move || KeyPair::generate(g));
+                        let (task, job) = Task::new(peers.host_nqn, move || KeyPair::generate(g));
                         self.dh = Some(DhWork {
                             cid,
                             task: DhTask::KeyPair(task),
