@@ -10,7 +10,8 @@
 //! inactive until its image opens and is announced (and resized) with
 //! Namespace Attribute Changed; an OSD that stops answering turns I/O into
 //! a retryable Command Interrupted within the configured timeout, and I/O
-//! works again once the OSD continues.
+//! works again once the OSD continues; a blocklisted client reconnects; a
+//! cluster that does not answer holds up no other.
 
 use rdmablk_common::nvme::identify::{cns, parse_ns_list, NamespaceId};
 use rdmablk_common::nvme::{admin, crd_of, dnr_of, feature, nvm, Sqe, Status};
@@ -418,6 +419,12 @@ fn the_namespace_appears_when_its_image_opens_and_follows_resizes() {
     ])
     .assert_success("rbd create");
     wait_event(&mut c, "the event of the image opening");
+    assert_eq!(
+        t.log().matches("connected to the Ceph cluster").count(),
+        1,
+        "one connection while the image did not exist\n{}",
+        t.log_tail()
+    );
     assert_eq!(active(&c), vec![1], "active once open");
     assert_eq!(
         identify_ns(&c).nsze,
@@ -838,5 +845,83 @@ fn a_blocklisted_client_reconnects() {
         "read after the idle reconnection",
     );
     drop(c);
+    stop(t);
+}
+
+/// A namespace whose cluster does not answer (its monitor accepts
+/// connections and stays silent) does not hold up another cluster's: a
+/// namespace added by a reload while the first is connecting (for its 10 s
+/// timeout) is active within seconds.
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn a_dead_cluster_does_not_hold_up_another() {
+    let _s = serial();
+    let img = Image::create("alive", 32 * MIB);
+    let dir = TempDir::new("rbd-dead");
+    let dead_conf = dir.join("dead.conf");
+    // A "monitor" that takes connections and never says a word: connecting
+    // waits for the whole timeout.
+    let silent = std::net::TcpListener::bind("127.0.0.1:0").or_panic("binding a silent port");
+    let port = silent.local_addr().or_panic("its address").port();
+    let conf = std::fs::read_to_string(ceph_conf()).or_panic("reading ceph.conf");
+    let dead: String = conf
+        .lines()
+        .map(|l| {
+            if l.starts_with("mon_host") {
+                format!("mon_host = [v2:127.0.0.1:{port}]")
+            } else {
+                l.to_string()
+            }
+        })
+        .map(|l| l + "\n")
+        .collect();
+    std::fs::write(&dead_conf, dead).or_panic("writing dead.conf");
+    let namespace = |nsid: u32, image: &str, conf: &std::path::Path| {
+        format!(
+            "  [[subsystem.namespace]]\n  nsid = {nsid}\n  backend = \"rbd\"\n  pool = \"rbd\"\n  \
+             image = \"{image}\"\n  ceph_conf = \"{}\"\n  client_id = \"rdmablk\"\n  timeout = \"10s\"\n",
+            conf.display()
+        )
+    };
+    let config = |namespaces: &str| {
+        format!(
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n{namespaces}"
+        )
+    };
+    let sock = dir.join("control.sock");
+    let sock_arg = sock.to_str().expect("utf-8");
+    let one = config(&namespace(1, "nowhere", &dead_conf));
+    let t = Target::start_config_with(&one, &["--control", sock_arg], None);
+    // The first namespace is connecting to the silent monitor now.
+    std::thread::sleep(Duration::from_millis(500));
+    let two = one + &namespace(2, &img.name, &ceph_conf());
+    std::fs::write(
+        t.dir().join("target.toml"),
+        two.replace("{port}", &t.port().to_string()),
+    )
+    .or_panic("writing the config");
+    let reloaded = Instant::now();
+    let mut reload = Command::new(rdmablk_tests::bin_path("rdmablk-target"));
+    reload.args(["reload", "--control", sock_arg]);
+    run("rdmablk-target reload", &mut reload, TOOL_TIMEOUT).assert_success("reload");
+    wait_active(&t);
+    let took = reloaded.elapsed();
+    assert!(
+        took < Duration::from_secs(5),
+        "the healthy namespace opened {took:?} after the reload, behind the silent cluster\n{}",
+        t.log_tail()
+    );
+    let mut c = controller(&t, HOST_A);
+    assert_eq!(active(&c), vec![2], "only the healthy namespace is active");
+    let data = Rng::new(8).bytes(4096);
+    c.io[0].write(2, 0, &data, 512, false).or_panic("write");
+    assert_same(
+        &c.io[0].read(2, 0, 8, 512).or_panic("read"),
+        &data,
+        "read back",
+    );
+    drop(c);
+    drop(silent);
     stop(t);
 }

@@ -299,12 +299,25 @@ fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
     // A failure is logged as an error when it is new, then quietly while it
     // repeats every RETRY_OPEN.
     let mut last_failure = String::new();
+    // Kept while the image does not exist yet: no new connection per try.
+    let mut connected: Option<Arc<Cluster>> = None;
     loop {
         let Some(n) = ns.upgrade() else {
             return false;
         };
         let r = rbd(&n);
-        match open(&r.spec, r.read_only) {
+        let opened = match connected.take() {
+            Some(c) => Ok(c),
+            None => cluster(&r.spec),
+        }
+        .and_then(|c| {
+            open(&c, &r.spec, r.read_only).inspect_err(|e| {
+                if ffi::errno_of(e) == Some(libc::ENOENT) {
+                    connected = Some(c.clone());
+                }
+            })
+        });
+        match opened {
             Ok(mut opened) => {
                 let notice = r.health.wake.get().cloned();
                 if let Err(e) = opened.watch(move || {
@@ -465,8 +478,8 @@ fn activate(n: &Namespace, opened: Image) -> io::Result<bool> {
 }
 
 /// Connects (or shares a connection) and opens the image.
-fn open(spec: &RbdImage, read_only: bool) -> io::Result<Image> {
-    cluster(spec)?.open(
+fn open(cluster: &Arc<Cluster>, spec: &RbdImage, read_only: bool) -> io::Result<Image> {
+    cluster.open(
         &spec.pool,
         spec.namespace.as_deref().unwrap_or(""),
         &spec.image,
@@ -474,33 +487,41 @@ fn open(spec: &RbdImage, read_only: bool) -> io::Result<Image> {
     )
 }
 
-/// The live cluster connections by (ceph.conf, client id).
-type Clusters = HashMap<(PathBuf, String), Weak<Cluster>>;
+/// The connection of one (ceph.conf, client id), while images use it.
+type Slot = Arc<Mutex<Weak<Cluster>>>;
 
-static CLUSTERS: Mutex<Option<Clusters>> = Mutex::new(None);
+/// The slots by (ceph.conf, client id): as many as the configuration names.
+static CLUSTERS: Mutex<Option<HashMap<(PathBuf, String), Slot>>> = Mutex::new(None);
+
+/// The slot of `spec`'s (ceph.conf, client id).
+fn slot(spec: &RbdImage) -> Slot {
+    let mut clusters = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
+    clusters
+        .get_or_insert_with(HashMap::new)
+        .entry(spec.cluster_key())
+        .or_default()
+        .clone()
+}
 
 /// Stops sharing `old` (its client was blocklisted): the next image of its
 /// (ceph.conf, client id) makes a new connection.
 fn forget_cluster(spec: &RbdImage, old: &Arc<Cluster>) {
-    let mut clusters = CLUSTERS.lock().expect("clusters lock");
-    if let Some(c) = clusters.as_mut() {
-        let key = spec.cluster_key();
-        if c.get(&key).is_some_and(|w| w.as_ptr() == Arc::as_ptr(old)) {
-            c.remove(&key);
-        }
+    let slot = slot(spec);
+    let mut current = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    if current.as_ptr() == Arc::as_ptr(old) {
+        *current = Weak::new();
     }
 }
 
 /// The connection for `spec`'s (ceph.conf, client id), shared by the images
 /// that use it; made on first use.
 fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
-    // Held while connecting: a second image of the same cluster waits for
-    // this connection rather than making its own.
-    let mut clusters = CLUSTERS.lock().expect("clusters lock");
-    let clusters = clusters.get_or_insert_with(HashMap::new);
-    clusters.retain(|_, c| c.strong_count() > 0);
-    let key = spec.cluster_key();
-    if let Some(c) = clusters.get(&key).and_then(Weak::upgrade) {
+    // The slot is held while connecting: a second image of the same cluster
+    // waits for this connection rather than making its own, and images of
+    // other clusters do not wait (a dead one takes up to its timeout).
+    let slot = slot(spec);
+    let mut current = slot.lock().unwrap_or_else(PoisonError::into_inner);
+    if let Some(c) = current.upgrade() {
         return Ok(c);
     }
     let secs = spec.timeout.as_secs().max(1).to_string();
@@ -521,7 +542,7 @@ fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
     let conf = spec.ceph_conf.display().to_string();
     let cluster = Arc::new(Cluster::connect(&conf, &spec.client_id, &options)?);
     tracing::info!(conf = %conf, client = %spec.client_id, "connected to the Ceph cluster");
-    clusters.insert(key, Arc::downgrade(&cluster));
+    *current = Arc::downgrade(&cluster);
     Ok(cluster)
 }
 
