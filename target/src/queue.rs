@@ -11,7 +11,7 @@ use crate::command::{self, Command, Connected, Entries, Progress, State, Work};
 use crate::config::Limits;
 use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::poller::{Io, Token};
-use rdmablk_common::fabrics::ConnectCmd;
+use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
@@ -30,6 +30,13 @@ pub trait Wire {
 
     /// The local address the host reached, when the transport knows it.
     fn local_addr(&self) -> Option<IpAddr>;
+
+    /// Entries the transport connection was made for, when it was: a
+    /// Connect may not ask for more (NVMe/RDMA's HSQSIZE sizes the queue
+    /// pair's send queue).
+    fn queue_entries(&self) -> Option<u16> {
+        None
+    }
 
     /// Asks the host for (more of) the data of the command in `slot`, which
     /// has its buffer (R2T, RDMA READ); its arrival comes back through
@@ -473,11 +480,23 @@ impl Queue {
             return self.complete(slot, io, w);
         }
         if matches!(cmd.work, Work::Connect) {
-            if let Connected::Yes(a) =
-                cmd.connect(io.registry, io.arena, w.caps(), w.local_addr(), &self.peer)
-            {
-                self.qid = a.qid;
-                self.bind.connected(a, io);
+            let asked = ConnectCmd::from_sqe(&cmd.sqe).sqsize as u32 + 1;
+            match w.queue_entries() {
+                Some(made) if asked > made as u32 => {
+                    // Connect Invalid Parameters, naming SQSIZE (bytes 44-45
+                    // of the command), as for a size out of range.
+                    tracing::warn!(peer = %self.peer, "Connect refused: a queue of {asked} entries on a connection made for {made}");
+                    cmd.status = Status::CONNECT_INVALID_PARAMETERS;
+                    cmd.dw0 = invalid_param_dw0(false, 44);
+                }
+                _ => {
+                    if let Connected::Yes(a) =
+                        cmd.connect(io.registry, io.arena, w.caps(), w.local_addr(), &self.peer)
+                    {
+                        self.qid = a.qid;
+                        self.bind.connected(a, io);
+                    }
+                }
             }
             return self.complete(slot, io, w);
         }

@@ -391,6 +391,8 @@ struct RdmaWire<P> {
     /// Local key of the poller's arena on the queue's device.
     lkey: u32,
     idx: u32,
+    /// Entries of the queue (HSQSIZE + 1), which sized the send queue.
+    entries: u16,
     phase: Phase,
     since: Instant,
     /// RDMA READs we may have outstanding, and how many are.
@@ -413,6 +415,10 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
 
     fn local_addr(&self) -> Option<IpAddr> {
         self.local
+    }
+
+    fn queue_entries(&self) -> Option<u16> {
+        Some(self.entries)
     }
 
     /// One RDMA READ of all the data, when a credit is free.
@@ -515,12 +521,20 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
 impl<P: QueuePair> RdmaWire<P> {
     /// The wire of queue `idx` on `qp` (reached at `local`), whose arena key
     /// is `lkey` and which may have `read_credits` RDMA READs outstanding.
-    fn new(qp: P, local: Option<IpAddr>, lkey: u32, idx: u32, read_credits: u8) -> RdmaWire<P> {
+    fn new(
+        qp: P,
+        local: Option<IpAddr>,
+        lkey: u32,
+        idx: u32,
+        entries: u16,
+        read_credits: u8,
+    ) -> RdmaWire<P> {
         RdmaWire {
             qp,
             local,
             lkey,
             idx,
+            entries,
             phase: Phase::Accepting,
             since: Instant::now(),
             read_credits,
@@ -866,7 +880,7 @@ impl RdmaEndpoint {
             inc.req.qid,
         );
         let local = id.local().map(|a| a.ip());
-        let wire = RdmaWire::new(id, local, lkey, idx as u32, read_credits);
+        let wire = RdmaWire::new(id, local, lkey, idx as u32, depth, read_credits);
         self.conns[idx] = Some(Box::new(RdmaQueue {
             q,
             w: wire,

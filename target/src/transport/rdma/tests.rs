@@ -86,7 +86,7 @@ impl Fixture {
     /// Queue `qid` with `credits` RDMA READs, established.
     fn new(rig: Rig, qid: u16, credits: u8) -> Fixture {
         let q = Queue::new(Binding::new(rig.pending()), "unit".into(), 1, 3, qid);
-        let mut w = RdmaWire::new(FakeQp::default(), None, LKEY, 3, credits);
+        let mut w = RdmaWire::new(FakeQp::default(), None, LKEY, 3, 32, credits);
         w.phase = Phase::Live;
         Fixture {
             rig,
@@ -335,4 +335,37 @@ fn refusals_flushes_and_overrun() {
         f.capsule(&s, &[]);
     }
     assert!(f.conn.w.qp.disconnected, "the host overran its queue");
+}
+
+/// A Connect may not ask for a larger queue than the RDMA connection was
+/// made for (HSQSIZE + 1 entries sized its send queue): Connect Invalid
+/// Parameters naming SQSIZE (NVMe Base 2.1, Connect response: IATTR 0, IPO
+/// 44), on the admin queue and on an I/O queue; the same size is accepted.
+#[test]
+fn a_connect_larger_than_the_connection_is_refused() {
+    for (qid, entries, ok) in [
+        (0u16, 16u16, false),
+        (1, 16, false),
+        (0, 32, true),
+        (1, 32, true),
+    ] {
+        let rig = Rig::new(Limits::default());
+        // An I/O queue joins a live controller (its admin association kept).
+        let admin = (qid != 0).then(|| enabled(&rig.registry, 1));
+        let cntlid = admin.as_ref().map_or(0xffff, |a| a.ctrl.cntlid);
+        let mut f = Fixture::new(rig, qid, 4);
+        f.conn.w.entries = entries;
+        let data = connect_data(DEFAULT_NQN, HOST, cntlid);
+        // SQSIZE 31: a queue of 32 entries.
+        f.capsule(&connect_sqe(qid, 0, if qid == 0 { 5000 } else { 0 }), &data);
+        let cqe = f.response();
+        let what = format!("qid {qid} on a connection of {entries} entries");
+        if ok {
+            assert_eq!(cqe.status(), Status::SUCCESS, "{what}");
+        } else {
+            assert_eq!(cqe.status(), Status::CONNECT_INVALID_PARAMETERS, "{what}");
+            let names_sqsize = rdmablk_common::fabrics::invalid_param_dw0(false, 44);
+            assert_eq!(cqe.dw0, names_sqsize, "{what}: names SQSIZE");
+        }
+    }
 }
