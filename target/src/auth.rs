@@ -73,6 +73,12 @@ struct DhWork {
     task: DhTask,
 }
 
+impl DhWork {
+    fn new(cid: u16, task: DhTask) -> DhWork {
+        DhWork { cid, task }
+    }
+}
+
 enum DhTask {
     /// The controller's key pair for the Challenge.
     KeyPair(Task<std::io::Result<KeyPair>>),
@@ -275,10 +281,7 @@ impl QueueAuth {
                             let p = p.clone();
                             let (task, job) =
                                 Task::new(peers.host_nqn, move || p.shared_secret(&dh_value));
-                            self.dh = Some(DhWork {
-                                cid,
-                                task: DhTask::Secret(task),
-                            });
+                            self.dh = Some(DhWork::new(cid, DhTask::Secret(task)));
                             self.step = Step::Challenged {
                                 tid,
                                 sc_c,
@@ -384,10 +387,7 @@ impl QueueAuth {
                     },
                     (g, _) => {
                         let (task, job) = Task::new(peers.host_nqn, move || KeyPair::generate(g));
-                        self.dh = Some(DhWork {
-                            cid,
-                            task: DhTask::KeyPair(task),
-                        });
+                        self.dh = Some(DhWork::new(cid, DhTask::KeyPair(task)));
                         self.step = Step::Negotiated {
                             tid,
                             sc_c,
@@ -495,6 +495,14 @@ mod tests {
         }
     }
 
+    fn peers(h: &HostAuth) -> Peers<'_> {
+        Peers {
+            host_nqn: &h.nqn,
+            subsys_nqn: "nqn.2026-11.io.example:s",
+            host: Some(h),
+        }
+    }
+
     fn negotiate() -> Vec<u8> {
         Message::Negotiate {
             tid: 1,
@@ -508,11 +516,7 @@ mod tests {
     #[test]
     fn the_challenge_waits_for_its_key_pair_and_nothing_else_runs_meanwhile() {
         let h = host();
-        let peers = Peers {
-            host_nqn: &h.nqn,
-            subsys_nqn: "nqn.2026-11.io.example:s",
-            host: Some(&h),
-        };
+        let peers = peers(&h);
         let mut a = QueueAuth::default();
         assert!(matches!(
             a.on_send(1, &negotiate(), &peers),
@@ -544,11 +548,7 @@ mod tests {
     #[test]
     fn work_dropped_by_a_full_offload_queue_fails_the_transaction() {
         let h = host();
-        let peers = Peers {
-            host_nqn: &h.nqn,
-            subsys_nqn: "nqn.2026-11.io.example:s",
-            host: Some(&h),
-        };
+        let peers = peers(&h);
         let mut a = QueueAuth::default();
         a.on_send(1, &negotiate(), &peers);
         let (_, outcome) = a.on_receive(2, &peers);

@@ -659,6 +659,22 @@ impl Drop for Blocklisted {
     }
 }
 
+/// Waits until the target has opened its image again `n` times in all,
+/// then reads back `data` (at LBA 128) through `c`.
+fn reconnected(t: &Target, n: usize, c: &mut Controller, data: &[u8], what: &str) {
+    let start = Instant::now();
+    while t.log().matches("open again on a new connection").count() < n {
+        assert!(
+            start.elapsed() < Duration::from_secs(60),
+            "no new connection {what}\n{}",
+            t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    let back = io(c).read(1, 128, 128, 512).or_panic(what);
+    assert_same(&back, data, what);
+}
+
 /// A client the cluster blocklists (as another client breaking its lock
 /// would, or an operator) has every operation refused for good: the target
 /// opens the image again on a new connection. Meanwhile I/O is answered
@@ -807,43 +823,14 @@ fn a_blocklisted_client_reconnects() {
         "profile rbd pool=rbd",
     ])
     .assert_success("ceph auth caps (restore)");
-    while t.log().matches("open again on a new connection").count() < 2 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "no reconnection after the caps came back\n{}",
-            t.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_same(
-        &io(&mut c)
-            .read(1, 128, 128, 512)
-            .or_panic("read after reconnecting again"),
-        &fresh,
-        "read after reconnecting again",
-    );
+    reconnected(&t, 2, &mut c, &fresh, "after the caps came back");
 
     // Blocklisted while idle: the image's watch notices, and the namespace
     // has a new connection before the next I/O.
     let idle = watchers(&img);
     ceph(&["osd", "blocklist", "add", &idle[0]]).assert_success("ceph osd blocklist add");
     let _unlist2 = Blocklisted(idle[0].clone());
-    let start = Instant::now();
-    while t.log().matches("open again on a new connection").count() < 3 {
-        assert!(
-            start.elapsed() < Duration::from_secs(60),
-            "an idle namespace did not reconnect after its client was blocklisted\n{}",
-            t.log_tail()
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-    assert_same(
-        &io(&mut c)
-            .read(1, 128, 128, 512)
-            .or_panic("read after the idle reconnection"),
-        &fresh,
-        "read after the idle reconnection",
-    );
+    reconnected(&t, 3, &mut c, &fresh, "blocklisted while idle");
     drop(c);
     stop(t);
 }
