@@ -13,7 +13,7 @@ functions=(
   rbd_open rbd_open_read_only rbd_close rbd_get_size rbd_get_id rbd_flush
   rbd_aio_create_completion rbd_aio_get_return_value rbd_aio_release
   rbd_aio_read rbd_aio_write rbd_aio_flush rbd_aio_discard rbd_aio_write_zeroes
-  rbd_update_watch rbd_update_unwatch
+  rbd_update_watch rbd_update_unwatch rbd_config_image_list rbd_config_image_list_cleanup
 )
 allow=$(IFS='|'; echo "${functions[*]}")
 {
@@ -23,7 +23,7 @@ allow=$(IFS='|'; echo "${functions[*]}")
     --dynamic-loading Librbd --dynamic-link-require-all \
     --allowlist-function "^($allow)\$" \
     --no-layout-tests --no-doc-comments \
-    --raw-line '#![allow(non_camel_case_types, dead_code, unsafe_op_in_unsafe_fn, clippy::all, clippy::undocumented_unsafe_blocks)]'
+    --raw-line '#![allow(non_camel_case_types, non_upper_case_globals, dead_code, unsafe_op_in_unsafe_fn, clippy::all, clippy::undocumented_unsafe_blocks)]'
 } > "$out"
 rustfmt --edition 2021 "$out"
 echo "wrote $out" >&2

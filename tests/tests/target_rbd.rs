@@ -915,3 +915,32 @@ fn a_dead_cluster_does_not_hold_up_another() {
     drop(silent);
     stop(t);
 }
+
+/// An image whose own configuration turns librbd's cache on (`rbd config
+/// image set ... rbd_cache true`, which overrides the target's client
+/// options) is not served: the namespace would promise durable writes
+/// without a volatile write cache. The target says why and how to fix it;
+/// once the setting is removed, the namespace opens (the target retries
+/// every 5 s).
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn an_image_configured_with_a_cache_is_not_served() {
+    let _s = serial();
+    let img = Image::create("cached", 32 * MIB);
+    rbd(&["config", "image", "set", &img.spec(), "rbd_cache", "true"])
+        .assert_success("rbd config image set");
+    let t = target(&img.name, "", "20s");
+    wait_log(&t, "sets rbd_cache = true");
+    assert!(
+        t.log().contains("rbd config image rm"),
+        "the log says how to fix it\n{}",
+        t.log_tail()
+    );
+    let c = controller(&t, HOST_A);
+    assert_eq!(active(&c), Vec::<u32>::new(), "not served with a cache");
+    rbd(&["config", "image", "rm", &img.spec(), "rbd_cache"]).assert_success("rbd config image rm");
+    wait_active(&t);
+    assert_eq!(active(&c), vec![1], "served once the cache is off");
+    drop(c);
+    stop(t);
+}

@@ -45,11 +45,15 @@ const RETRY_OPEN: Duration = Duration::from_secs(5);
 /// - A discard zeroes partial objects too, so deallocated blocks read
 ///   back as zeroes, as Identify Namespace's DLFEAT says.
 /// - Writes leave from the caller's buffer without a copy.
+///
+/// The first `REQUIRED_OPTIONS` are what the namespace promises its hosts:
+/// an image whose pool or image configuration overrides them is not served.
 const CLIENT_OPTIONS: [(&str, &str); 3] = [
     ("rbd_cache", "false"),
     ("rbd_skip_partial_discard", "false"),
     ("rbd_disable_zero_copy_writes", "false"),
 ];
+const REQUIRED_OPTIONS: usize = 2;
 
 /// A namespace's RBD image: what to open, and the image once open.
 pub struct RbdBackend {
@@ -427,9 +431,21 @@ fn follow_resize(n: &Namespace, changed: &impl Fn()) {
 
 /// Makes `opened` the image of `n`: at the first opening, sets the size and
 /// identifiers and activates the namespace (returns true); later (after a
-/// blocklisted connection), the image must be the same one (same id).
+/// blocklisted connection), the image must be the same one (same id). Its
+/// configuration must keep what the namespace promises (`REQUIRED_OPTIONS`).
 fn activate(n: &Namespace, opened: Image) -> io::Result<bool> {
     let r = rbd(n);
+    for &(name, want) in &CLIENT_OPTIONS[..REQUIRED_OPTIONS] {
+        if let Some(v) = opened.config(name)?.filter(|v| v != want) {
+            return Err(io::Error::other(format!(
+                "the image's configuration sets {name} = {v} (the target needs {want}: \
+                 acknowledged writes durable, deallocated blocks reading zeroes); remove it \
+                 with `rbd config image rm {spec} {name}` or `rbd config pool rm {pool} {name}`",
+                spec = r.spec.spec(),
+                pool = r.spec.pool
+            )));
+        }
+    }
     let size = opened.size()?;
     let id = opened.id()?;
     let s = &r.spec;

@@ -2,7 +2,9 @@
 //! library, loaded once at run time; a cluster connection; an open image
 //! and its asynchronous I/O.
 
-use super::sys::{rados_ioctx_t, rados_t, rbd_completion_t, rbd_image_t, Librbd};
+use super::sys::{
+    rados_ioctx_t, rados_t, rbd_completion_t, rbd_config_option_t, rbd_image_t, Librbd,
+};
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard};
@@ -329,6 +331,42 @@ impl Image {
             return Err(io::Error::other("the image is closed"));
         }
         Ok(closed)
+    }
+
+    /// The image's value of librbd option `name`: the client's, or the
+    /// pool's or image's where their configuration overrides it (`rbd
+    /// config pool|image set`).
+    pub fn config(&self, name: &str) -> io::Result<Option<String>> {
+        let _open = self.open_handle()?;
+        let list = self.lib.rbd_config_image_list;
+        let mut count: c_int = 0;
+        // SAFETY: an open image (held open by `_open`); with no room
+        // (`count` 0) librbd only writes how many options there are.
+        let rc = unsafe { list(self.handle, std::ptr::null_mut(), &mut count) };
+        if rc != -libc::ERANGE {
+            check("rbd_config_image_list", rc)?;
+        }
+        let empty = rbd_config_option_t {
+            name: std::ptr::null_mut(),
+            value: std::ptr::null_mut(),
+            source: 0,
+        };
+        let mut options = vec![empty; count.max(0) as usize];
+        // SAFETY: `options` has room for `count` entries, which librbd fills
+        // with strings it allocates (freed by the cleanup below).
+        check("rbd_config_image_list", unsafe {
+            list(self.handle, options.as_mut_ptr(), &mut count)
+        })?;
+        let filled = &options[..(count.max(0) as usize).min(options.len())];
+        let value = filled.iter().find_map(|o| {
+            // SAFETY: librbd filled the entry with NUL-terminated strings,
+            // alive until the cleanup below.
+            let (n, v) = unsafe { (CStr::from_ptr(o.name), CStr::from_ptr(o.value)) };
+            (n.to_bytes() == name.as_bytes()).then(|| v.to_string_lossy().into_owned())
+        });
+        // SAFETY: the entries librbd filled, once.
+        unsafe { (self.lib.rbd_config_image_list_cleanup)(options.as_mut_ptr(), count) };
+        Ok(value)
     }
 
     /// Waits until every write so far is durable.

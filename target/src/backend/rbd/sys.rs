@@ -4,6 +4,7 @@
 
 #![allow(
     non_camel_case_types,
+    non_upper_case_globals,
     dead_code,
     unsafe_op_in_unsafe_fn,
     clippy::all,
@@ -19,6 +20,17 @@ pub type rbd_callback_t = ::std::option::Option<
 >;
 pub type rbd_update_callback_t =
     ::std::option::Option<unsafe extern "C" fn(arg: *mut ::std::os::raw::c_void)>;
+pub const rbd_config_source_t_RBD_CONFIG_SOURCE_CONFIG: rbd_config_source_t = 0;
+pub const rbd_config_source_t_RBD_CONFIG_SOURCE_POOL: rbd_config_source_t = 1;
+pub const rbd_config_source_t_RBD_CONFIG_SOURCE_IMAGE: rbd_config_source_t = 2;
+pub type rbd_config_source_t = ::std::os::raw::c_uint;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct rbd_config_option_t {
+    pub name: *mut ::std::os::raw::c_char,
+    pub value: *mut ::std::os::raw::c_char,
+    pub source: rbd_config_source_t,
+}
 extern crate libloading;
 pub struct Librbd {
     __library: ::libloading::Library,
@@ -113,6 +125,13 @@ pub struct Librbd {
     ) -> ::std::os::raw::c_int,
     pub rbd_update_unwatch:
         unsafe extern "C" fn(image: rbd_image_t, handle: u64) -> ::std::os::raw::c_int,
+    pub rbd_config_image_list: unsafe extern "C" fn(
+        image: rbd_image_t,
+        options: *mut rbd_config_option_t,
+        max_options: *mut ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
+    pub rbd_config_image_list_cleanup:
+        unsafe extern "C" fn(options: *mut rbd_config_option_t, max_options: ::std::os::raw::c_int),
 }
 impl Librbd {
     pub unsafe fn new<P>(path: P) -> Result<Self, ::libloading::Error>
@@ -157,6 +176,10 @@ impl Librbd {
         let rbd_aio_flush = __library.get(b"rbd_aio_flush\0").map(|sym| *sym)?;
         let rbd_update_watch = __library.get(b"rbd_update_watch\0").map(|sym| *sym)?;
         let rbd_update_unwatch = __library.get(b"rbd_update_unwatch\0").map(|sym| *sym)?;
+        let rbd_config_image_list = __library.get(b"rbd_config_image_list\0").map(|sym| *sym)?;
+        let rbd_config_image_list_cleanup = __library
+            .get(b"rbd_config_image_list_cleanup\0")
+            .map(|sym| *sym)?;
         Ok(Librbd {
             __library,
             rados_create2,
@@ -183,6 +206,8 @@ impl Librbd {
             rbd_aio_flush,
             rbd_update_watch,
             rbd_update_unwatch,
+            rbd_config_image_list,
+            rbd_config_image_list_cleanup,
         })
     }
     pub unsafe fn rados_create2(
@@ -344,5 +369,20 @@ impl Librbd {
         handle: u64,
     ) -> ::std::os::raw::c_int {
         (self.rbd_update_unwatch)(image, handle)
+    }
+    pub unsafe fn rbd_config_image_list(
+        &self,
+        image: rbd_image_t,
+        options: *mut rbd_config_option_t,
+        max_options: *mut ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rbd_config_image_list)(image, options, max_options)
+    }
+    pub unsafe fn rbd_config_image_list_cleanup(
+        &self,
+        options: *mut rbd_config_option_t,
+        max_options: ::std::os::raw::c_int,
+    ) {
+        (self.rbd_config_image_list_cleanup)(options, max_options)
     }
 }
