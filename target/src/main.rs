@@ -7,15 +7,20 @@ mod backend;
 mod binding;
 mod budget;
 mod command;
+mod completions;
 mod config;
 mod control;
 mod controller;
 mod error;
+mod http;
+mod ids;
 mod io_cmd;
 mod metrics;
 mod notify;
 mod offload;
 mod poller;
+mod port;
+mod prometheus;
 mod queue;
 mod reload;
 mod stats;
@@ -30,7 +35,7 @@ use config::{Config, ConfigError, QuickArgs};
 use error::{starting, DaemonError};
 use metrics::PollerCounters;
 use nix::sys::signal::{SigSet, Signal};
-use poller::{PollerLink, Shared};
+use poller::{PollerLink, Shared, Transports};
 use reload::Running;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -267,7 +272,8 @@ fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError>
         })?;
 
     raise_open_files_limit();
-    let registry = Arc::new(Registry::open(&cfg)?);
+    let ports = cfg.listeners.iter().map(transport::port).collect();
+    let registry = Arc::new(Registry::open(&cfg, ports)?);
     registry.start_backends();
     let shared = Arc::new(Shared {
         registry: registry.clone(),
@@ -282,6 +288,10 @@ fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError>
             .collect(),
     });
     let started = std::time::Instant::now();
+    let transports = Transports {
+        ring_ops: transport::ring_ops().collect(),
+        endpoints: transport::endpoints,
+    };
     let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
         .map(|i| {
             poller::spawn(
@@ -289,6 +299,7 @@ fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError>
                 shared.clone(),
                 cfg.pollers.arena_bytes as usize,
                 cfg.pollers.busy_poll,
+                &transports,
             )
         })
         .collect::<Result<Vec<_>, _>>()
@@ -336,7 +347,7 @@ fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError>
         let shared = shared.clone();
         std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || metrics::http::serve(listener, || metrics::render(&shared, started)))
+            .spawn(move || http::serve(listener, || prometheus::render(&shared, started)))
             .map_err(starting("the metrics endpoint"))?;
         tracing::info!("metrics on http://{addr}/metrics");
     }

@@ -1,26 +1,21 @@
-//! What the target counts for operators, and the Prometheus text
-//! exposition (format 0.0.4) a scrape of the metrics endpoint gets.
+//! What the target counts for operators: per namespace and per poller.
+//! The reports (status, Prometheus) read them.
 //!
 //! Counters live per poller: each has one writer, its poller, which adds
 //! with a plain load and store (no atomic read-modify-write and no cache
 //! line shared with another poller on the I/O path); a scrape sums them.
 
-pub mod http;
-
-use crate::poller::Shared;
-use crate::subsystem::Namespace;
 use rdmablk_common::nvme::Status;
 use std::collections::BTreeMap;
-use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
-use std::sync::Arc;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Upper bounds of the latency histogram's buckets, in microseconds.
 pub const LATENCY_BOUNDS_US: [u64; 14] = [
     10, 25, 50, 100, 250, 500, 1_000, 2_500, 5_000, 10_000, 25_000, 100_000, 1_000_000, 10_000_000,
 ];
-const BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
+/// Buckets of the latency histogram: one per bound and one above them.
+pub const BUCKETS: usize = LATENCY_BOUNDS_US.len() + 1;
 
 /// Distinct failure statuses one poller counts per namespace; statuses
 /// beyond them count as "other".
@@ -56,7 +51,8 @@ pub enum Op {
     Other,
 }
 
-const OPS: [(Op, &str); 3] = [
+/// Each operation class with its name in reports.
+pub const OPS: [(Op, &str); 3] = [
     (Op::Read, "read"),
     (Op::Write, "write"),
     (Op::Other, "other"),
@@ -164,9 +160,30 @@ impl NsMetrics {
         self.0.iter().map(f).fold(0, u64::wrapping_add)
     }
 
+    /// Commands of class `op` answered, over all pollers.
+    pub fn commands(&self, op: Op) -> u64 {
+        self.sum(|c| c.commands[op as usize].get())
+    }
+
+    /// Bytes moved by successful commands of class `op` (reads, writes).
+    pub fn bytes(&self, op: Op) -> u64 {
+        self.sum(|c| c.bytes.get(op as usize).map_or(0, Counter::get))
+    }
+
+    /// The latency histogram of class `op` (counts per bucket, not
+    /// cumulative), over all pollers.
+    pub fn latency_buckets(&self, op: Op) -> [u64; BUCKETS] {
+        std::array::from_fn(|b| self.sum(|c| c.buckets[op as usize][b].get()))
+    }
+
+    /// The sum of the latencies of class `op`, in nanoseconds.
+    pub fn latency_ns(&self, op: Op) -> u64 {
+        self.sum(|c| c.latency_ns[op as usize].get())
+    }
+
     /// Failures by status over all pollers; `None` is "other" (statuses
     /// beyond a poller's slots).
-    fn errors(&self) -> BTreeMap<Option<u32>, u64> {
+    pub fn errors(&self) -> BTreeMap<Option<u32>, u64> {
         let mut out = BTreeMap::new();
         for c in self.0.iter() {
             for (s, n) in c.error_status.iter().zip(&c.errors) {
@@ -190,258 +207,4 @@ pub struct PollerCounters {
     pub arena_bytes: Counter,
     /// Time spent working rather than waiting for completions.
     pub busy_ns: Counter,
-}
-
-/// Escapes a label value (backslash, double quote, newline).
-fn label(v: &str) -> String {
-    v.replace('\\', "\\\\")
-        .replace('"', "\\\"")
-        .replace('\n', "\\n")
-}
-
-/// Writes a family's HELP and TYPE lines.
-fn family(out: &mut String, name: &str, kind: &str, help: &str) {
-    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
-}
-
-/// The whole exposition.
-pub fn render(shared: &Shared, started: Instant) -> String {
-    let mut out = String::with_capacity(16 << 10);
-    let r = &shared.registry;
-    family(
-        &mut out,
-        "rdmablk_build_info",
-        "gauge",
-        "The running rdmablk-target's version.",
-    );
-    let _ = writeln!(
-        out,
-        "rdmablk_build_info{{version=\"{}\"}} 1",
-        env!("CARGO_PKG_VERSION")
-    );
-    family(
-        &mut out,
-        "rdmablk_uptime_seconds",
-        "gauge",
-        "Seconds since the daemon started.",
-    );
-    let _ = writeln!(
-        out,
-        "rdmablk_uptime_seconds {:.3}",
-        started.elapsed().as_secs_f64()
-    );
-    family(
-        &mut out,
-        "process_cpu_seconds_total",
-        "counter",
-        "User and system CPU time of the daemon.",
-    );
-    let cpu = rdmablk_common::usage::process_cpu().as_secs_f64();
-    let _ = writeln!(out, "process_cpu_seconds_total {cpu:.6}");
-    family(
-        &mut out,
-        "rdmablk_connections",
-        "gauge",
-        "Connections (queues) open, connected or not.",
-    );
-    let _ = writeln!(
-        out,
-        "rdmablk_connections {}",
-        shared.connections.load(Ordering::Acquire)
-    );
-
-    let subsystems = r.subsystems();
-    let namespaces: Vec<(&str, Arc<Namespace>)> = subsystems
-        .iter()
-        .flat_map(|s| {
-            s.namespaces()
-                .iter()
-                .map(|n| (s.nqn.as_str(), n.clone()))
-                .collect::<Vec<_>>()
-        })
-        .collect();
-    let ns_labels =
-        |nqn: &str, n: &Namespace| format!("subsystem=\"{}\",nsid=\"{}\"", label(nqn), n.nsid);
-    family(
-        &mut out,
-        "rdmablk_namespace_size_bytes",
-        "gauge",
-        "Size of the namespace.",
-    );
-    for (nqn, n) in &namespaces {
-        let _ = writeln!(
-            out,
-            "rdmablk_namespace_size_bytes{{{}}} {}",
-            ns_labels(nqn, n),
-            n.blocks() * n.block_size as u64
-        );
-    }
-    family(
-        &mut out,
-        "rdmablk_namespace_commands_total",
-        "counter",
-        "I/O commands answered, by operation (other: flush, write zeroes, dataset management).",
-    );
-    for (nqn, n) in &namespaces {
-        for (op, name) in OPS {
-            let v = n.metrics.sum(|c| c.commands[op as usize].get());
-            let _ = writeln!(
-                out,
-                "rdmablk_namespace_commands_total{{{},op=\"{name}\"}} {v}",
-                ns_labels(nqn, n)
-            );
-        }
-    }
-    family(
-        &mut out,
-        "rdmablk_namespace_bytes_total",
-        "counter",
-        "Bytes read and written by successful commands.",
-    );
-    for (nqn, n) in &namespaces {
-        for (op, name) in &OPS[..2] {
-            let v = n.metrics.sum(|c| c.bytes[*op as usize].get());
-            let _ = writeln!(
-                out,
-                "rdmablk_namespace_bytes_total{{{},op=\"{name}\"}} {v}",
-                ns_labels(nqn, n)
-            );
-        }
-    }
-    family(
-        &mut out,
-        "rdmablk_namespace_errors_total",
-        "counter",
-        "I/O commands answered with an error, by NVMe status.",
-    );
-    for (nqn, n) in &namespaces {
-        for (key, v) in n.metrics.errors() {
-            let (name, sct, sc) = match key {
-                Some(k) => {
-                    let st = Status {
-                        sct: (k >> 8) as u8,
-                        sc: k as u8,
-                    };
-                    (
-                        st.name().to_string(),
-                        st.sct.to_string(),
-                        format!("{:#04x}", st.sc),
-                    )
-                }
-                None => ("other".to_string(), String::new(), String::new()),
-            };
-            let _ = writeln!(
-                out,
-                "rdmablk_namespace_errors_total{{{},status=\"{}\",sct=\"{sct}\",sc=\"{sc}\"}} {v}",
-                ns_labels(nqn, n),
-                label(&name)
-            );
-        }
-    }
-    family(
-        &mut out,
-        "rdmablk_namespace_commands_in_flight",
-        "gauge",
-        "I/O commands received and not yet answered.",
-    );
-    for (nqn, n) in &namespaces {
-        let _ = writeln!(
-            out,
-            "rdmablk_namespace_commands_in_flight{{{}}} {}",
-            ns_labels(nqn, n),
-            n.metrics.in_flight()
-        );
-    }
-    family(
-        &mut out,
-        "rdmablk_namespace_command_duration_seconds",
-        "histogram",
-        "Time from a command's arrival to its response, by operation.",
-    );
-    for (nqn, n) in &namespaces {
-        let l = ns_labels(nqn, n);
-        for (op, name) in OPS {
-            let i = op as usize;
-            let mut cumulative = 0u64;
-            for (b, bound) in LATENCY_BOUNDS_US.iter().enumerate() {
-                cumulative += n.metrics.sum(|c| c.buckets[i][b].get());
-                let _ = writeln!(
-                    out,
-                    "rdmablk_namespace_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"{}\"}} {cumulative}",
-                    *bound as f64 / 1e6
-                );
-            }
-            cumulative += n.metrics.sum(|c| c.buckets[i][BUCKETS - 1].get());
-            let _ = writeln!(
-                out,
-                "rdmablk_namespace_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"+Inf\"}} {cumulative}"
-            );
-            let sum = n.metrics.sum(|c| c.latency_ns[i].get()) as f64 / 1e9;
-            let _ = writeln!(
-                out,
-                "rdmablk_namespace_command_duration_seconds_sum{{{l},op=\"{name}\"}} {sum:.9}\nrdmablk_namespace_command_duration_seconds_count{{{l},op=\"{name}\"}} {cumulative}"
-            );
-        }
-    }
-
-    // Hosts: live controllers and their queues, by host NQN and transport.
-    let mut hosts: BTreeMap<(String, &'static str), (u64, u64)> = BTreeMap::new();
-    for s in subsystems.iter().chain([&r.discovery]) {
-        for c in s.live_controllers() {
-            let e = hosts
-                .entry((c.hostnqn.clone(), c.caps().transport))
-                .or_default();
-            e.0 += 1;
-            e.1 += c.queues_connected() as u64;
-        }
-    }
-    for (name, help, pick) in [
-        (
-            "rdmablk_host_controllers",
-            "Live controllers (associations), by host NQN and transport.",
-            (|v: &(u64, u64)| v.0) as fn(&(u64, u64)) -> u64,
-        ),
-        (
-            "rdmablk_host_queues",
-            "Connected queues (admin and I/O), by host NQN and transport.",
-            |v: &(u64, u64)| v.1,
-        ),
-    ] {
-        family(&mut out, name, "gauge", help);
-        for ((host, transport), v) in &hosts {
-            let _ = writeln!(
-                out,
-                "{name}{{host=\"{}\",transport=\"{transport}\"}} {}",
-                label(host),
-                pick(v)
-            );
-        }
-    }
-    family(
-        &mut out,
-        "rdmablk_poller_arena_bytes_in_use",
-        "gauge",
-        "Arena bytes the poller holds: commands' data and RDMA receive buffers.",
-    );
-    for (i, p) in shared.pollers.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "rdmablk_poller_arena_bytes_in_use{{poller=\"{i}\"}} {}",
-            p.arena_bytes.get()
-        );
-    }
-    family(
-        &mut out,
-        "rdmablk_poller_busy_seconds_total",
-        "counter",
-        "CPU time of the poller thread (all of its time with busy_poll).",
-    );
-    for (i, p) in shared.pollers.iter().enumerate() {
-        let _ = writeln!(
-            out,
-            "rdmablk_poller_busy_seconds_total{{poller=\"{i}\"}} {:.6}",
-            p.busy_ns.get() as f64 / 1e9
-        );
-    }
-    out
 }

@@ -2,7 +2,7 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
-use crate::backend::Completions;
+use crate::completions::Completions;
 use crate::budget::PollerBudget;
 use crate::metrics::PollerCounters;
 use crate::subsystem::Registry;
@@ -200,6 +200,16 @@ impl PollerLink {
     }
 }
 
+/// What the transports bring to every poller (the application gathers it:
+/// the poller names no transport).
+pub struct Transports {
+    /// The io_uring operations their endpoints submit (probed at start).
+    pub ring_ops: Vec<Op>,
+    /// The endpoints of poller `id`, one per transport, indexed as
+    /// [`Token`]s name them.
+    pub endpoints: fn(id: usize) -> Vec<Box<dyn Endpoint>>,
+}
+
 /// Creates a poller (ring, arena, registration) and starts its thread,
 /// with an endpoint of every transport.
 pub fn spawn(
@@ -207,10 +217,11 @@ pub fn spawn(
     shared: Arc<Shared>,
     arena_bytes: usize,
     busy_poll: bool,
+    transports: &Transports,
 ) -> io::Result<(PollerLink, JoinHandle<()>)> {
     let ops: Vec<Op> = BACKEND_OPS
         .into_iter()
-        .chain(crate::transport::ring_ops())
+        .chain(transports.ring_ops.iter().copied())
         .collect();
     let ring = Ring::new(RING_ENTRIES, arena_bytes, &ops)?;
     let wakeup = Wakeup::new()?;
@@ -224,8 +235,9 @@ pub fn spawn(
     let poller_wakeup = wakeup.clone();
     let completions = Completions::new(wakeup.clone());
     let discovery_limit = shared.registry.admission.limits.discovery_buffer as usize;
+    let endpoints = transports.endpoints;
     let make = move || Poller {
-        endpoints: crate::transport::endpoints(id),
+        endpoints: endpoints(id),
         budget: PollerBudget::new(discovery_limit),
         answered: 0,
         freed: 0,

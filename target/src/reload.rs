@@ -387,7 +387,10 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
         listeners.push((l, h));
     }
     if discovery_changed {
-        registry.replace(plan.subsystems, listeners.iter().map(|(l, _)| *l).collect());
+        registry.replace(
+            plan.subsystems,
+            listeners.iter().map(|(l, _)| transport::port(l)).collect(),
+        );
         for c in registry.discovery.live_controllers() {
             c.discovery_changed();
         }

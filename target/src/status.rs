@@ -41,9 +41,9 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         shared.connections.load(Ordering::Acquire)
     );
     let listening: Vec<String> = r
-        .listeners()
+        .ports()
         .iter()
-        .map(|l| format!("{}://{}", l.transport, l.address))
+        .map(|p| format!("{}://{}", p.profile.kind, p.addr))
         .collect();
     let _ = writeln!(out, "listening: {}", listening.join(", "));
     for (s, (nss, before)) in subsystems.iter().zip(namespaces.iter().zip(&before)) {

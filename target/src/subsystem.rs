@@ -2,11 +2,14 @@
 //! each, and the discovery subsystem's log.
 
 use crate::admission::Admission;
+use crate::backend::rbd::RbdNamespace;
 use crate::backend::{Backend, FileBackend, MemoryBackend, RbdBackend};
-use crate::config::{self, Config, Listener};
+use crate::config::{self, Config};
 use crate::controller::Controller;
 use crate::error::DaemonError;
+use crate::ids::{self, NamespaceIds};
 use crate::metrics::NsMetrics;
+use crate::port::Port;
 use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
@@ -29,26 +32,6 @@ pub struct Namespace {
     ids: OnceLock<NamespaceIds>,
     /// Commands, bytes, errors and latency, per poller.
     pub metrics: NsMetrics,
-}
-
-/// A namespace's globally unique identifiers.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct NamespaceIds {
-    pub nguid: [u8; 16],
-    pub uuid: [u8; 16],
-}
-
-impl NamespaceIds {
-    /// Identifiers derived from `key`, a name stable across restarts.
-    pub fn derive(key: &str) -> NamespaceIds {
-        let mut uuid = id128(key, 0x75);
-        uuid[6] = (uuid[6] & 0x0f) | 0x80; // version 8: custom
-        uuid[8] = (uuid[8] & 0x3f) | 0x80; // RFC 4122 variant
-        NamespaceIds {
-            nguid: id128(key, 0x6e),
-            uuid,
-        }
-    }
 }
 
 impl Namespace {
@@ -167,11 +150,7 @@ impl Subsystem {
         namespaces: Vec<Arc<Namespace>>,
         cntlids: std::ops::RangeInclusive<u16>,
     ) -> Self {
-        let serial = format!(
-            "{:08x}{:08x}",
-            crc32c::crc32c(nqn.as_bytes()),
-            stable_hash(nqn, 1) as u32
-        );
+        let serial = ids::serial_number(nqn);
         Subsystem {
             nqn: nqn.to_string(),
             access: Mutex::new(access),
@@ -306,7 +285,8 @@ impl Subsystem {
 pub struct Registry {
     subsystems: RwLock<Vec<Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
-    listeners: RwLock<Vec<Listener>>,
+    /// Where the running listeners are, for the discovery log.
+    ports: RwLock<Vec<Port>>,
     /// The discovery log's generation counter (GENCTR).
     genctr: AtomicU64,
     /// What hosts may hold, daemon-wide.
@@ -316,8 +296,9 @@ pub struct Registry {
 }
 
 impl Registry {
-    /// Opens every namespace's backend and builds the registry.
-    pub fn open(cfg: &Config) -> Result<Registry, DaemonError> {
+    /// Opens every namespace's backend and builds the registry, with the
+    /// ports of the listeners about to start.
+    pub fn open(cfg: &Config, ports: Vec<Port>) -> Result<Registry, DaemonError> {
         let mut subsystems = Vec::new();
         for (si, s) in cfg.subsystems.iter().enumerate() {
             let mut namespaces = Vec::new();
@@ -347,7 +328,7 @@ impl Registry {
                 Vec::new(),
                 1..=config::MAX_CNTLID,
             )),
-            listeners: RwLock::new(cfg.listeners.clone()),
+            ports: RwLock::new(ports),
             genctr: AtomicU64::new(1),
             admission: Admission::new(cfg.limits.clone()),
             pollers: cfg.pollers.count,
@@ -366,7 +347,8 @@ impl Registry {
                 };
                 let (registry, nqn) = (Arc::downgrade(self), s.nqn.clone());
                 let (nsid, weak) = (ns.nsid, Arc::downgrade(ns));
-                r.start(ns, move || {
+                let owner: Arc<dyn RbdNamespace> = ns.clone();
+                r.start(Arc::downgrade(&owner), move || {
                     // The subsystem as it is now, if it still serves this
                     // very namespace.
                     let Some(sub) = registry.upgrade().and_then(|r| r.find(&nqn)) else {
@@ -390,16 +372,16 @@ impl Registry {
         self.subsystems.read().expect("subsystems lock").clone()
     }
 
-    /// The listeners now.
-    pub fn listeners(&self) -> Vec<Listener> {
-        self.listeners.read().expect("listeners lock").clone()
+    /// The ports of the listeners now.
+    pub fn ports(&self) -> Vec<Port> {
+        self.ports.read().expect("ports lock").clone()
     }
 
-    /// Replaces subsystems and listeners (a reload) and moves the discovery
+    /// Replaces subsystems and ports (a reload) and moves the discovery
     /// log's generation counter.
-    pub fn replace(&self, subsystems: Vec<Arc<Subsystem>>, listeners: Vec<Listener>) {
+    pub fn replace(&self, subsystems: Vec<Arc<Subsystem>>, ports: Vec<Port>) {
         *self.subsystems.write().expect("subsystems lock") = subsystems;
-        *self.listeners.write().expect("listeners lock") = listeners;
+        *self.ports.write().expect("ports lock") = ports;
         self.genctr.fetch_add(1, Ordering::AcqRel);
     }
 
@@ -420,7 +402,7 @@ impl Registry {
     /// a reload takes, so that it matches its generation counter.
     pub fn discovery_log(&self, hostnqn: &str, local: Option<IpAddr>) -> Vec<u8> {
         let subsystems = self.subsystems.read().expect("subsystems lock");
-        let listeners = self.listeners.read().expect("listeners lock");
+        let ports = self.ports.read().expect("ports lock");
         let genctr = self.genctr.load(Ordering::Acquire);
         let current = std::iter::once((DISCOVERY_NQN, subtype::CURRENT_DISCOVERY));
         let allowed = subsystems
@@ -429,12 +411,11 @@ impl Registry {
             .map(|s| (s.nqn.as_str(), subtype::NVME));
         let mut entries = Vec::new();
         for (nqn, kind) in current.chain(allowed) {
-            for (port, l) in listeners.iter().enumerate() {
-                let (_, transport) = crate::transport::of(l.transport);
+            for (i, port) in ports.iter().enumerate() {
                 let mut e = DiscoveryEntry {
-                    portid: port as u16 + 1,
+                    portid: i as u16 + 1,
                     subnqn: nqn.to_string(),
-                    ..transport.profile().discovery_entry(l.address, local)
+                    ..port.profile.discovery_entry(port.addr, local)
                 };
                 if kind == subtype::CURRENT_DISCOVERY {
                     e.subtype = kind;
@@ -444,6 +425,31 @@ impl Registry {
             }
         }
         discovery::encode_log(genctr, &entries)
+    }
+}
+
+impl RbdNamespace for Namespace {
+    fn rbd(&self) -> &RbdBackend {
+        match &self.backend {
+            Backend::Rbd(r) => r,
+            _ => unreachable!("an RBD namespace has an RBD backend"),
+        }
+    }
+
+    fn nsid(&self) -> u32 {
+        self.nsid
+    }
+
+    fn size(&self) -> u64 {
+        self.blocks() * self.block_size as u64
+    }
+
+    fn grow_to(&self, bytes: u64) {
+        Namespace::grow_to(self, bytes)
+    }
+
+    fn set_ids(&self, ids: NamespaceIds) {
+        Namespace::set_ids(self, ids)
     }
 }
 
@@ -518,19 +524,4 @@ pub fn open_namespace(
         ids: OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid))),
         metrics: NsMetrics::new(pollers),
     })
-}
-
-/// A stable 64-bit hash (not DefaultHasher, whose output may change between releases).
-fn stable_hash(s: &str, seed: u8) -> u64 {
-    let lo = crc32c::crc32c_append(seed as u32, s.as_bytes());
-    let hi = crc32c::crc32c_append(lo ^ 0x5bd1_e995, s.as_bytes());
-    (hi as u64) << 32 | lo as u64
-}
-
-/// A stable 128-bit identifier derived from `key`.
-fn id128(key: &str, seed: u8) -> [u8; 16] {
-    let mut out = [0u8; 16];
-    out[..8].copy_from_slice(&stable_hash(key, seed).to_be_bytes());
-    out[8..].copy_from_slice(&stable_hash(key, seed.wrapping_add(1)).to_be_bytes());
-    out
 }

@@ -3,7 +3,7 @@
 //! what a queue needs of its poller without a ring.
 
 use crate::admission::Permit;
-use crate::backend::Completions;
+use crate::completions::Completions;
 use crate::budget::PollerBudget;
 use crate::config::{self, Limits, QuickArgs};
 use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
@@ -34,7 +34,7 @@ pub fn registry(limits: Limits) -> Arc<Registry> {
     })
     .expect("quick form");
     cfg.limits = limits;
-    Arc::new(Registry::open(&cfg).expect("registry"))
+    Arc::new(Registry::open(&cfg, Vec::new()).expect("registry"))
 }
 
 pub fn connect_sqe(qid: u16, cattr: u8, kato: u32) -> Sqe {

@@ -25,9 +25,10 @@ mod ffi;
 #[rustfmt::skip]
 mod sys;
 
-use super::{Access, BackendOp, Completions, FixedBuf};
+use super::{Access, BackendOp, FixedBuf};
+use crate::completions::Completions;
 use crate::config::RbdImage;
-use crate::subsystem::{Namespace, NamespaceIds};
+use crate::ids::NamespaceIds;
 use ffi::{Aio, Cluster, Finish, Image};
 use std::collections::HashMap;
 use std::io;
@@ -234,11 +235,10 @@ impl RbdBackend {
     /// this is), activates the namespace and follows the image's resizes;
     /// `changed` tells the subsystem's controllers that the namespace
     /// changed. The thread ends when the namespace goes.
-    pub fn start(&self, ns: &Arc<Namespace>, changed: impl Fn() + Send + 'static) {
+    pub fn start(&self, ns: Weak<dyn RbdNamespace>, changed: impl Fn() + Send + 'static) {
         if self.started.swap(true, Ordering::AcqRel) {
             return;
         }
-        let ns = Arc::downgrade(ns);
         let name = format!("rbd-{}", self.spec.image);
         let spawned = std::thread::Builder::new()
             .name(name.chars().take(15).collect())
@@ -249,24 +249,31 @@ impl RbdBackend {
     }
 }
 
-/// The RBD backend of `ns`.
-fn rbd(ns: &Namespace) -> &RbdBackend {
-    match &ns.backend {
-        super::Backend::Rbd(r) => r,
-        _ => unreachable!("an RBD namespace has an RBD backend"),
-    }
+/// The namespace an RBD backend serves, as the thread that opens its image
+/// sees it (the NVMe layer's namespace implements it).
+pub trait RbdNamespace: Send + Sync {
+    /// Its backend.
+    fn rbd(&self) -> &RbdBackend;
+    /// Its NSID (for logs).
+    fn nsid(&self) -> u32;
+    /// Its size in bytes now.
+    fn size(&self) -> u64;
+    /// Makes `bytes` (a whole number of blocks, not less than now) its size.
+    fn grow_to(&self, bytes: u64);
+    /// Sets its identifiers, before it becomes active.
+    fn set_ids(&self, ids: NamespaceIds);
 }
 
 /// The life of an RBD namespace after it is made: open (retrying until it
 /// works or the namespace is gone), activate, then follow resizes; when the
 /// cluster blocklisted the client, replace the connection and open again.
-fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
+fn manage(ns: Weak<dyn RbdNamespace>, changed: impl Fn()) {
     // The senders are the backend's and its images' watches' only: this
     // thread ends once the namespace and its images are gone.
     let (wake, woken) = mpsc::sync_channel::<()>(1);
     match ns.upgrade() {
         Some(n) => {
-            let _ = rbd(&n).health.wake.set(wake);
+            let _ = n.rbd().health.wake.set(wake);
         }
         None => return,
     }
@@ -282,7 +289,7 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
         let Some(n) = ns.upgrade() else {
             return;
         };
-        let r = rbd(&n);
+        let r = n.rbd();
         let reported = r.health.blocklisted.swap(0, Ordering::AcqRel);
         match r.current() {
             Some(old) if Arc::as_ptr(&old) as usize == reported => {
@@ -291,7 +298,7 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
                     return;
                 }
             }
-            _ => follow_resize(&n, &changed),
+            _ => follow_resize(&*n, &changed),
         }
     }
 }
@@ -299,7 +306,7 @@ fn manage(ns: Weak<Namespace>, changed: impl Fn()) {
 /// Opens the image of the namespace behind `ns` and makes it the
 /// namespace's, retrying every RETRY_OPEN; the image's update watch wakes
 /// the namespace's thread. False once the namespace is gone.
-fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
+fn open_until_done(ns: &Weak<dyn RbdNamespace>, changed: &impl Fn()) -> bool {
     // A failure is logged as an error when it is new, then quietly while it
     // repeats every RETRY_OPEN.
     let mut last_failure = String::new();
@@ -309,7 +316,7 @@ fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
         let Some(n) = ns.upgrade() else {
             return false;
         };
-        let r = rbd(&n);
+        let r = n.rbd();
         let opened = match connected.take() {
             Some(c) => Ok(c),
             None => cluster(&r.spec),
@@ -332,12 +339,12 @@ fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
                 }) {
                     tracing::warn!(image = %r.spec.spec(), "resizes will not be seen: {e}");
                 }
-                match activate(&n, opened) {
+                match activate(&*n, opened) {
                     Ok(first) => {
                         if first {
                             changed();
                         } else {
-                            follow_resize(&n, changed);
+                            follow_resize(&*n, changed);
                         }
                         return true;
                     }
@@ -368,11 +375,11 @@ fn open_until_done(ns: &Weak<Namespace>, changed: &impl Fn()) -> bool {
 /// retries), then the old one is closed once the operations started on it
 /// have ended (librbd ends them with an error, within the client's
 /// operation timeout). False once the namespace is gone.
-fn reconnect(ns: &Weak<Namespace>, old: Arc<Image>, changed: &impl Fn()) -> bool {
+fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) -> bool {
     let Some(n) = ns.upgrade() else {
         return false;
     };
-    let r = rbd(&n);
+    let r = n.rbd();
     let (spec, client, timeout) = (r.spec.spec(), r.spec.client_id.clone(), r.spec.timeout);
     tracing::warn!(
         image = %spec,
@@ -403,12 +410,12 @@ fn reconnect(ns: &Weak<Namespace>, old: Arc<Image>, changed: &impl Fn()) -> bool
 
 /// Grows the namespace to its image's size (a resize seen by the update
 /// watch, or while the connection was replaced) and tells the controllers.
-fn follow_resize(n: &Namespace, changed: &impl Fn()) {
-    let r = rbd(n);
+fn follow_resize(n: &dyn RbdNamespace, changed: &impl Fn()) {
+    let r = n.rbd();
     let Some(image) = r.current() else {
         return;
     };
-    let now = n.blocks() * n.block_size as u64;
+    let now = n.size();
     match image.size() {
         Ok(size) if size > now => {
             n.grow_to(size / r.block_size as u64 * r.block_size as u64);
@@ -433,8 +440,8 @@ fn follow_resize(n: &Namespace, changed: &impl Fn()) {
 /// identifiers and activates the namespace (returns true); later (after a
 /// blocklisted connection), the image must be the same one (same id). Its
 /// configuration must keep what the namespace promises (`REQUIRED_OPTIONS`).
-fn activate(n: &Namespace, opened: Image) -> io::Result<bool> {
-    let r = rbd(n);
+fn activate(n: &dyn RbdNamespace, opened: Image) -> io::Result<bool> {
+    let r = n.rbd();
     for &(name, want) in &CLIENT_OPTIONS[..REQUIRED_OPTIONS] {
         if let Some(v) = opened.config(name)?.filter(|v| v != want) {
             return Err(io::Error::other(format!(
@@ -483,12 +490,12 @@ fn activate(n: &Namespace, opened: Image) -> io::Result<bool> {
         tracing::info!(
             image = %s.spec(),
             image_id = %id,
-            nsid = n.nsid,
+            nsid = n.nsid(),
             size,
             "RBD image open; namespace active"
         );
     } else {
-        tracing::info!(image = %s.spec(), nsid = n.nsid, "RBD image open again on a new connection");
+        tracing::info!(image = %s.spec(), nsid = n.nsid(), "RBD image open again on a new connection");
     }
     Ok(first)
 }

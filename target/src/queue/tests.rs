@@ -161,7 +161,7 @@ fn file_registry(limits: Limits) -> Arc<Registry> {
     .expect("quick form");
     let mut cfg = cfg;
     cfg.limits = limits;
-    let reg = Arc::new(Registry::open(&cfg).expect("registry"));
+    let reg = Arc::new(Registry::open(&cfg, Vec::new()).expect("registry"));
     let _ = std::fs::remove_file(path);
     reg
 }

@@ -12,29 +12,16 @@ pub mod rdma;
 pub mod tcp;
 
 use crate::config;
-use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::controller::TransportCaps;
 use crate::error::DaemonError;
 use crate::poller::{Endpoint, PollerLink};
+use crate::port::{Port, Profile};
 use crate::subsystem::Registry;
-use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::ring::Op;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-
-/// What a transport is, as controllers and discovery see it.
-pub struct Profile {
-    /// The listener scheme it serves.
-    pub kind: config::Transport,
-    /// What its queues serve (MDTS, queue entries, in-capsule data, SGLs).
-    pub caps: TransportCaps,
-    /// The io_uring operations its endpoints submit (probed at start).
-    pub ring_ops: &'static [Op],
-    /// TRTYPE and TSAS of its discovery log entries.
-    pub trtype: u8,
-    pub tsas: [u8; 32],
-}
 
 /// What transports serve unless they say otherwise: 1 MiB transfers (MDTS
 /// 8), 128-entry I/O queues, 8 KiB of in-capsule data, SGLs with offsets
@@ -48,10 +35,6 @@ pub const fn base_caps_with(sgl: u32, transport: &'static str) -> TransportCaps 
         transport,
     }
 }
-
-/// TREQ of every entry, as nvmet: no secure channel requirement stated,
-/// and hosts may disable SQ flow control (NVMe over Fabrics 1.1, Figure 40).
-const TREQ: u8 = treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE;
 
 /// Where a listener hands what it accepts: endpoint `ep` of the pollers.
 pub struct Listen {
@@ -118,37 +101,6 @@ pub trait Transport: Sync {
     fn endpoint(&self, ep: u8, poller: usize) -> Box<dyn Endpoint>;
 }
 
-impl Profile {
-    /// The discovery log entry of a listener on `addr` for a host whose
-    /// discovery queue reached us at `local` (as nvmet's `disc_traddr`: a
-    /// wildcard listener reports the address the host connected to).
-    /// Subsystem and port fields are left for the caller.
-    pub fn discovery_entry(&self, addr: SocketAddr, local: Option<IpAddr>) -> DiscoveryEntry {
-        let ip = match local {
-            Some(l) if addr.ip().is_unspecified() => l,
-            _ => addr.ip(),
-        };
-        DiscoveryEntry {
-            trtype: self.trtype,
-            adrfam: if ip.is_ipv4() {
-                adrfam::IPV4
-            } else {
-                adrfam::IPV6
-            },
-            subtype: subtype::NVME,
-            treq: TREQ,
-            portid: 0,
-            cntlid: 0xffff,
-            asqsz: ADMIN_QUEUE_SIZE,
-            eflags: 0,
-            trsvcid: addr.port().to_string(),
-            subnqn: String::new(),
-            traddr: ip.to_string(),
-            tsas: self.tsas,
-        }
-    }
-}
-
 /// Every transport; a transport's index here is its endpoint index.
 pub const ALL: [&dyn Transport; 2] = [&tcp::NvmeTcp, &rdma::NvmeRdma];
 
@@ -169,6 +121,14 @@ pub fn endpoints(poller: usize) -> Vec<Box<dyn Endpoint>> {
         .collect()
 }
 
+/// The port of listener `l`: its address and its transport's profile.
+pub fn port(l: &config::Listener) -> Port {
+    Port {
+        addr: l.address,
+        profile: of(l.transport).1.profile(),
+    }
+}
+
 /// The io_uring operations of every transport.
 pub fn ring_ops() -> impl Iterator<Item = Op> {
     ALL.into_iter()
@@ -178,6 +138,8 @@ pub fn ring_ops() -> impl Iterator<Item = Op> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use rdmablk_common::fabrics::discovery::adrfam;
+    use std::net::IpAddr;
 
     /// A wildcard listener is reported at the address the host reached; a
     /// listener on one address at that address (NVMe over Fabrics 1.1,
@@ -185,8 +147,7 @@ mod tests {
     #[test]
     fn discovery_reports_the_address_the_host_reached() {
         let local: IpAddr = "192.0.2.7".parse().unwrap();
-        for (_, t) in [config::Transport::Tcp, config::Transport::Rdma].map(of) {
-            let t = t.profile();
+        for t in ALL.map(|t| t.profile()) {
             let wild = t.discovery_entry("0.0.0.0:4420".parse().unwrap(), Some(local));
             assert_eq!(
                 (wild.traddr.as_str(), wild.adrfam),

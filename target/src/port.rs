@@ -1,0 +1,64 @@
+//! Ports: where a transport listens, and what the discovery log reports of
+//! it. A transport's [`Profile`] says what it is; the registry keeps the
+//! ports of the running listeners.
+
+use crate::config;
+use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
+use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
+use rdmablk_common::ring::Op;
+use std::net::{IpAddr, SocketAddr};
+
+/// What a transport is, as controllers and discovery see it.
+pub struct Profile {
+    /// The listener scheme it serves.
+    pub kind: config::Transport,
+    /// What its queues serve (MDTS, queue entries, in-capsule data, SGLs).
+    pub caps: TransportCaps,
+    /// The io_uring operations its endpoints submit (probed at start).
+    pub ring_ops: &'static [Op],
+    /// TRTYPE and TSAS of its discovery log entries.
+    pub trtype: u8,
+    pub tsas: [u8; 32],
+}
+
+/// A listening address and the transport serving it.
+#[derive(Clone, Copy)]
+pub struct Port {
+    pub addr: SocketAddr,
+    pub profile: &'static Profile,
+}
+
+/// TREQ of every entry, as nvmet: no secure channel requirement stated,
+/// and hosts may disable SQ flow control (NVMe over Fabrics 1.1, Figure 40).
+const TREQ: u8 = treq::SECURE_CHANNEL_NOT_SPECIFIED | treq::SQ_FLOW_CONTROL_DISABLE;
+
+impl Profile {
+    /// The discovery log entry of a listener on `addr` for a host whose
+    /// discovery queue reached us at `local` (as nvmet's `disc_traddr`: a
+    /// wildcard listener reports the address the host connected to).
+    /// Subsystem and port fields are left for the caller.
+    pub fn discovery_entry(&self, addr: SocketAddr, local: Option<IpAddr>) -> DiscoveryEntry {
+        let ip = match local {
+            Some(l) if addr.ip().is_unspecified() => l,
+            _ => addr.ip(),
+        };
+        DiscoveryEntry {
+            trtype: self.trtype,
+            adrfam: if ip.is_ipv4() {
+                adrfam::IPV4
+            } else {
+                adrfam::IPV6
+            },
+            subtype: subtype::NVME,
+            treq: TREQ,
+            portid: 0,
+            cntlid: 0xffff,
+            asqsz: ADMIN_QUEUE_SIZE,
+            eflags: 0,
+            trsvcid: addr.port().to_string(),
+            subnqn: String::new(),
+            traddr: ip.to_string(),
+            tsas: self.tsas,
+        }
+    }
+}

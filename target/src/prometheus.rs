@@ -1,0 +1,266 @@
+//! The Prometheus text exposition (format 0.0.4) a scrape of the metrics
+//! endpoint gets, rendered from the counters.
+
+use crate::metrics::{BUCKETS, LATENCY_BOUNDS_US, OPS};
+use crate::poller::Shared;
+use crate::subsystem::Namespace;
+use rdmablk_common::nvme::Status;
+use std::collections::BTreeMap;
+use std::fmt::Write as _;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Escapes a label value (backslash, double quote, newline).
+fn label(v: &str) -> String {
+    v.replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+/// Writes a family's HELP and TYPE lines.
+fn family(out: &mut String, name: &str, kind: &str, help: &str) {
+    let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
+}
+
+/// The whole exposition.
+pub fn render(shared: &Shared, started: Instant) -> String {
+    let mut out = String::with_capacity(16 << 10);
+    let r = &shared.registry;
+    family(
+        &mut out,
+        "rdmablk_build_info",
+        "gauge",
+        "The running rdmablk-target's version.",
+    );
+    let _ = writeln!(
+        out,
+        "rdmablk_build_info{{version=\"{}\"}} 1",
+        env!("CARGO_PKG_VERSION")
+    );
+    family(
+        &mut out,
+        "rdmablk_uptime_seconds",
+        "gauge",
+        "Seconds since the daemon started.",
+    );
+    let _ = writeln!(
+        out,
+        "rdmablk_uptime_seconds {:.3}",
+        started.elapsed().as_secs_f64()
+    );
+    family(
+        &mut out,
+        "process_cpu_seconds_total",
+        "counter",
+        "User and system CPU time of the daemon.",
+    );
+    let cpu = rdmablk_common::usage::process_cpu().as_secs_f64();
+    let _ = writeln!(out, "process_cpu_seconds_total {cpu:.6}");
+    family(
+        &mut out,
+        "rdmablk_connections",
+        "gauge",
+        "Connections (queues) open, connected or not.",
+    );
+    let _ = writeln!(
+        out,
+        "rdmablk_connections {}",
+        shared.connections.load(Ordering::Acquire)
+    );
+
+    let subsystems = r.subsystems();
+    let namespaces: Vec<(&str, Arc<Namespace>)> = subsystems
+        .iter()
+        .flat_map(|s| {
+            s.namespaces()
+                .iter()
+                .map(|n| (s.nqn.as_str(), n.clone()))
+                .collect::<Vec<_>>()
+        })
+        .collect();
+    let ns_labels =
+        |nqn: &str, n: &Namespace| format!("subsystem=\"{}\",nsid=\"{}\"", label(nqn), n.nsid);
+    family(
+        &mut out,
+        "rdmablk_namespace_size_bytes",
+        "gauge",
+        "Size of the namespace.",
+    );
+    for (nqn, n) in &namespaces {
+        let _ = writeln!(
+            out,
+            "rdmablk_namespace_size_bytes{{{}}} {}",
+            ns_labels(nqn, n),
+            n.blocks() * n.block_size as u64
+        );
+    }
+    family(
+        &mut out,
+        "rdmablk_namespace_commands_total",
+        "counter",
+        "I/O commands answered, by operation (other: flush, write zeroes, dataset management).",
+    );
+    for (nqn, n) in &namespaces {
+        for (op, name) in OPS {
+            let v = n.metrics.commands(op);
+            let _ = writeln!(
+                out,
+                "rdmablk_namespace_commands_total{{{},op=\"{name}\"}} {v}",
+                ns_labels(nqn, n)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "rdmablk_namespace_bytes_total",
+        "counter",
+        "Bytes read and written by successful commands.",
+    );
+    for (nqn, n) in &namespaces {
+        for (op, name) in &OPS[..2] {
+            let v = n.metrics.bytes(*op);
+            let _ = writeln!(
+                out,
+                "rdmablk_namespace_bytes_total{{{},op=\"{name}\"}} {v}",
+                ns_labels(nqn, n)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "rdmablk_namespace_errors_total",
+        "counter",
+        "I/O commands answered with an error, by NVMe status.",
+    );
+    for (nqn, n) in &namespaces {
+        for (key, v) in n.metrics.errors() {
+            let (name, sct, sc) = match key {
+                Some(k) => {
+                    let st = Status {
+                        sct: (k >> 8) as u8,
+                        sc: k as u8,
+                    };
+                    (
+                        st.name().to_string(),
+                        st.sct.to_string(),
+                        format!("{:#04x}", st.sc),
+                    )
+                }
+                None => ("other".to_string(), String::new(), String::new()),
+            };
+            let _ = writeln!(
+                out,
+                "rdmablk_namespace_errors_total{{{},status=\"{}\",sct=\"{sct}\",sc=\"{sc}\"}} {v}",
+                ns_labels(nqn, n),
+                label(&name)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "rdmablk_namespace_commands_in_flight",
+        "gauge",
+        "I/O commands received and not yet answered.",
+    );
+    for (nqn, n) in &namespaces {
+        let _ = writeln!(
+            out,
+            "rdmablk_namespace_commands_in_flight{{{}}} {}",
+            ns_labels(nqn, n),
+            n.metrics.in_flight()
+        );
+    }
+    family(
+        &mut out,
+        "rdmablk_namespace_command_duration_seconds",
+        "histogram",
+        "Time from a command's arrival to its response, by operation.",
+    );
+    for (nqn, n) in &namespaces {
+        let l = ns_labels(nqn, n);
+        for (op, name) in OPS {
+            let buckets = n.metrics.latency_buckets(op);
+            let mut cumulative = 0u64;
+            for (b, bound) in LATENCY_BOUNDS_US.iter().enumerate() {
+                cumulative += buckets[b];
+                let _ = writeln!(
+                    out,
+                    "rdmablk_namespace_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"{}\"}} {cumulative}",
+                    *bound as f64 / 1e6
+                );
+            }
+            cumulative += buckets[BUCKETS - 1];
+            let _ = writeln!(
+                out,
+                "rdmablk_namespace_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"+Inf\"}} {cumulative}"
+            );
+            let sum = n.metrics.latency_ns(op) as f64 / 1e9;
+            let _ = writeln!(
+                out,
+                "rdmablk_namespace_command_duration_seconds_sum{{{l},op=\"{name}\"}} {sum:.9}\nrdmablk_namespace_command_duration_seconds_count{{{l},op=\"{name}\"}} {cumulative}"
+            );
+        }
+    }
+
+    // Hosts: live controllers and their queues, by host NQN and transport.
+    let mut hosts: BTreeMap<(String, &'static str), (u64, u64)> = BTreeMap::new();
+    for s in subsystems.iter().chain([&r.discovery]) {
+        for c in s.live_controllers() {
+            let e = hosts
+                .entry((c.hostnqn.clone(), c.caps().transport))
+                .or_default();
+            e.0 += 1;
+            e.1 += c.queues_connected() as u64;
+        }
+    }
+    for (name, help, pick) in [
+        (
+            "rdmablk_host_controllers",
+            "Live controllers (associations), by host NQN and transport.",
+            (|v: &(u64, u64)| v.0) as fn(&(u64, u64)) -> u64,
+        ),
+        (
+            "rdmablk_host_queues",
+            "Connected queues (admin and I/O), by host NQN and transport.",
+            |v: &(u64, u64)| v.1,
+        ),
+    ] {
+        family(&mut out, name, "gauge", help);
+        for ((host, transport), v) in &hosts {
+            let _ = writeln!(
+                out,
+                "{name}{{host=\"{}\",transport=\"{transport}\"}} {}",
+                label(host),
+                pick(v)
+            );
+        }
+    }
+    family(
+        &mut out,
+        "rdmablk_poller_arena_bytes_in_use",
+        "gauge",
+        "Arena bytes the poller holds: commands' data and RDMA receive buffers.",
+    );
+    for (i, p) in shared.pollers.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "rdmablk_poller_arena_bytes_in_use{{poller=\"{i}\"}} {}",
+            p.arena_bytes.get()
+        );
+    }
+    family(
+        &mut out,
+        "rdmablk_poller_busy_seconds_total",
+        "counter",
+        "CPU time of the poller thread (all of its time with busy_poll).",
+    );
+    for (i, p) in shared.pollers.iter().enumerate() {
+        let _ = writeln!(
+            out,
+            "rdmablk_poller_busy_seconds_total{{poller=\"{i}\"}} {:.6}",
+            p.busy_ns.get() as f64 / 1e9
+        );
+    }
+    out
+}
