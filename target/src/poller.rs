@@ -2,8 +2,8 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
-use crate::completions::Completions;
 use crate::budget::PollerBudget;
+use crate::completions::Completions;
 use crate::metrics::PollerCounters;
 use crate::subsystem::Registry;
 use io_uring::{opcode, squeue, types};
@@ -20,7 +20,7 @@ use std::time::{Duration, Instant};
 /// How often connections are checked for timeouts.
 pub const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping poller waits for in-flight commands.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
 const RING_ENTRIES: u32 = 1024;
 /// What the backends submit besides the rings' common operations (the
 /// transports add theirs).
@@ -175,21 +175,21 @@ pub struct Shared {
 
 /// A new queue for a poller, from the listener of the transport whose
 /// endpoint index is `ep`.
-struct Incoming {
+struct Handover {
     ep: u8,
     conn: Box<dyn Any + Send>,
 }
 
 /// How other threads reach a poller: hand it queues, wake it.
 pub struct PollerLink {
-    sender: Sender<Incoming>,
+    sender: Sender<Handover>,
     wakeup: Wakeup,
 }
 
 impl PollerLink {
     /// Hands a new queue to the poller's endpoint `ep`, which knows its type.
     pub fn adopt(&self, ep: u8, conn: Box<dyn Any + Send>) {
-        if self.sender.send(Incoming { ep, conn }).is_ok() {
+        if self.sender.send(Handover { ep, conn }).is_ok() {
             self.wakeup.wake();
         }
     }
@@ -273,7 +273,7 @@ struct Poller {
     /// Spin instead of sleeping in io_uring_enter (a dedicated core).
     busy_poll: bool,
     id: usize,
-    incoming: Receiver<Incoming>,
+    incoming: Receiver<Handover>,
     wakeup: Wakeup,
     /// Backend completions that arrive beside the ring; they wake it
     /// through `wakeup`.
@@ -393,7 +393,7 @@ impl Poller {
             .arena_bytes
             .set(io.arena.bytes_in_use() as u64);
         shared.io_commands[id].store(*io.answered, Ordering::Relaxed);
-        if stop_at.is_some_and(|t| t.elapsed() > DRAIN_TIMEOUT) {
+        if stop_at.is_some_and(|t| t.elapsed() > SHUTDOWN_DRAIN_TIMEOUT) {
             for e in endpoints.iter_mut() {
                 e.close_all("drain timeout at shutdown");
             }

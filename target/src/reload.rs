@@ -6,7 +6,7 @@
 
 use crate::config::{self, Backend, Config, ConfigError, Listener};
 use crate::poller::PollerLink;
-use crate::subsystem::{self, Access, Namespace, Registry, Subsystem};
+use crate::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
 use crate::transport::{self, ListenerHandle};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -14,7 +14,7 @@ use std::time::{Duration, Instant};
 
 /// How long a removed namespace's commands in flight may take to finish
 /// before its backend is flushed anyway.
-const DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
+const NAMESPACE_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// What the daemon runs now: its configuration, its listeners, and what a
 /// reload needs to start new ones.
@@ -52,7 +52,7 @@ struct Plan {
     added: Vec<String>,
     removed: Vec<Arc<Subsystem>>,
     namespaces: Vec<(Arc<Subsystem>, Vec<NsChange>)>,
-    access: Vec<(Arc<Subsystem>, Access)>,
+    access: Vec<(Arc<Subsystem>, HostAccess)>,
     new_listeners: Vec<(Listener, ListenerHandle)>,
     old_listeners: Vec<Listener>,
 }
@@ -132,7 +132,7 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
             continue;
         };
         plan.subsystems.push(sub.clone());
-        let access = Access::of(s);
+        let access = HostAccess::of(s);
         if access != sub.access() {
             plan.access.push((sub.clone(), access));
         }
@@ -405,12 +405,12 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
     summary
 }
 
-/// Waits (at most [`DRAIN_TIMEOUT`]) for a removed namespace's commands in
+/// Waits (at most [`NAMESPACE_DRAIN_TIMEOUT`]) for a removed namespace's commands in
 /// flight, then flushes its backend. Queues that still hold the namespace
 /// keep it open until their next command sees it gone.
 fn drain_and_flush(nqn: &str, n: &Namespace) {
     let start = Instant::now();
-    while n.metrics.in_flight() > 0 && start.elapsed() < DRAIN_TIMEOUT {
+    while n.metrics.in_flight() > 0 && start.elapsed() < NAMESPACE_DRAIN_TIMEOUT {
         std::thread::sleep(Duration::from_millis(10));
     }
     if let Err(e) = n.backend.sync_all() {

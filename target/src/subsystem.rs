@@ -85,7 +85,7 @@ impl Namespace {
 pub struct Subsystem {
     pub nqn: String,
     /// Who may connect (a reload changes it).
-    access: Mutex<Access>,
+    access: Mutex<HostAccess>,
     /// The namespaces now; a reload swaps the table and bumps `generation`,
     /// which queues compare on every I/O command (a read-only load) to
     /// refresh their copy ([`NamespaceView`]).
@@ -98,17 +98,17 @@ pub struct Subsystem {
 
 /// Who may connect to a subsystem, and who must authenticate.
 #[derive(Clone, Debug, PartialEq, Eq)]
-pub struct Access {
+pub struct HostAccess {
     pub allow_any_host: bool,
     pub hosts: Vec<String>,
     /// Hosts that authenticate with DH-HMAC-CHAP (allowed, authenticated).
     pub auth: Vec<Arc<config::HostAuth>>,
 }
 
-impl Access {
+impl HostAccess {
     /// As configured for subsystem `s`.
-    pub fn of(s: &config::Subsystem) -> Access {
-        Access {
+    pub fn of(s: &config::Subsystem) -> HostAccess {
+        HostAccess {
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.clone(),
             auth: s.auth.iter().cloned().map(Arc::new).collect(),
@@ -146,7 +146,7 @@ struct Controllers {
 impl Subsystem {
     fn new(
         nqn: &str,
-        access: Access,
+        access: HostAccess,
         namespaces: Vec<Arc<Namespace>>,
         cntlids: std::ops::RangeInclusive<u16>,
     ) -> Self {
@@ -186,13 +186,13 @@ impl Subsystem {
     }
 
     /// Who may connect now.
-    pub fn access(&self) -> Access {
+    pub fn access(&self) -> HostAccess {
         self.access.lock().expect("access lock").clone()
     }
 
     /// Changes who may connect; returns the live controllers of hosts no
     /// longer admitted (the caller ends them).
-    pub fn set_access(&self, access: Access) -> Vec<Arc<Controller>> {
+    pub fn set_access(&self, access: HostAccess) -> Vec<Arc<Controller>> {
         *self.access.lock().expect("access lock") = access;
         self.live_controllers()
             .into_iter()
@@ -315,7 +315,7 @@ impl Registry {
             }
             subsystems.push(Arc::new(new_subsystem(s, namespaces)));
         }
-        let discovery = Access {
+        let discovery = HostAccess {
             allow_any_host: true,
             hosts: Vec::new(),
             auth: Vec::new(),
@@ -455,7 +455,7 @@ impl RbdNamespace for Namespace {
 
 /// A subsystem as configured, with its opened namespaces.
 pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
-    Subsystem::new(&s.nqn, Access::of(s), namespaces, s.cntlids.clone())
+    Subsystem::new(&s.nqn, HostAccess::of(s), namespaces, s.cntlids.clone())
 }
 
 /// Opens a namespace's backend; its metrics have a slot for each of

@@ -3,8 +3,8 @@
 //! what a queue needs of its poller without a ring.
 
 use crate::admission::Permit;
-use crate::completions::Completions;
 use crate::budget::PollerBudget;
+use crate::completions::Completions;
 use crate::config::{self, Limits, QuickArgs};
 use crate::controller::{connect, Association, Refusal, Reply, TransportCaps};
 use crate::poller::{Io, Submissions};
