@@ -11,6 +11,7 @@ mod config;
 mod control;
 mod controller;
 mod error;
+mod fabric;
 mod io_cmd;
 mod metrics;
 mod notify;

@@ -12,8 +12,8 @@ pub mod rdma;
 pub mod tcp;
 
 use crate::config;
-use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::error::DaemonError;
+use crate::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::poller::{Endpoint, PollerLink};
 use crate::subsystem::Registry;
 use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
