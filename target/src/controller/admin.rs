@@ -1,5 +1,6 @@
-//! The admin command set: which command an admin queue's command is, once
-//! the controller is enabled.
+//! The admin command set: an enabled controller hands Identify, Get Log
+//! Page and the features to their modules and answers Keep Alive,
+//! Asynchronous Event Request and Abort itself.
 
 use super::{Controller, Reply};
 use rdmablk_common::nvme::{admin, property, Sqe, Status};

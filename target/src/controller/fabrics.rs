@@ -1,5 +1,5 @@
 //! Fabrics commands on an established queue (Property Get and Set,
-//! Disconnect; Connect and authentication are [`super::connect`]'s), the
+//! Disconnect; Connect and authentication are the `connect` module's), the
 //! controller properties they read and write, and keep-alive.
 
 use super::aen::Events;

@@ -3,11 +3,11 @@
 //! set. Transport independent: a transport hands in a command and its data
 //! and gets back a status, dword 0 and the data to return.
 //!
-//! One file per concern, as nvmet has one per command family: [`connect`]
-//! (Connect and the queue's association), [`fabrics`] (properties and
-//! keep-alive), [`admin`] (the admin command dispatch), [`identify`],
-//! [`log_page`], [`features`], [`aen`] (asynchronous events) and
-//! [`transfer`] (the data each command calls for).
+//! One file per concern, as nvmet has one per command family: `connect`
+//! (Connect and the queue's association), `fabrics` (properties and
+//! keep-alive), `admin` (the admin command dispatch), `identify`,
+//! `log_page`, `features`, `aen` (asynchronous events) and `transfer` (the
+//! data each command calls for).
 
 mod admin;
 pub mod aen;
