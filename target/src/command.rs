@@ -6,9 +6,9 @@
 use crate::backend::{Access, Backend, BackendOp, FixedBuf};
 use crate::budget::{Ledger, PollerBudget};
 use crate::controller::{
-    self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, TransportCaps,
-    MAX_AERS,
+    self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, MAX_AERS,
 };
+use crate::fabric::TransportCaps;
 use crate::io_cmd::{self, IoKind, IoRequest};
 use crate::subsystem::Registry;
 use rdmablk_common::fabrics::{fctype, CONNECT_ATR, CONNECT_DATA_LEN};

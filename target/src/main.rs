@@ -12,6 +12,7 @@ mod config;
 mod control;
 mod controller;
 mod error;
+mod fabric;
 mod http;
 mod ids;
 mod io_cmd;

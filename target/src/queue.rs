@@ -9,7 +9,7 @@ use crate::binding::{self, end_association, Binding};
 use crate::budget::Staged;
 use crate::command::{self, Command, Connected, Entries, Progress, State, Work};
 use crate::config::Limits;
-use crate::controller::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::poller::{Io, Token};
 use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
 use rdmablk_common::mem::ArenaBuf;

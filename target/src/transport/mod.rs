@@ -12,8 +12,8 @@ pub mod rdma;
 pub mod tcp;
 
 use crate::config;
-use crate::controller::TransportCaps;
 use crate::error::DaemonError;
+use crate::fabric::TransportCaps;
 use crate::poller::{Endpoint, PollerLink};
 use crate::port::{Port, Profile};
 use crate::subsystem::Registry;

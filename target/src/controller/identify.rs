@@ -1,0 +1,119 @@
+//! Identify: the controller (as an I/O or a discovery controller), a
+//! namespace, the active namespace list and a namespace's identifiers.
+
+use super::fabrics::KAS;
+use super::{aen, Controller, Reply, CRDT, MAX_AERS, VERSION};
+use crate::fabric::ADMIN_QUEUE_SIZE;
+use rdmablk_common::nvme::identify::{
+    cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId,
+    IDENTIFY_LEN,
+};
+use rdmablk_common::nvme::{Sqe, Status};
+
+/// Namespace ids from here up (FFFFFFFEh, and FFFFFFFFh: all namespaces)
+/// cannot start an Active Namespace ID list (NVMe Base 2.1, 5.1.13.2.2).
+const NSID_RESERVED: u32 = 0xffff_fffe;
+
+impl Controller {
+    /// Identify, by CNS; a discovery controller has only its own.
+    pub(super) fn identify(&self, sqe: &Sqe) -> Reply {
+        let cns = sqe.cdw(10) as u8;
+        let nsid = sqe.nsid();
+        if self.subsys.is_discovery() && cns != cns::CONTROLLER {
+            return Reply::status(Status::INVALID_FIELD);
+        }
+        match cns {
+            cns::CONTROLLER => Reply::data(self.identify_controller().encode()),
+            cns::NAMESPACE => match self.subsys.active_namespace(nsid) {
+                Some(ns) => Reply::data(
+                    NamespaceId {
+                        nsze: ns.blocks(),
+                        ncap: ns.blocks(),
+                        nuse: ns.blocks(),
+                        nsfeat: 0,
+                        nmic: 1,
+                        dlfeat: 1 | 1 << 3,
+                        nsattr: ns.read_only() as u8,
+                        nguid: ns.ids().nguid,
+                        eui64: [0; 8],
+                        lba_shift: ns.lba_shift() as u8,
+                    }
+                    .encode(),
+                ),
+                None if nsid != 0 && nsid <= self.subsys.max_nsid() => {
+                    Reply::data(vec![0; IDENTIFY_LEN])
+                }
+                None => Reply::status(Status::INVALID_NAMESPACE),
+            },
+            cns::ACTIVE_NS_LIST if nsid < NSID_RESERVED => Reply::data(encode_ns_list(
+                self.subsys
+                    .namespaces()
+                    .iter()
+                    .filter(|n| n.is_active())
+                    .map(|n| n.nsid),
+                nsid,
+            )),
+            cns::NS_DESCRIPTORS => match self.subsys.active_namespace(nsid) {
+                Some(ns) => {
+                    let ids = ns.ids();
+                    Reply::data(encode_ns_descriptors(&ids.nguid, &ids.uuid))
+                }
+                None => Reply::status(Status::INVALID_NAMESPACE),
+            },
+            _ => Reply::status(Status::INVALID_FIELD),
+        }
+    }
+
+    fn identify_controller(&self) -> ControllerId {
+        let disc = self.subsys.is_discovery();
+        ControllerId {
+            vid: 0,
+            ssvid: 0,
+            serial: self.subsys.serial.clone(),
+            model: "rdmablk".into(),
+            firmware: env!("CARGO_PKG_VERSION").into(),
+            // Multiple controllers per subsystem.
+            cmic: if disc { 0 } else { 1 << 1 },
+            mdts: self.caps.mdts,
+            cntlid: self.cntlid,
+            ver: VERSION,
+            // Exactly the notices implemented (NVMe Base 2.1, Figure 312).
+            oaes: if disc { aen::DISCOVERY } else { aen::NS_ATTR },
+            cntrltype: if disc {
+                cntrltype::DISCOVERY
+            } else {
+                cntrltype::IO
+            },
+            // Reserved for discovery controllers (NVMe Base 2.1, Figure 312).
+            crdt: if disc { [0; 3] } else { CRDT },
+            acl: 3,
+            aerl: (MAX_AERS - 1) as u8,
+            // Extended data for Get Log Page (64-bit offsets).
+            lpa: 1 << 2,
+            elpe: 0,
+            kas: KAS,
+            sqes: 0x66,
+            cqes: 0x44,
+            maxcmd: if disc {
+                ADMIN_QUEUE_SIZE
+            } else {
+                self.caps.max_queue_entries
+            },
+            nn: self.subsys.max_nsid(),
+            oncs: if disc {
+                0
+            } else {
+                oncs::DSM | oncs::WRITE_ZEROES
+            },
+            vwc: self.subsys.volatile_cache() as u8,
+            sgls: self.caps.sgls,
+            mnan: 0,
+            subnqn: self.subsys.nqn.clone(),
+            ioccsz: self.caps.ioccsz(),
+            iorcsz: 1,
+            icdoff: 0,
+            fcatt: 0,
+            msdbd: 1,
+        }
+    }
+}
