@@ -30,8 +30,9 @@ pub struct Ring {
     ring: IoUring,
     /// Data buffers, registered with the ring.
     pub arena: Arena,
-    /// Operations to push at the next [`Ring::submit_and_wait`].
-    pub pending: Vec<squeue::Entry>,
+    /// Operations to push at the next submit: queued only through
+    /// [`Submissions::push`].
+    pending: Vec<squeue::Entry>,
     /// Completions' task work runs only when we ask for completions
     /// (DEFER_TASKRUN); the ring was created disabled, for the thread that
     /// first submits.
@@ -70,12 +71,25 @@ impl Ring {
         })
     }
 
+    /// Where operations are queued for the next submit.
+    pub fn submissions(&mut self) -> Submissions<'_> {
+        Submissions(&mut self.pending)
+    }
+
+    /// The arena and [`Ring::submissions`] at once, for code that fills
+    /// buffers and queues the operations that use them.
+    pub fn arena_and_submissions(&mut self) -> (&mut Arena, Submissions<'_>) {
+        (&mut self.arena, Submissions(&mut self.pending))
+    }
+
     /// Pushes the pending operations and waits for at least one completion
     /// (an interrupted wait returns early).
     ///
     /// # Safety
     /// Every pending operation's memory (buffers, message headers, timespecs)
-    /// must stay valid and in place until its completion is reaped.
+    /// must stay valid and in place until its completion is reaped: what
+    /// each caller of [`Submissions::push`] argued, which holds as long as
+    /// the memory's owners are not dropped or moved meanwhile.
     pub unsafe fn submit_and_wait(&mut self) -> io::Result<()> {
         // SAFETY: the caller's guarantee, as for this function.
         unsafe { self.submit_and_wait_for(1) }
@@ -121,6 +135,30 @@ impl Ring {
     /// Moves the completions that arrived into `out` as (user data, result).
     pub fn reap(&mut self, out: &mut Vec<(u64, i32)>) {
         out.extend(self.ring.completion().map(|c| (c.user_data(), c.result())));
+    }
+}
+
+/// Operations to push to a ring at its next submit. Queueing one is unsafe:
+/// the kernel reads and writes what it points to until its completion is
+/// reaped, so each caller argues, where it queues, that the memory stays
+/// valid and in place until then.
+pub struct Submissions<'a>(&'a mut Vec<squeue::Entry>);
+
+impl<'a> Submissions<'a> {
+    /// Operations to be appended to `pending`: a ring's are lent by
+    /// [`Ring::submissions`]; a test without a ring collects them here.
+    pub fn new(pending: &'a mut Vec<squeue::Entry>) -> Self {
+        Submissions(pending)
+    }
+
+    /// Queues `e`.
+    ///
+    /// # Safety
+    /// Every buffer, iovec, message header or timespec `e` points to stays
+    /// valid and in place until the completion carrying `e`'s user data has
+    /// been reaped.
+    pub unsafe fn push(&mut self, e: squeue::Entry) {
+        self.0.push(e);
     }
 }
 

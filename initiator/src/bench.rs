@@ -6,7 +6,7 @@ use crate::host::engine::{Cx, Driver};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
 use rdmablk_common::mem::{Arena, ArenaBuf};
-use rdmablk_common::nvme::{nvm, Sqe};
+use rdmablk_common::nvme::{nvm, ReadWriteCmd};
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -445,12 +445,14 @@ impl Bench {
         for p in 0..parts {
             let off = p * self.job.max_transfer;
             let len = (bs - off).min(self.job.max_transfer);
-            let mut sqe = Sqe::new(if write { nvm::WRITE } else { nvm::READ }, 0);
-            sqe.set_nsid(self.job.ns.nsid);
-            let lba = first_lba + (off / block) as u64;
-            sqe.set_cdw(10, lba as u32);
-            sqe.set_cdw(11, (lba >> 32) as u32);
-            sqe.set_cdw(12, (len / block - 1) as u32);
+            let sqe = ReadWriteCmd {
+                nsid: self.job.ns.nsid,
+                slba: first_lba + (off / block) as u64,
+                nlb: (len / block - 1) as u16,
+                fua: false,
+                deallocate: false,
+            }
+            .to_sqe(if write { nvm::WRITE } else { nvm::READ }, 0);
             let ptr = cx.arena.addr(&buf, off);
             // SAFETY: the arena buffer stays allocated until every part of
             // this I/O has completed (freed in `finish`).

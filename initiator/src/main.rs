@@ -10,7 +10,7 @@ use rdmablk::host::{HostError, Params, Session, Transport};
 use rdmablk::hostid;
 use rdmablk_common::auth::host::HostSecrets;
 use rdmablk_common::auth::Secret;
-use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, trtype, DiscoveryEntry};
+use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, DiscoveryEntry};
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -225,11 +225,10 @@ fn params(
     queue_size: u16,
     io_queues: u16,
 ) -> Result<Params, String> {
-    let transport = match t.transport.as_str() {
-        "tcp" => Transport::Tcp,
-        "rdma" => Transport::Rdma,
-        other => return Err(format!("-t {other}: unknown transport; use tcp or rdma")),
-    };
+    let transport: Transport = t
+        .transport
+        .parse()
+        .map_err(|e| format!("-t {}: {e}", t.transport))?;
     let addr: SocketAddr = (t.traddr.as_str(), t.trsvcid)
         .to_socket_addrs()
         .map_err(|e| format!("-a {}: {e}", t.traddr))?
@@ -292,11 +291,7 @@ fn discover(t: &Target) -> Result<ExitCode, String> {
 }
 
 fn print_entry(i: usize, e: &DiscoveryEntry) {
-    let trtype = match e.trtype {
-        trtype::TCP => "tcp",
-        trtype::RDMA => "rdma",
-        _ => "unrecognized",
-    };
+    let trtype = Transport::from_trtype(e.trtype).map_or("unrecognized", Transport::name);
     let adrfam = match e.adrfam {
         adrfam::IPV4 => "ipv4",
         adrfam::IPV6 => "ipv6",
@@ -364,10 +359,7 @@ fn open(s: &Subsys, io_queues: u16) -> Result<(Session, rdmablk::host::Namespace
 fn discovered(s: &Subsys, io_queues: u16) -> Result<Params, HostError> {
     let mut p = params(&s.target, "", s.keep_alive_tmo, s.queue_size, io_queues)
         .map_err(HostError::Protocol)?;
-    let want = match p.transport {
-        Transport::Tcp => trtype::TCP,
-        Transport::Rdma => trtype::RDMA,
-    };
+    let want = p.transport.trtype();
     let entries: Vec<DiscoveryEntry> = Session::discover(&p)?
         .into_iter()
         .filter(|e| e.subtype == subtype::NVME && e.trtype == want)

@@ -3,12 +3,8 @@
 
 use crate::metrics::Op;
 use crate::subsystem::Namespace;
-use rdmablk_common::bytes::{get_u32, get_u64};
-use rdmablk_common::nvme::{nvm, Sqe, Status};
+use rdmablk_common::nvme::{nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
-
-/// Size of one Dataset Management range.
-pub const DSM_RANGE_LEN: usize = 16;
 
 /// What an I/O command asks the backend to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -136,11 +132,10 @@ fn check(
         }
     };
     let bs = ns.block_size as u64;
-    let rw_range = |ns: &Namespace| -> Result<(u64, u64), Status> {
-        let slba = sqe.cdw10_11();
-        let nlb = (sqe.cdw(12) & 0xffff) as u64 + 1;
-        match slba.checked_add(nlb) {
-            Some(end) if end <= ns.blocks() => Ok((slba * bs, nlb * bs)),
+    let rw_range = |ns: &Namespace, rw: &ReadWriteCmd| -> Result<(u64, u64), Status> {
+        let nlb = rw.blocks();
+        match rw.slba.checked_add(nlb) {
+            Some(end) if end <= ns.blocks() => Ok((rw.slba * bs, nlb * bs)),
             _ => Err(Status::LBA_OUT_OF_RANGE),
         }
     };
@@ -153,7 +148,8 @@ fn check(
     };
     let (kind, offset, len) = match sqe.opcode() {
         nvm::READ | nvm::WRITE => {
-            let (offset, len) = rw_range(ns)?;
+            let rw = ReadWriteCmd::from_sqe(sqe);
+            let (offset, len) = rw_range(ns, &rw)?;
             if len > max_transfer as u64 {
                 return Err(Status::INVALID_FIELD);
             }
@@ -164,8 +160,7 @@ fn check(
                 (IoKind::Read, offset, len)
             } else {
                 writable(ns)?;
-                let fua = sqe.cdw(12) & (1 << 30) != 0;
-                (IoKind::Write { fua }, offset, len)
+                (IoKind::Write { fua: rw.fua }, offset, len)
             }
         }
         nvm::FLUSH => {
@@ -175,17 +170,18 @@ fn check(
         nvm::WRITE_ZEROES => {
             no_data()?;
             writable(ns)?;
-            let (offset, len) = rw_range(ns)?;
-            let deallocate = sqe.cdw(12) & (1 << 25) != 0;
+            let rw = ReadWriteCmd::from_sqe(sqe);
+            let (offset, len) = rw_range(ns, &rw)?;
+            let deallocate = rw.deallocate;
             (IoKind::WriteZeroes { deallocate }, offset, len)
         }
         nvm::DSM => {
-            let ranges = (sqe.cdw(10) & 0xff) as u64 + 1;
-            let len = ranges * DSM_RANGE_LEN as u64;
+            let dsm = DsmCmd::from_sqe(sqe);
+            let len = dsm.data_len() as u64;
             if (sgl_len as u64) < len {
                 return Err(Status::SGL_DATA_LENGTH_INVALID);
             }
-            let deallocate = sqe.cdw(11) & (1 << 2) != 0;
+            let deallocate = dsm.deallocate;
             if deallocate {
                 writable(ns)?;
             }
@@ -201,8 +197,8 @@ pub fn dsm_ranges(ns: &Namespace, data: &[u8]) -> Result<Vec<(u64, u64)>, Status
     let bs = ns.block_size as u64;
     data.chunks_exact(DSM_RANGE_LEN)
         .map(|r| {
-            let nlb = get_u32(r, 4) as u64;
-            let slba = get_u64(r, 8);
+            let DsmRange { nlb, slba } = DsmRange::parse(r);
+            let nlb = nlb as u64;
             match slba.checked_add(nlb) {
                 Some(end) if end <= ns.blocks() => Ok((slba * bs, nlb * bs)),
                 _ => Err(Status::LBA_OUT_OF_RANGE),

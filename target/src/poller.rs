@@ -6,9 +6,9 @@ use crate::budget::PollerBudget;
 use crate::completions::Completions;
 use crate::metrics::PollerCounters;
 use crate::subsystem::Registry;
-use io_uring::{opcode, squeue, types};
+use io_uring::{opcode, types};
 use rdmablk_common::mem::Arena;
-use rdmablk_common::ring::{Op, Ring, Wakeup};
+use rdmablk_common::ring::{Op, Ring, Submissions, Wakeup};
 use std::any::Any;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -116,29 +116,6 @@ pub trait Endpoint {
     }
     /// Starts closing every queue.
     fn close_all(&mut self, why: &str);
-}
-
-/// Operations to push to the poller's ring at its next submit. Queueing one
-/// is unsafe: the kernel reads and writes what it points to until its
-/// completion is reaped, so each caller argues, where it queues, that the
-/// memory stays valid and in place until then.
-pub struct Submissions<'a>(&'a mut Vec<squeue::Entry>);
-
-impl<'a> Submissions<'a> {
-    /// Operations to be appended to `pending`.
-    pub fn new(pending: &'a mut Vec<squeue::Entry>) -> Self {
-        Submissions(pending)
-    }
-
-    /// Queues `e`.
-    ///
-    /// # Safety
-    /// Every buffer, iovec, message header or timespec `e` points to stays
-    /// valid and in place until the completion carrying `e`'s user data has
-    /// been reaped.
-    pub unsafe fn push(&mut self, e: squeue::Entry) {
-        self.0.push(e);
-    }
 }
 
 /// What connection handlers get from their poller.
@@ -330,11 +307,12 @@ impl Poller {
 
     /// Splits the poller into what endpoints need and the endpoints.
     fn split(&mut self) -> (Io<'_>, &mut Vec<Box<dyn Endpoint>>, &Shared) {
+        let (arena, sq) = self.ring.arena_and_submissions();
         (
             Io {
-                arena: &mut self.ring.arena,
+                arena,
                 budget: &mut self.budget,
-                sq: Submissions::new(&mut self.ring.pending),
+                sq,
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
                 answered: &mut self.answered,
@@ -464,13 +442,13 @@ impl Poller {
             .user_data(Token::Tick.encode());
         // SAFETY: the timespec is a field of this poller, which `run` owns
         // and does not move until the thread ends.
-        unsafe { Submissions::new(&mut self.ring.pending).push(e) };
+        unsafe { self.ring.submissions().push(e) };
     }
 
     fn arm_wake(&mut self) {
         let e = self.wakeup.poll(Token::Wake.encode());
         // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
-        unsafe { Submissions::new(&mut self.ring.pending).push(e) };
+        unsafe { self.ring.submissions().push(e) };
     }
 }
 

@@ -8,14 +8,14 @@ use crate::completions::Completions;
 use crate::config::{self, Limits, QuickArgs};
 use crate::controller::{connect, Association, Refusal, Reply};
 use crate::fabric::TransportCaps;
-use crate::poller::{Io, Submissions};
+use crate::poller::Io;
 use crate::subsystem::Registry;
 use io_uring::squeue;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{admin, feature, property, Sgl, Sqe, Status};
-use rdmablk_common::ring::Wakeup;
+use rdmablk_common::ring::{Submissions, Wakeup};
 use std::sync::Arc;
 
 pub const HOST: &str = "nqn.2026-11.io.rdmablk:unit-host";

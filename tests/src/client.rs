@@ -8,12 +8,14 @@
 
 use rdmablk_common::fabrics::discovery::{parse_log_entries, parse_log_header};
 use rdmablk_common::fabrics::{
-    fctype, ConnectCmd, ConnectData, DiscoveryEntry, PropertyCmd, DISCOVERY_ENTRY_LEN,
-    DISCOVERY_LOG_HEADER_LEN, DISCOVERY_NQN,
+    fctype, ConnectCmd, ConnectData, DiscoveryEntry, PropertyCmd, CONNECT_DATA_LEN,
+    DISCOVERY_ENTRY_LEN, DISCOVERY_LOG_HEADER_LEN, DISCOVERY_NQN,
 };
 use rdmablk_common::nvme::identify::{cns, ControllerId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid::DISCOVERY as DISCOVERY_LOG, LogRequest};
-use rdmablk_common::nvme::{admin, feature, nvm, property, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE};
+use rdmablk_common::nvme::{
+    admin, feature, nvm, property, Cqe, Sgl, Sqe, Status, DSM_RANGE_LEN, FABRICS_OPCODE,
+};
 use rdmablk_common::tcp::{
     data_digest, decode, encode, encode_header, flags, Digests, Header, Transfer, CH_LEN,
 };
@@ -31,8 +33,6 @@ pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(10);
 pub const DEFAULT_IN_CAPSULE: u32 = 8192;
 /// Largest PDU this host accepts (PLEN), a sanity bound against garbage.
 const MAX_PDU: usize = 16 << 20;
-/// Connect data is always sent in the capsule.
-const CONNECT_DATA_LEN: u32 = 1024;
 
 /// A finished command.
 #[derive(Clone, Debug)]
@@ -363,7 +363,8 @@ impl Queue {
         let sgl = match data_out {
             Some(d) => {
                 let len = u32::try_from(d.len()).map_err(|_| other("data over 4 GiB".into()))?;
-                if len <= self.in_capsule_limit || (is_connect && len == CONNECT_DATA_LEN) {
+                // Connect data is always sent in the capsule.
+                if len <= self.in_capsule_limit || (is_connect && d.len() == CONNECT_DATA_LEN) {
                     in_capsule = d;
                     self.stats.in_capsule_writes += 1;
                     Sgl::InCapsule { offset: 0, len }
@@ -864,8 +865,8 @@ impl Queue {
                 ranges.len()
             )));
         }
-        let mut data = vec![0u8; ranges.len() * 16];
-        for (r, &(slba, nlb)) in data.chunks_exact_mut(16).zip(ranges) {
+        let mut data = vec![0u8; ranges.len() * DSM_RANGE_LEN];
+        for (r, &(slba, nlb)) in data.chunks_exact_mut(DSM_RANGE_LEN).zip(ranges) {
             r[4..8].copy_from_slice(&nlb.to_le_bytes());
             r[8..16].copy_from_slice(&slba.to_le_bytes());
         }

@@ -1,9 +1,11 @@
-//! NVMe over Fabrics commands: Connect, Property Get/Set, Disconnect, and the
-//! discovery log page.
+//! NVMe over Fabrics commands: Connect, Property Get/Set, Disconnect, the
+//! discovery log page, and the transports.
 
 pub mod discovery;
+mod transport;
 
 pub use discovery::{DiscoveryEntry, DISCOVERY_ENTRY_LEN, DISCOVERY_LOG_HEADER_LEN};
+pub use transport::{Transport, UnknownTransport};
 
 use crate::bytes::{get_nqn, get_u16, get_u32, get_u64, put_str, put_u16, put_u32, put_u64};
 use crate::nvme::{Sgl, Sqe, FABRICS_OPCODE};

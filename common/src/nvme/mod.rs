@@ -2,11 +2,13 @@
 //! descriptors, Identify structures, log pages and features (NVMe Base 2.0).
 
 pub mod identify;
+mod io_cmd;
 pub mod log;
 mod sgl;
 mod sqe;
 mod status;
 
+pub use io_cmd::{DsmCmd, DsmRange, ReadWriteCmd, DSM_RANGE_LEN};
 pub use sgl::{Sgl, SglError};
 pub use sqe::{Cqe, Sqe, CQE_LEN, PSDT_SGL, SQE_LEN};
 pub use status::{crd_of, dnr_of, Status};
@@ -77,6 +79,9 @@ pub mod feature {
     pub const HOST_BEHAVIOR: u8 = 0x16;
     pub const HOST_ID: u8 = 0x81;
 }
+
+/// Size of the Host Behavior Support feature's data (Set and Get Features).
+pub const HOST_BEHAVIOR_LEN: usize = 512;
 
 /// Controller property offsets (Property Get/Set over Fabrics).
 pub mod property {

@@ -1,38 +1,43 @@
 //! Block commands of the NVM command set, as the front-ends issue them.
 
-use rdmablk_common::nvme::{nvm, Sqe};
+use rdmablk_common::nvme::{nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe};
 
-/// Length of one Dataset Management range.
-pub const DSM_RANGE_LEN: usize = 16;
+pub use rdmablk_common::nvme::DSM_RANGE_LEN;
 
 /// The command `op` (READ, WRITE, WRITE_ZEROES, FLUSH, or DSM with one
-/// deallocate range) for `blocks` blocks at `lba` of namespace `nsid`.
-/// `flag` is FUA for WRITE and deallocate for WRITE_ZEROES.
+/// deallocate range) for `blocks` blocks (at most 65536) at `lba` of
+/// namespace `nsid`. `flag` is FUA for WRITE and deallocate for WRITE_ZEROES.
 pub fn sqe(op: u8, nsid: u32, lba: u64, blocks: u64, flag: bool) -> Sqe {
-    let mut sqe = Sqe::new(op, 0);
-    sqe.set_nsid(nsid);
     match op {
-        nvm::DSM => sqe.set_cdw(11, 1 << 2), // one range (NR 0), deallocate
-        nvm::FLUSH => {}
-        _ => {
-            sqe.set_cdw(10, lba as u32);
-            sqe.set_cdw(11, (lba >> 32) as u32);
-            let extra = match (op, flag) {
-                (nvm::WRITE, true) => 1 << 30,
-                (nvm::WRITE_ZEROES, true) => 1 << 25,
-                _ => 0,
-            };
-            sqe.set_cdw(12, (blocks.max(1) - 1) as u32 | extra);
+        nvm::DSM => DsmCmd {
+            nsid,
+            nr: 0,
+            deallocate: true,
         }
+        .to_sqe(0),
+        nvm::FLUSH => {
+            let mut sqe = Sqe::new(op, 0);
+            sqe.set_nsid(nsid);
+            sqe
+        }
+        _ => ReadWriteCmd {
+            nsid,
+            slba: lba,
+            nlb: (blocks.max(1) - 1) as u16,
+            fua: op == nvm::WRITE && flag,
+            deallocate: op == nvm::WRITE_ZEROES && flag,
+        }
+        .to_sqe(op, 0),
     }
-    sqe
 }
 
 /// Writes one Dataset Management range (no attributes) into `out`.
 pub fn dsm_range(out: &mut [u8], lba: u64, blocks: u32) {
-    out[..4].fill(0);
-    out[4..8].copy_from_slice(&blocks.to_le_bytes());
-    out[8..16].copy_from_slice(&lba.to_le_bytes());
+    DsmRange {
+        nlb: blocks,
+        slba: lba,
+    }
+    .encode_into(out);
 }
 
 #[cfg(test)]

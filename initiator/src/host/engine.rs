@@ -5,7 +5,7 @@
 use super::{Done, HostError, IoQueue};
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
-use rdmablk_common::ring::{Op, Ring};
+use rdmablk_common::ring::{Op, Ring, Submissions};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
@@ -31,12 +31,12 @@ const GENERATION_MASK: u64 = 0xffff_ffff;
 pub struct Cx<'a> {
     pub arena: &'a mut Arena,
     pub queue: &'a mut IoQueue,
-    sq: &'a mut Vec<squeue::Entry>,
+    sq: Submissions<'a>,
     now: Option<Instant>,
 }
 
 impl<'a> Cx<'a> {
-    fn new(arena: &'a mut Arena, queue: &'a mut IoQueue, sq: &'a mut Vec<squeue::Entry>) -> Self {
+    fn new(arena: &'a mut Arena, queue: &'a mut IoQueue, sq: Submissions<'a>) -> Self {
         Cx {
             arena,
             queue,
@@ -59,7 +59,9 @@ impl<'a> Cx<'a> {
     /// at the same address until that completion has been handed to the
     /// driver (the kernel reads or writes it until then).
     pub unsafe fn submit(&mut self, e: squeue::Entry, token: u32) {
-        self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64));
+        // SAFETY: the caller keeps what `e` points to valid until the
+        // completion is handed to the driver, which is after it is reaped.
+        unsafe { self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64)) };
     }
 }
 
@@ -177,7 +179,9 @@ impl Engine {
                 let cancel = opcode::AsyncCancel::new(kind << 56 | old)
                     .build()
                     .user_data(KIND_CANCEL << 56);
-                self.ring.pending.push(cancel);
+                // SAFETY: a cancellation names its target by user data and
+                // points at no memory.
+                unsafe { self.ring.submissions().push(cancel) };
             }
             // SAFETY: the engine owns both and drops the queue first.
             if let Err(e) = unsafe { self.queue.register_arena(&self.ring.arena) } {
@@ -244,19 +248,16 @@ impl Engine {
                 news = true;
             }
             for &(ud, res) in &events {
-                let mut cx = Cx::new(
-                    &mut self.ring.arena,
-                    &mut self.queue,
-                    &mut self.ring.pending,
-                );
+                let (arena, sq) = self.ring.arena_and_submissions();
+                let mut cx = Cx::new(arena, &mut self.queue, sq);
                 match ud >> 56 {
                     KIND_RECV | KIND_SEND
                         if ud & GENERATION_MASK != self.generation & GENERATION_MASK =>
                     {
                         // An operation of a replaced queue.
                     }
-                    KIND_RECV => cx.queue.on_a(res),
-                    KIND_SEND => cx.queue.on_b(res),
+                    KIND_RECV => cx.queue.on_receive_done(res),
+                    KIND_SEND => cx.queue.on_send_done(res),
                     KIND_FRONT => driver.on_op(ud as u32, res, &mut cx),
                     KIND_TICK => driver.on_tick(&mut cx),
                     KIND_WAKE => {
@@ -278,17 +279,14 @@ impl Engine {
     /// completion may let the driver reply or submit more.
     fn settle(&mut self, driver: &mut dyn Driver, finished: &mut bool, done: &mut Vec<Done>) {
         loop {
-            let mut cx = Cx::new(
-                &mut self.ring.arena,
-                &mut self.queue,
-                &mut self.ring.pending,
-            );
+            let (arena, sq) = self.ring.arena_and_submissions();
+            let mut cx = Cx::new(arena, &mut self.queue, sq);
             if !*finished {
                 *finished = !driver.pump(&mut cx);
             }
             let generation = self.generation & GENERATION_MASK;
             cx.queue.pump(
-                cx.sq,
+                &mut cx.sq,
                 KIND_RECV << 56 | generation,
                 KIND_SEND << 56 | generation,
             );
@@ -306,10 +304,15 @@ impl Engine {
         let e = opcode::Timeout::new(&self.tick)
             .build()
             .user_data(KIND_TICK << 56);
-        self.ring.pending.push(e);
+        // SAFETY: the timespec is a field of the engine, which `run` holds in
+        // place while it drives the ring; the ring is dropped first (field
+        // order).
+        unsafe { self.ring.submissions().push(e) };
     }
 
     fn arm_wake(&mut self) {
-        self.ring.pending.push(self.wakeup.poll(KIND_WAKE << 56));
+        let e = self.wakeup.poll(KIND_WAKE << 56);
+        // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
+        unsafe { self.ring.submissions().push(e) };
     }
 }

@@ -5,8 +5,8 @@
 use super::rdma::RdmaQueue;
 use super::tcp::TcpQueue;
 use super::HostError;
-use io_uring::squeue;
 use rdmablk_common::mem::Arena;
+use rdmablk_common::ring::Submissions;
 
 use rdmablk_common::nvme::{crd_of, dnr_of, Cqe, Sqe, Status};
 use std::time::{Duration, Instant};
@@ -213,13 +213,13 @@ impl IoQueue {
     }
 
     /// Keeps the queue's operations in the ring: for NVMe/TCP a receive
-    /// (`a`) and a send (`b`), for NVMe/RDMA polls on the completion (`a`)
-    /// and CM (`b`) channels.
-    pub fn pump(&mut self, sq: &mut Vec<squeue::Entry>, a: u64, b: u64) {
+    /// (user data `receive_ud`) and a send (`send_ud`), for NVMe/RDMA polls
+    /// on the completion channel (`receive_ud`) and the CM channel (`send_ud`).
+    pub fn pump(&mut self, sq: &mut Submissions, receive_ud: u64, send_ud: u64) {
         self.resubmit_due();
         match &mut self.link {
-            Link::Tcp(q) => q.pump(sq, a, b),
-            Link::Rdma(q) => q.pump(sq, a, b),
+            Link::Tcp(q) => q.pump(sq, receive_ud, send_ud),
+            Link::Rdma(q) => q.pump(sq, receive_ud, send_ud),
         }
     }
 
@@ -260,16 +260,18 @@ impl IoQueue {
         }
     }
 
-    /// Operation `a` of [`IoQueue::pump`] completed.
-    pub fn on_a(&mut self, res: i32) {
+    /// The receive operation of [`IoQueue::pump`] completed (NVMe/RDMA:
+    /// the completion channel's poll).
+    pub fn on_receive_done(&mut self, res: i32) {
         match &mut self.link {
             Link::Tcp(q) => q.on_recv(res),
             Link::Rdma(q) => q.on_cq_ready(),
         }
     }
 
-    /// Operation `b` of [`IoQueue::pump`] completed.
-    pub fn on_b(&mut self, res: i32) {
+    /// The send operation of [`IoQueue::pump`] completed (NVMe/RDMA: the
+    /// CM channel's poll).
+    pub fn on_send_done(&mut self, res: i32) {
         match &mut self.link {
             Link::Tcp(q) => q.on_send(res),
             Link::Rdma(q) => q.on_cm_ready(),

@@ -13,6 +13,8 @@ pub mod tcp;
 mod tcp_sync;
 
 pub use io_queue::{Done, IoQueue, Link};
+/// The fabric under NVMe (the CLI's `-t tcp|rdma`).
+pub use rdmablk_common::fabrics::Transport;
 pub use session::{NamespaceInfo, QueueLimits, Session};
 pub use sync_queue::SyncQueue;
 
@@ -21,12 +23,10 @@ use rdmablk_common::tcp::Digests;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-/// The fabric under NVMe.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum Transport {
-    Tcp,
-    Rdma,
-}
+/// How long a blocking command (admin queue, discovery, I/O queue Connect)
+/// may take before the target is declared dead: host policy, shared by the
+/// blocking queues of both transports.
+const COMMAND_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// Everything needed to reach a subsystem.
 #[derive(Clone, Debug)]

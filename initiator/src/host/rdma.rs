@@ -12,13 +12,14 @@
 
 use super::Done;
 use super::{HostError, QueueLimits};
-use io_uring::{opcode, squeue, types};
+use io_uring::{opcode, types};
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status, CQE_LEN, SQE_LEN};
 use rdmablk_common::rdma::private_data::{decode_reject, ConnectReply, ConnectRequest};
 use rdmablk_common::rdma::{
     access, next_rkey, CmChannel, CmEventKind, CmId, CompChannel, Completion, ConnParam, Cq, Mr,
     Mw, Pd, QpConfig, SendOp, SendWr, Sge,
 };
+use rdmablk_common::ring::Submissions;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -577,24 +578,20 @@ impl RdmaQueue {
 
     /// Keeps polls on the completion channel (`cq_ud`, unless the caller
     /// polls the CQ itself) and the CM channel (`cm_ud`) in the caller's ring.
-    pub fn pump(&mut self, sq: &mut Vec<squeue::Entry>, cq_ud: u64, cm_ud: u64) {
+    pub fn pump(&mut self, sq: &mut Submissions, cq_ud: u64, cm_ud: u64) {
         if self.failed.is_some() {
             return;
         }
         if !self.cq_armed && !self.busy_poll {
-            sq.push(
-                opcode::PollAdd::new(types::Fd(self.cq.fd()), libc::POLLIN as u32)
-                    .build()
-                    .user_data(cq_ud),
-            );
+            let e = opcode::PollAdd::new(types::Fd(self.cq.fd()), libc::POLLIN as u32);
+            // SAFETY: a poll points at no memory.
+            unsafe { sq.push(e.build().user_data(cq_ud)) };
             self.cq_armed = true;
         }
         if !self.cm_armed {
-            sq.push(
-                opcode::PollAdd::new(types::Fd(self.cm.fd()), libc::POLLIN as u32)
-                    .build()
-                    .user_data(cm_ud),
-            );
+            let e = opcode::PollAdd::new(types::Fd(self.cm.fd()), libc::POLLIN as u32);
+            // SAFETY: a poll points at no memory.
+            unsafe { sq.push(e.build().user_data(cm_ud)) };
             self.cm_armed = true;
         }
     }

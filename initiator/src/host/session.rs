@@ -9,7 +9,7 @@ use rdmablk_common::fabrics::{
 };
 use rdmablk_common::nvme::identify::{cns, parse_ns_list, ControllerId, NamespaceId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid, LogRequest};
-use rdmablk_common::nvme::{admin, feature, property, Sqe, Status};
+use rdmablk_common::nvme::{admin, feature, property, Sqe, Status, HOST_BEHAVIOR_LEN};
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
@@ -17,8 +17,6 @@ use std::time::{Duration, Instant};
 
 /// Admin queue entries requested.
 const ADMIN_SQSIZE: u16 = 32;
-/// Size of the Host Behavior Support feature's data.
-const HOST_BEHAVIOR_LEN: usize = 512;
 /// How long the controller may take to become ready or to shut down.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 

@@ -4,16 +4,13 @@
 
 use super::rdma::RdmaQueue;
 use super::tcp_sync::TcpSync;
-use super::{HostError, Params, Transport};
+use super::{HostError, Params, Transport, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData};
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
 use std::net::SocketAddr;
-use std::time::Duration;
 
 /// Largest data a blocking command moves (a discovery log of 1024 entries).
 const MAX_DATA: usize = (1 << 20) + 4096;
-/// How long a blocking command may take before the target is declared dead.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A connected, blocking queue.
 pub enum SyncQueue {

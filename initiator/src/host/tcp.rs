@@ -4,9 +4,10 @@
 //! the caller's buffer, and CapsuleResps come back as completions.
 
 use super::{Done, QueueLimits};
-use io_uring::{opcode, squeue, types};
+use io_uring::{opcode, types};
 use rdmablk_common::mem::crc32c_raw;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::ring::Submissions;
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
 use rdmablk_common::tcp::{self, flags, Header, Transfer};
 use std::net::TcpStream;
@@ -186,7 +187,7 @@ impl TcpQueue {
     }
 
     /// Parses what arrived and keeps a receive and a send in flight.
-    pub fn pump(&mut self, sq: &mut Vec<squeue::Entry>, recv_ud: u64, send_ud: u64) {
+    pub fn pump(&mut self, sq: &mut Submissions, recv_ud: u64, send_ud: u64) {
         if self.failed.is_some() {
             return;
         }
@@ -202,7 +203,15 @@ impl TcpQueue {
             let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
                 .build()
                 .user_data(recv_ud);
-            sq.push(e);
+            // SAFETY: the receive writes into the queue's receive buffer (a
+            // mapping of its own, which lives as long as the queue), or into
+            // the buffer of the command whose C2HData it is, which its
+            // submitter keeps until the command's completion is taken: the
+            // command cannot complete before its data is in, and a failed
+            // queue completes its commands only once this receive is over.
+            // The engine drops or replaces a queue only once none of its
+            // operations is in the ring.
+            unsafe { sq.push(e) };
             self.recv_busy = true;
             self.recv_direct = direct;
         }
@@ -211,7 +220,14 @@ impl TcpQueue {
                 .flags(libc::MSG_NOSIGNAL as u32)
                 .build()
                 .user_data(send_ud);
-            sq.push(e);
+            // SAFETY: the message header and its iovecs are the send queue's
+            // (in the boxed queue) and stay unchanged until the next
+            // `message`, built only once this send completed; PDU heads are
+            // heap buffers of the queued items; payloads are command buffers,
+            // whose commands complete only once their sends are done (`sends`,
+            // `early`). The engine drops or replaces a queue only once none
+            // of its operations is in the ring.
+            unsafe { sq.push(e) };
             self.send_busy = true;
         }
     }

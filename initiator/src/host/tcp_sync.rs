@@ -1,7 +1,7 @@
 //! A blocking NVMe/TCP queue: used for the admin queue, for discovery, and to
 //! bring up I/O queues before the io_uring data path takes their sockets.
 
-use super::HostError;
+use super::{HostError, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::CONNECT_DATA_LEN;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
@@ -11,8 +11,6 @@ use std::time::Duration;
 
 /// Largest PDU accepted from a target.
 pub const MAX_PDU: usize = 4 << 20;
-/// How long a blocking command may take before the target is declared dead.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// A connected, initialized NVMe/TCP queue with blocking command execution.
 pub struct TcpSync {
