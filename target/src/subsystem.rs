@@ -3,7 +3,9 @@
 
 use crate::admission::Admission;
 use crate::backend::{Backend, FileBackend, MemoryBackend, RbdBackend};
-use crate::config::{self, Config, Listener};
+use crate::config::{
+    self, BackendConfig, Config, ListenerConfig, NamespaceConfig, SubsystemConfig,
+};
 use crate::controller::Controller;
 use crate::error::DaemonError;
 use crate::metrics::NsMetrics;
@@ -124,7 +126,7 @@ pub struct Access {
 
 impl Access {
     /// As configured for subsystem `s`.
-    pub fn of(s: &config::Subsystem) -> Access {
+    pub fn of(s: &SubsystemConfig) -> Access {
         Access {
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.clone(),
@@ -306,7 +308,7 @@ impl Subsystem {
 pub struct Registry {
     subsystems: RwLock<Vec<Arc<Subsystem>>>,
     pub discovery: Arc<Subsystem>,
-    listeners: RwLock<Vec<Listener>>,
+    listeners: RwLock<Vec<ListenerConfig>>,
     /// The discovery log's generation counter (GENCTR).
     genctr: AtomicU64,
     /// What hosts may hold, daemon-wide.
@@ -391,13 +393,13 @@ impl Registry {
     }
 
     /// The listeners now.
-    pub fn listeners(&self) -> Vec<Listener> {
+    pub fn listeners(&self) -> Vec<ListenerConfig> {
         self.listeners.read().expect("listeners lock").clone()
     }
 
     /// Replaces subsystems and listeners (a reload) and moves the discovery
     /// log's generation counter.
-    pub fn replace(&self, subsystems: Vec<Arc<Subsystem>>, listeners: Vec<Listener>) {
+    pub fn replace(&self, subsystems: Vec<Arc<Subsystem>>, listeners: Vec<ListenerConfig>) {
         *self.subsystems.write().expect("subsystems lock") = subsystems;
         *self.listeners.write().expect("listeners lock") = listeners;
         self.genctr.fetch_add(1, Ordering::AcqRel);
@@ -448,7 +450,7 @@ impl Registry {
 }
 
 /// A subsystem as configured, with its opened namespaces.
-pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
+pub fn new_subsystem(s: &SubsystemConfig, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
     Subsystem::new(&s.nqn, Access::of(s), namespaces, s.cntlids.clone())
 }
 
@@ -456,11 +458,11 @@ pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> 
 /// `pollers`. Logs what it opened.
 pub fn open_namespace(
     nqn: &str,
-    n: &config::Namespace,
+    n: &NamespaceConfig,
     pollers: usize,
 ) -> std::io::Result<Namespace> {
     let (backend, size) = match &n.backend {
-        config::Backend::Rbd(image) => {
+        BackendConfig::Rbd(image) => {
             // Opened in the background (`Registry::start_backends`): the
             // namespace is inactive until then.
             let backend = RbdBackend::new(image.clone(), n.block_size, n.read_only)?;
@@ -480,18 +482,18 @@ pub fn open_namespace(
                 metrics: NsMetrics::new(pollers),
             });
         }
-        config::Backend::File { path, create_size } => {
+        BackendConfig::File { path, create_size } => {
             let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
             let size = f.size();
             (Backend::File(f), size)
         }
-        config::Backend::Memory { size } => {
+        BackendConfig::Memory { size } => {
             // Room to grow on a reload up to what the machine could hold
             // (a memory namespace must fit in memory anyway).
             let reserve = config::machine_memory().unwrap_or(*size);
             (Backend::Memory(MemoryBackend::new(*size, reserve)?), *size)
         }
-        config::Backend::Null { size } => (Backend::Null, *size),
+        BackendConfig::Null { size } => (Backend::Null, *size),
     };
     let blocks = size / n.block_size as u64;
     if blocks == 0 {

@@ -90,7 +90,7 @@ impl ListenerHandle {
 
 /// Starts listener `l`, handing its connections to `pollers`.
 pub fn start(
-    l: &config::Listener,
+    l: &config::ListenerConfig,
     pollers: &Arc<Vec<PollerLink>>,
     registry: &Arc<Registry>,
 ) -> Result<ListenerHandle, DaemonError> {
