@@ -16,6 +16,7 @@ pub(super) fn default_listener() -> ListenerConfig {
     }
 }
 
+/// `tcp` or `rdma`, in any case.
 pub(super) fn parse_transport(s: &str) -> Option<Transport> {
     if s.eq_ignore_ascii_case("tcp") {
         Some(Transport::Tcp)
@@ -76,6 +77,7 @@ pub(super) fn parse_socket_addr(s: &str) -> Result<SocketAddr, AddressError> {
     })
 }
 
+/// The problem of port 0 (no fixed port to connect to), if the port is 0.
 pub(super) fn port_problem(address: &SocketAddr) -> Option<AddressError> {
     (address.port() == 0).then(|| AddressError::PortZero {
         suggestion: SocketAddr::new(address.ip(), DEFAULT_PORT),
@@ -94,6 +96,7 @@ pub(super) fn find_duplicate_listener(listeners: &[ListenerConfig]) -> Option<(u
     None
 }
 
+/// `transport://address`, as `--listen` takes it.
 pub(super) fn listener_url(listener: &ListenerConfig) -> String {
     format!("{}://{}", listener.transport, listener.address)
 }

@@ -7,8 +7,11 @@ use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
 
+/// Per-poller arena when `[pollers] arena` is not given.
 pub(super) const DEFAULT_ARENA_BYTES: u64 = 64 << 20;
+/// Most poller threads.
 pub(super) const MAX_POLLERS: usize = 256;
+/// LBA size when a namespace gives none.
 pub(super) const DEFAULT_BLOCK_SIZE: u32 = 512;
 /// Highest controller id of the dynamic controller model (NVMe Base 2.1,
 /// 3.1.1: FFF0h and up are reserved).
@@ -200,6 +203,7 @@ impl Default for Pollers {
     }
 }
 
+/// One poller per online CPU, at most [`MAX_POLLERS`].
 pub(super) fn default_poller_count() -> usize {
     std::thread::available_parallelism()
         .map_or(1, |n| n.get())

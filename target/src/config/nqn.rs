@@ -3,8 +3,8 @@
 
 use super::error::{invalid, ConfigError};
 
-/// NQN of the subsystem created by [`embedded_default`] and the quick form
-/// when no NQN is given.
+/// NQN of the subsystem created by [`embedded_default`](super::embedded_default)
+/// and the quick form when no NQN is given.
 pub const DEFAULT_NQN: &str = "nqn.2026-11.io.rdmablk:default";
 
 /// Well-known NQN of the discovery subsystem; reserved, so no configured
@@ -14,6 +14,7 @@ pub const DISCOVERY_NQN: &str = "nqn.2014-08.org.nvmexpress.discovery";
 const MAX_NQN_BYTES: usize = 223;
 /// Prefix of NQNs built from a UUID rather than a domain name.
 pub(super) const NQN_UUID_PREFIX: &str = "nqn.2014-08.org.nvmexpress:uuid:";
+/// The NQN that error messages give as an example.
 pub(super) const EXAMPLE_NQN: &str = "nqn.2026-11.io.example:disk0";
 
 /// The accepted NQN forms, appended to most [`NqnError`] messages.

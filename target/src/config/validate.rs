@@ -20,8 +20,9 @@ const MAX_NSID: u32 = 1024;
 const BLOCK_SIZES: [u32; 2] = [512, 4096];
 
 impl Config {
-    /// Checks every rule of the configuration model; [`parse`],
-    /// [`from_quick_args`] and [`embedded_default`] only return configs
+    /// Checks every rule of the configuration model; [`parse`](super::parse),
+    /// [`from_quick_args`](super::from_quick_args) and
+    /// [`embedded_default`](super::embedded_default) only return configs
     /// that pass.
     pub fn validate(&self) -> Result<(), ConfigError> {
         validate_pollers(&self.pollers)?;
@@ -379,6 +380,7 @@ fn rbd_images(subsystems: &[SubsystemConfig]) -> impl Iterator<Item = (String, &
     })
 }
 
+/// What is wrong with a poller count out of range.
 pub(super) fn count_problem(count: impl fmt::Display) -> String {
     format!(
         "{count} is out of range; use 1 to {MAX_POLLERS} \
@@ -386,16 +388,20 @@ pub(super) fn count_problem(count: impl fmt::Display) -> String {
     )
 }
 
+/// What is wrong with an nsid out of range.
 pub(super) fn nsid_problem(nsid: impl fmt::Display) -> String {
     format!("{nsid} is out of range; use 1 to {MAX_NSID}")
 }
 
+/// What is wrong with an LBA size other than 512 or 4096; `None` for those.
 pub(super) fn block_size_problem(block_size: impl Into<i64>) -> Option<String> {
     let block_size = block_size.into();
     (!BLOCK_SIZES.iter().any(|&b| i64::from(b) == block_size))
         .then(|| format!("{block_size} is not a supported LBA size; use 512 or 4096"))
 }
 
+/// What is wrong with a capacity that is zero or not a multiple of the
+/// block size; `None` if neither.
 pub(super) fn size_problem(size: u64, block_size: u32) -> Option<String> {
     let block = u64::from(block_size);
     if size == 0 {
