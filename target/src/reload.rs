@@ -4,7 +4,9 @@
 //! through asynchronous events, and removed namespaces drain and flush.
 //! Connections the change does not concern are untouched.
 
-use crate::config::{self, Backend, Config, ConfigError, Listener};
+use crate::config::{
+    self, BackendConfig, Config, ConfigError, ListenerConfig, NamespaceConfig, SubsystemConfig,
+};
 use crate::poller::PollerLink;
 use crate::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
 use crate::transport::{self, ListenerHandle};
@@ -21,7 +23,7 @@ const NAMESPACE_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Running {
     pub path: Option<std::path::PathBuf>,
     pub cfg: Config,
-    pub listeners: Vec<(Listener, ListenerHandle)>,
+    pub listeners: Vec<(ListenerConfig, ListenerHandle)>,
     pub pollers: Arc<Vec<PollerLink>>,
     pub registry: Arc<Registry>,
 }
@@ -53,8 +55,8 @@ struct Plan {
     removed: Vec<Arc<Subsystem>>,
     namespaces: Vec<(Arc<Subsystem>, Vec<NsChange>)>,
     access: Vec<(Arc<Subsystem>, HostAccess)>,
-    new_listeners: Vec<(Listener, ListenerHandle)>,
-    old_listeners: Vec<Listener>,
+    new_listeners: Vec<(ListenerConfig, ListenerHandle)>,
+    old_listeners: Vec<ListenerConfig>,
 }
 
 fn refuse(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
@@ -182,8 +184,8 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
 /// The namespace changes of subsystem `key` from `old` to `new`.
 fn namespace_changes(
     key: &str,
-    old: &config::Subsystem,
-    new: &config::Subsystem,
+    old: &SubsystemConfig,
+    new: &SubsystemConfig,
     sub: &Subsystem,
     registry: &Registry,
 ) -> Result<Vec<NsChange>, ConfigError> {
@@ -206,7 +208,7 @@ fn namespace_changes(
             changes.push(NsChange::Add(open(&new.nqn, n, &nkey, registry)?));
             continue;
         }
-        if let (Backend::Rbd(a), Backend::Rbd(b)) = (&o.backend, &n.backend) {
+        if let (BackendConfig::Rbd(a), BackendConfig::Rbd(b)) = (&o.backend, &n.backend) {
             // The same image: its cluster connection's settings stay (the
             // connection is shared, and reopening would take the namespace
             // away from hosts).
@@ -245,7 +247,7 @@ fn namespace_changes(
 /// are refused.
 fn size_change(
     nkey: &str,
-    n: &config::Namespace,
+    n: &NamespaceConfig,
     live: &Arc<Namespace>,
 ) -> Result<Option<NsChange>, ConfigError> {
     let size = storage_size(live, &n.backend)
@@ -259,7 +261,7 @@ fn size_change(
         ));
     }
     if size > now {
-        if let Backend::Memory { .. } = n.backend {
+        if let BackendConfig::Memory { .. } = n.backend {
             if size > live.backend.capacity() {
                 return Err(refuse(
                     format!("{nkey}.size"),
@@ -276,29 +278,31 @@ fn size_change(
 }
 
 /// Whether two backends are the same storage (sizes aside).
-fn same_storage(a: &Backend, b: &Backend) -> bool {
+fn same_storage(a: &BackendConfig, b: &BackendConfig) -> bool {
     match (a, b) {
-        (Backend::File { path: p, .. }, Backend::File { path: q, .. }) => p == q,
-        (Backend::Memory { .. }, Backend::Memory { .. }) => true,
-        (Backend::Null { .. }, Backend::Null { .. }) => true,
-        (Backend::Rbd(a), Backend::Rbd(b)) => a.spec() == b.spec(),
+        (BackendConfig::File { path: p, .. }, BackendConfig::File { path: q, .. }) => p == q,
+        (BackendConfig::Memory { .. }, BackendConfig::Memory { .. }) => true,
+        (BackendConfig::Null { .. }, BackendConfig::Null { .. }) => true,
+        (BackendConfig::Rbd(a), BackendConfig::Rbd(b)) => a.spec() == b.spec(),
         _ => false,
     }
 }
 
 /// The size the namespace would have now: its file's (which the operator
 /// may have grown), or the configured size.
-fn storage_size(live: &Namespace, b: &Backend) -> std::io::Result<u64> {
+fn storage_size(live: &Namespace, b: &BackendConfig) -> std::io::Result<u64> {
     match b {
-        Backend::File { .. } => live.backend.current_size(),
-        Backend::Memory { size } | Backend::Null { size } => Ok(*size),
-        Backend::Rbd(_) => unreachable!("an RBD namespace's size is followed by its own thread"),
+        BackendConfig::File { .. } => live.backend.current_size(),
+        BackendConfig::Memory { size } | BackendConfig::Null { size } => Ok(*size),
+        BackendConfig::Rbd(_) => {
+            unreachable!("an RBD namespace's size is followed by its own thread")
+        }
     }
 }
 
 fn open(
     nqn: &str,
-    n: &config::Namespace,
+    n: &NamespaceConfig,
     key: &str,
     registry: &Registry,
 ) -> Result<Arc<Namespace>, ConfigError> {
@@ -370,7 +374,7 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
     for nqn in &plan.added {
         summary.push(format!("{nqn}: subsystem added"));
     }
-    let mut listeners: Vec<(Listener, ListenerHandle)> = Vec::new();
+    let mut listeners: Vec<(ListenerConfig, ListenerHandle)> = Vec::new();
     for (l, h) in std::mem::take(&mut running.listeners) {
         if plan.old_listeners.contains(&l) {
             h.stop();

@@ -4,7 +4,7 @@
 use crate::admission::Admission;
 use crate::backend::rbd::RbdNamespace;
 use crate::backend::{Backend, FileBackend, MemoryBackend, RbdBackend};
-use crate::config::{self, Config};
+use crate::config::{self, BackendConfig, Config, NamespaceConfig, SubsystemConfig};
 use crate::controller::Controller;
 use crate::error::DaemonError;
 use crate::ids::{self, NamespaceIds};
@@ -107,7 +107,7 @@ pub struct HostAccess {
 
 impl HostAccess {
     /// As configured for subsystem `s`.
-    pub fn of(s: &config::Subsystem) -> HostAccess {
+    pub fn of(s: &SubsystemConfig) -> HostAccess {
         HostAccess {
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.clone(),
@@ -454,7 +454,7 @@ impl RbdNamespace for Namespace {
 }
 
 /// A subsystem as configured, with its opened namespaces.
-pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
+pub fn new_subsystem(s: &SubsystemConfig, namespaces: Vec<Arc<Namespace>>) -> Subsystem {
     Subsystem::new(&s.nqn, HostAccess::of(s), namespaces, s.cntlids.clone())
 }
 
@@ -462,11 +462,11 @@ pub fn new_subsystem(s: &config::Subsystem, namespaces: Vec<Arc<Namespace>>) -> 
 /// `pollers`. Logs what it opened.
 pub fn open_namespace(
     nqn: &str,
-    n: &config::Namespace,
+    n: &NamespaceConfig,
     pollers: usize,
 ) -> std::io::Result<Namespace> {
     let (backend, size) = match &n.backend {
-        config::Backend::Rbd(image) => {
+        BackendConfig::Rbd(image) => {
             // Opened in the background (`Registry::start_backends`): the
             // namespace is inactive until then.
             let backend = RbdBackend::new(image.clone(), n.block_size, n.read_only)?;
@@ -486,18 +486,18 @@ pub fn open_namespace(
                 metrics: NsMetrics::new(pollers),
             });
         }
-        config::Backend::File { path, create_size } => {
+        BackendConfig::File { path, create_size } => {
             let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
             let size = f.size();
             (Backend::File(f), size)
         }
-        config::Backend::Memory { size } => {
+        BackendConfig::Memory { size } => {
             // Room to grow on a reload up to what the machine could hold
             // (a memory namespace must fit in memory anyway).
             let reserve = config::machine_memory().unwrap_or(*size);
             (Backend::Memory(MemoryBackend::new(*size, reserve)?), *size)
         }
-        config::Backend::Null { size } => (Backend::Null, *size),
+        BackendConfig::Null { size } => (Backend::Null, *size),
     };
     let blocks = size / n.block_size as u64;
     if blocks == 0 {

@@ -1,7 +1,8 @@
 //! `backend = "rbd"`: a namespace backed by a Ceph RBD image, its keys,
 //! the `--rbd POOL/IMAGE` quick form, and the rules across namespaces.
 
-use super::{duration_value, invalid, ConfigError, RawDuration};
+use super::error::{invalid, ConfigError};
+use super::raw::{duration_value, RawDuration};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -225,7 +226,7 @@ pub(super) fn from_quick_args(
 #[cfg(test)]
 mod tests {
     use super::super::tests::assert_invalid;
-    use super::super::{parse, Backend};
+    use super::super::{parse, BackendConfig};
     use super::*;
 
     /// A configuration whose subsystem has `subsystem` keys and the
@@ -248,7 +249,7 @@ mod tests {
             &["backend = \"rbd\"\npool = \"rbd\"\nimage = \"d1\""],
         ))
         .expect("valid");
-        let Backend::Rbd(i) = &c.subsystems[0].namespaces[0].backend else {
+        let BackendConfig::Rbd(i) = &c.subsystems[0].namespaces[0].backend else {
             panic!("an RBD backend");
         };
         assert_eq!(i.spec(), "rbd/d1");
@@ -260,7 +261,7 @@ mod tests {
         let all = "backend = \"rbd\"\npool = \"p\"\nimage = \"d2\"\nrbd_namespace = \"t\"\n\
                    ceph_conf = \"/c/ceph.conf\"\nclient_id = \"gw\"\nkeyring = \"/c/k\"\ntimeout = \"45s\"";
         let c = parse(&config("", &[all])).expect("valid");
-        let Backend::Rbd(i) = &c.subsystems[0].namespaces[0].backend else {
+        let BackendConfig::Rbd(i) = &c.subsystems[0].namespaces[0].backend else {
             panic!("an RBD backend");
         };
         assert_eq!(i.spec(), "p/t/d2");
@@ -362,7 +363,7 @@ mod tests {
             .namespaces
             .iter()
             .map(|n| match &n.backend {
-                Backend::Rbd(i) => i.spec(),
+                BackendConfig::Rbd(i) => i.spec(),
                 other => panic!("not RBD: {other:?}"),
             })
             .collect();

@@ -73,7 +73,7 @@ impl ListenerHandle {
 
 /// Starts listener `l`, handing its connections to `pollers`.
 pub fn start(
-    l: &config::Listener,
+    l: &config::ListenerConfig,
     pollers: &Arc<Vec<PollerLink>>,
     registry: &Arc<Registry>,
 ) -> Result<ListenerHandle, DaemonError> {
@@ -122,7 +122,7 @@ pub fn endpoints(poller: usize) -> Vec<Box<dyn Endpoint>> {
 }
 
 /// The port of listener `l`: its address and its transport's profile.
-pub fn port(l: &config::Listener) -> Port {
+pub fn port(l: &config::ListenerConfig) -> Port {
     Port {
         addr: l.address,
         profile: of(l.transport).1.profile(),

@@ -1,0 +1,455 @@
+//! Raw tables to the model: types, presence and parsing of each key. The
+//! rules across keys are [`Config::validate`]'s.
+
+use super::error::{invalid, ConfigError};
+use super::listener::{parse_socket_addr, parse_transport};
+use super::model::{
+    default_poller_count, BackendConfig, Config, HostAuth, Limits, ListenerConfig, NamespaceConfig,
+    Pollers, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE, MAX_CNTLID,
+};
+use super::nqn::EXAMPLE_NQN;
+use super::private_file;
+use super::raw::{
+    duration_value, size_value, RawConfig, RawDuration, RawHost, RawLimits, RawListener,
+    RawMetrics, RawNamespace, RawPollers, RawSize, RawSubsystem,
+};
+use super::rbd;
+use super::validate::{block_size_problem, count_problem, nsid_problem};
+use rdmablk_common::auth::{DhGroup, Hash, Secret};
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// The model of a whole raw configuration, not yet validated.
+pub(super) fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
+    let pollers = convert_pollers(raw.pollers.unwrap_or_default())?;
+    let limits = convert_limits(raw.limits.unwrap_or_default())?;
+    let metrics = convert_metrics(raw.metrics.unwrap_or_default())?;
+    let listeners = raw
+        .listener
+        .into_iter()
+        .enumerate()
+        .map(|(i, l)| convert_listener(i, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let subsystems = raw
+        .subsystem
+        .into_iter()
+        .enumerate()
+        .map(|(i, s)| convert_subsystem(i, s))
+        .collect::<Result<Vec<_>, _>>()?;
+    Ok(Config {
+        pollers,
+        listeners,
+        subsystems,
+        limits,
+        metrics,
+    })
+}
+
+/// `[metrics] listen`: an IP address and a port; without it, no endpoint.
+fn convert_metrics(raw: RawMetrics) -> Result<Option<SocketAddr>, ConfigError> {
+    let Some(text) = raw.listen else {
+        return Ok(None);
+    };
+    match text.parse::<SocketAddr>() {
+        Ok(a) if a.port() != 0 => Ok(Some(a)),
+        _ => Err(invalid(
+            "metrics.listen",
+            format!("{text:?} is not an IP address with a port; give e.g. \"127.0.0.1:9469\""),
+        )),
+    }
+}
+
+fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
+    let d = Limits::default();
+    let count = |key: &str, v: Option<i64>, default: usize| match v {
+        None => Ok(default),
+        Some(n) => usize::try_from(n).ok().filter(|&n| n > 0).ok_or_else(|| {
+            invalid(
+                format!("limits.{key}"),
+                format!("{n}: give a count of at least 1"),
+            )
+        }),
+    };
+    let size = |key: &str, v: &Option<RawSize>, default: u64| match v {
+        None => Ok(default),
+        Some(s) => size_value(&format!("limits.{key}"), s),
+    };
+    let time = |key: &str, v: &Option<RawDuration>, default: Duration| {
+        let key = format!("limits.{key}");
+        let t = match v {
+            None => return Ok(default),
+            Some(raw) => duration_value(&key, raw)?,
+        };
+        if t < Duration::from_millis(100) {
+            return Err(invalid(
+                &key,
+                "use at least 100ms (deadlines are checked every 100 ms)",
+            ));
+        }
+        Ok(t)
+    };
+    Ok(Limits {
+        connections: count("connections", raw.connections, d.connections)?,
+        pending_connections: count(
+            "pending_connections",
+            raw.pending_connections,
+            d.pending_connections,
+        )?,
+        associations_per_host: count(
+            "associations_per_host",
+            raw.associations_per_host,
+            d.associations_per_host,
+        )?,
+        queue_buffer: size("queue_buffer", &raw.queue_buffer, d.queue_buffer)?,
+        association_buffer: size(
+            "association_buffer",
+            &raw.association_buffer,
+            d.association_buffer,
+        )?,
+        discovery_buffer: size(
+            "discovery_buffer",
+            &raw.discovery_buffer,
+            d.discovery_buffer,
+        )?,
+        handshake_timeout: time(
+            "handshake_timeout",
+            &raw.handshake_timeout,
+            d.handshake_timeout,
+        )?,
+        enable_timeout: time("enable_timeout", &raw.enable_timeout, d.enable_timeout)?,
+        data_timeout: time("data_timeout", &raw.data_timeout, d.data_timeout)?,
+        send_timeout: time("send_timeout", &raw.send_timeout, d.send_timeout)?,
+        discovery_keep_alive: time(
+            "discovery_keep_alive",
+            &raw.discovery_keep_alive,
+            d.discovery_keep_alive,
+        )?,
+    })
+}
+
+fn convert_pollers(raw: RawPollers) -> Result<Pollers, ConfigError> {
+    let count = match raw.count {
+        None => default_poller_count(),
+        Some(n) => usize::try_from(n).map_err(|_| invalid("pollers.count", count_problem(n)))?,
+    };
+    let arena_bytes = match &raw.arena {
+        None => DEFAULT_ARENA_BYTES,
+        Some(size) => size_value("pollers.arena", size)?,
+    };
+    Ok(Pollers {
+        count,
+        arena_bytes,
+        busy_poll: raw.busy_poll.unwrap_or(false),
+    })
+}
+
+fn convert_listener(i: usize, raw: RawListener) -> Result<ListenerConfig, ConfigError> {
+    let key = format!("listener[{i}]");
+    let transport = match raw.transport.as_deref() {
+        None => {
+            return Err(invalid(
+                format!("{key}.transport"),
+                "missing; set transport = \"tcp\" or \"rdma\"",
+            ))
+        }
+        Some(t) => parse_transport(t).ok_or_else(|| {
+            invalid(
+                format!("{key}.transport"),
+                format!("{t:?} is not a supported transport; use \"tcp\" or \"rdma\""),
+            )
+        })?,
+    };
+    let address = match raw.address.as_deref() {
+        None => {
+            return Err(invalid(
+                format!("{key}.address"),
+                "missing; set address = \"0.0.0.0:4420\" (IPv6: \"[::]:4420\")",
+            ))
+        }
+        Some(a) => {
+            parse_socket_addr(a).map_err(|p| invalid(format!("{key}.address"), p.to_string()))?
+        }
+    };
+    Ok(ListenerConfig { transport, address })
+}
+
+fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<SubsystemConfig, ConfigError> {
+    let key = format!("subsystem[{i}]");
+    let nqn = raw.nqn.ok_or_else(|| {
+        invalid(
+            format!("{key}.nqn"),
+            format!("missing; set nqn = \"{EXAMPLE_NQN}\" (a unique NVMe Qualified Name)"),
+        )
+    })?;
+    let namespaces = raw
+        .namespace
+        .into_iter()
+        .enumerate()
+        .map(|(j, n)| convert_namespace(&key, j, n))
+        .collect::<Result<Vec<_>, _>>()?;
+    let auth = raw
+        .host
+        .into_iter()
+        .enumerate()
+        .map(|(h, r)| convert_host(&format!("{key}.host[{h}]"), r))
+        .collect::<Result<Vec<_>, _>>()?;
+    let cntlid = |k: &str, v: Option<i64>, default: u16| match v {
+        None => Ok(default),
+        Some(n) => u16::try_from(n)
+            .ok()
+            .filter(|c| (1..=MAX_CNTLID).contains(c))
+            .ok_or_else(|| {
+                invalid(
+                    format!("{key}.{k}"),
+                    format!("{n} is outside 1 to {MAX_CNTLID} (0x{MAX_CNTLID:x})"),
+                )
+            }),
+    };
+    let (min, max) = (
+        cntlid("cntlid_min", raw.cntlid_min, 1)?,
+        cntlid("cntlid_max", raw.cntlid_max, MAX_CNTLID)?,
+    );
+    if min > max {
+        return Err(invalid(
+            format!("{key}.cntlid_max"),
+            format!("{max} is below cntlid_min {min}"),
+        ));
+    }
+    Ok(SubsystemConfig {
+        nqn,
+        allow_any_host: raw.allow_any_host,
+        hosts: raw.hosts,
+        auth,
+        namespaces,
+        cntlids: min..=max,
+    })
+}
+
+/// Hashes accepted when a host's table names none: all, strongest last.
+const DEFAULT_HASHES: [Hash; 3] = [Hash::Sha256, Hash::Sha384, Hash::Sha512];
+/// DH groups accepted when a host's table names none, in order of
+/// preference: a DH exchange first, the null group (no DH) last.
+const DEFAULT_DH_GROUPS: [DhGroup; 6] = [
+    DhGroup::Ffdhe2048,
+    DhGroup::Ffdhe3072,
+    DhGroup::Ffdhe4096,
+    DhGroup::Ffdhe6144,
+    DhGroup::Ffdhe8192,
+    DhGroup::Null,
+];
+
+/// A list of names at `key` read with `parse`, or `default` when absent;
+/// an unknown name is an error at its index saying what to `use`.
+fn name_list<T: Copy>(
+    key: &str,
+    names: Option<Vec<String>>,
+    default: &[T],
+    parse: fn(&str) -> Option<T>,
+    use_: &str,
+) -> Result<Vec<T>, ConfigError> {
+    let Some(names) = names else {
+        return Ok(default.to_vec());
+    };
+    names
+        .iter()
+        .enumerate()
+        .map(|(i, n)| {
+            parse(n).ok_or_else(|| invalid(format!("{key}[{i}]"), format!("{n:?}: use {use_}")))
+        })
+        .collect()
+}
+
+/// A `[[subsystem.host]]` table: the secrets (inline or from a file, which
+/// systemd credentials can supply), the hashes and DH groups.
+fn convert_host(key: &str, raw: RawHost) -> Result<HostAuth, ConfigError> {
+    let nqn = raw
+        .nqn
+        .ok_or_else(|| invalid(format!("{key}.nqn"), "missing; the host's NQN"))?;
+    let secret = |name: &str, inline: Option<String>, file: Option<PathBuf>| {
+        let text = match (inline, file) {
+            (Some(_), Some(_)) => {
+                return Err(invalid(
+                    format!("{key}.{name}"),
+                    format!("given inline and as {name}_file; keep one"),
+                ))
+            }
+            (Some(t), None) => t,
+            (None, Some(path)) => {
+                private_file(&path).map_err(|p| {
+                    invalid(
+                        format!("{key}.{name}_file"),
+                        format!("{}: {p}", path.display()),
+                    )
+                })?;
+                std::fs::read_to_string(&path).map_err(|e| {
+                    invalid(
+                        format!("{key}.{name}_file"),
+                        format!("{}: {e}", path.display()),
+                    )
+                })?
+            }
+            (None, None) => return Ok(None),
+        };
+        Secret::parse(&text)
+            .map(Some)
+            .map_err(|e| invalid(format!("{key}.{name}"), e.to_string()))
+    };
+    let host_secret = secret("dhchap_secret", raw.dhchap_secret, raw.dhchap_secret_file)?
+        .ok_or_else(|| {
+            invalid(
+                format!("{key}.dhchap_secret"),
+                "missing; give the host's secret as `nvme gen-dhchap-key` prints it (DHHC-1:...),                  or dhchap_secret_file",
+            )
+        })?;
+    let ctrl_secret = secret(
+        "dhchap_ctrl_secret",
+        raw.dhchap_ctrl_secret,
+        raw.dhchap_ctrl_secret_file,
+    )?;
+    let hashes = name_list(
+        &format!("{key}.dhchap_hash"),
+        raw.dhchap_hash,
+        &DEFAULT_HASHES,
+        Hash::from_name,
+        "\"sha256\", \"sha384\" or \"sha512\"",
+    )?;
+    let dh_groups = name_list(
+        &format!("{key}.dhchap_dhgroup"),
+        raw.dhchap_dhgroup,
+        &DEFAULT_DH_GROUPS,
+        DhGroup::from_name,
+        "\"null\" or \"ffdhe2048\" ... \"ffdhe8192\"",
+    )?;
+    if hashes.is_empty() || dh_groups.is_empty() {
+        return Err(invalid(
+            key.to_string(),
+            "dhchap_hash and dhchap_dhgroup need at least one entry each",
+        ));
+    }
+    Ok(HostAuth {
+        nqn,
+        secret: host_secret,
+        ctrl_secret,
+        hashes,
+        dh_groups,
+    })
+}
+
+fn convert_namespace(
+    subsystem_key: &str,
+    j: usize,
+    raw: RawNamespace,
+) -> Result<NamespaceConfig, ConfigError> {
+    let key = format!("{subsystem_key}.namespace[{j}]");
+    let nsid = match raw.nsid {
+        // Position (1-based); out-of-range positions are caught by validation.
+        None => u32::try_from(j + 1).unwrap_or(u32::MAX),
+        Some(n) => u32::try_from(n).map_err(|_| invalid(format!("{key}.nsid"), nsid_problem(n)))?,
+    };
+    let block_size = match raw.block_size {
+        None => DEFAULT_BLOCK_SIZE,
+        Some(b) => u32::try_from(b).map_err(|_| {
+            invalid(
+                format!("{key}.block_size"),
+                block_size_problem(b).unwrap_or_default(),
+            )
+        })?,
+    };
+    let size = raw
+        .size
+        .as_ref()
+        .map(|s| size_value(&format!("{key}.size"), s))
+        .transpose()?;
+    let Some(backend_name) = raw.backend else {
+        return Err(invalid(
+            format!("{key}.backend"),
+            "missing; set backend = \"file\", \"memory\", \"null\" or \"rbd\"",
+        ));
+    };
+    let backend_name = backend_name.to_ascii_lowercase();
+    let raw_rbd = rbd::RawRbd {
+        pool: raw.pool,
+        image: raw.image,
+        rbd_namespace: raw.rbd_namespace,
+        ceph_conf: raw.ceph_conf,
+        client_id: raw.client_id,
+        keyring: raw.keyring,
+        timeout: raw.timeout,
+    };
+    if let Some(k) = raw_rbd.any().filter(|_| backend_name != "rbd") {
+        return Err(invalid(
+            format!("{key}.{k}"),
+            format!(
+                "only backend = \"rbd\" uses {k}; remove it or set backend = \"rbd\" \
+                 (backend is {backend_name:?})"
+            ),
+        ));
+    }
+    let backend = match backend_name.as_str() {
+        "file" => {
+            let Some(path) = raw.path else {
+                return Err(invalid(
+                    format!("{key}.path"),
+                    "missing; backend = \"file\" needs path = \"/path/to/image-or-block-device\"",
+                ));
+            };
+            BackendConfig::File {
+                path: PathBuf::from(path),
+                create_size: size,
+            }
+        }
+        name @ ("memory" | "null") => {
+            if raw.path.is_some() {
+                return Err(invalid(
+                    format!("{key}.path"),
+                    format!(
+                        "only backend = \"file\" uses a path; remove path \
+                         or set backend = \"file\" (backend is {name:?})"
+                    ),
+                ));
+            }
+            let Some(size) = size else {
+                return Err(invalid(
+                    format!("{key}.size"),
+                    format!("missing; backend = {name:?} needs a capacity, e.g. size = \"1GiB\""),
+                ));
+            };
+            if name == "memory" {
+                BackendConfig::Memory { size }
+            } else {
+                BackendConfig::Null { size }
+            }
+        }
+        "rbd" => {
+            for (k, set) in [("path", raw.path.is_some()), ("size", size.is_some())] {
+                if set {
+                    return Err(invalid(
+                        format!("{key}.{k}"),
+                        format!(
+                            "backend = \"rbd\" takes no {k}: the image is named by pool \
+                             and image, and its size is the image's"
+                        ),
+                    ));
+                }
+            }
+            BackendConfig::Rbd(rbd::convert(&key, raw_rbd)?)
+        }
+        _ => {
+            return Err(invalid(
+                format!("{key}.backend"),
+                format!(
+                    "{backend_name:?} is not a supported backend; use \"file\" \
+                     (a file or block device), \"memory\", \"null\" or \"rbd\" \
+                     (a Ceph RBD image)"
+                ),
+            ))
+        }
+    };
+    Ok(NamespaceConfig {
+        nsid,
+        backend,
+        block_size,
+        read_only: raw.read_only,
+    })
+}

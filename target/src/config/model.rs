@@ -1,0 +1,211 @@
+//! The validated configuration: the types the rest of the daemon reads.
+
+use super::rbd::RbdImage;
+use rdmablk_common::auth::{DhGroup, Hash, Secret};
+use std::fmt;
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::time::Duration;
+
+/// Per-poller arena when `[pollers] arena` is not given.
+pub(super) const DEFAULT_ARENA_BYTES: u64 = 64 << 20;
+/// Most poller threads.
+pub(super) const MAX_POLLERS: usize = 256;
+/// LBA size when a namespace gives none.
+pub(super) const DEFAULT_BLOCK_SIZE: u32 = 512;
+/// Highest controller id of the dynamic controller model (NVMe Base 2.1,
+/// 3.1.1: FFF0h and up are reserved).
+pub const MAX_CNTLID: u16 = 0xffef;
+
+/// A complete, validated target configuration.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Config {
+    /// I/O poller threads.
+    pub pollers: Pollers,
+    /// Addresses the target accepts connections on (at least one).
+    pub listeners: Vec<ListenerConfig>,
+    /// Exported NVM subsystems (at least one, unique NQNs).
+    pub subsystems: Vec<SubsystemConfig>,
+    /// What hosts may hold, and how long the target waits for them.
+    pub limits: Limits,
+    /// Where the Prometheus metrics endpoint listens (`[metrics] listen`);
+    /// off when `None`.
+    pub metrics: Option<SocketAddr>,
+}
+
+/// Resource limits and deadlines (`[limits]`): what any one host can make
+/// the target hold, and for how long.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Limits {
+    /// Connected queues (admin and I/O, all hosts) at once; a Connect
+    /// beyond answers Controller Busy.
+    pub connections: usize,
+    /// Connections that have not sent their Connect yet; more are closed
+    /// (TCP) or rejected (RDMA) at once.
+    pub pending_connections: usize,
+    /// Associations (controllers) one host NQN may have at once; a Connect
+    /// beyond answers Controller Busy.
+    pub associations_per_host: usize,
+    /// Arena bytes one queue may hold for its commands' data.
+    pub queue_buffer: u64,
+    /// Arena bytes all queues of one association may hold together.
+    pub association_buffer: u64,
+    /// Arena bytes all discovery queues of one poller may hold together.
+    pub discovery_buffer: u64,
+    /// From connection to ICReq, and to Connect.
+    pub handshake_timeout: Duration,
+    /// From an admin Connect (or a controller reset) to CC.EN = 1.
+    pub enable_timeout: Duration,
+    /// For data asked of the host: an R2T's H2CData, an RDMA READ.
+    pub data_timeout: Duration,
+    /// Without any progress of a queue's sends (the host does not read its
+    /// socket, or its RDMA receives are not posted) before it is torn down.
+    pub send_timeout: Duration,
+    /// Keep-alive timeout of a discovery controller whose host asked for none.
+    pub discovery_keep_alive: Duration,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            connections: 4096,
+            pending_connections: 512,
+            associations_per_host: 16,
+            queue_buffer: 4 << 20,
+            association_buffer: 8 << 20,
+            discovery_buffer: 2 << 20,
+            handshake_timeout: Duration::from_secs(10),
+            enable_timeout: Duration::from_secs(10),
+            data_timeout: Duration::from_secs(30),
+            send_timeout: Duration::from_secs(30),
+            discovery_keep_alive: Duration::from_secs(120),
+        }
+    }
+}
+
+/// I/O poller threads settings (`[pollers]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Pollers {
+    /// Number of poller threads, 1 to 256; default: online CPUs (at most 256).
+    pub count: usize,
+    /// Per-poller buffer arena in bytes: at least 4 MiB, a multiple of 4 KiB.
+    pub arena_bytes: u64,
+    /// Spin on the queues instead of sleeping when idle.
+    pub busy_poll: bool,
+}
+
+/// One listening address (`[[listener]]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct ListenerConfig {
+    /// Fabric transport.
+    pub transport: Transport,
+    /// IP address and port to listen on.
+    pub address: SocketAddr,
+}
+
+/// NVMe-oF transport of a listener.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Transport {
+    /// NVMe/TCP.
+    Tcp,
+    /// NVMe/RDMA.
+    Rdma,
+}
+
+/// One exported NVM subsystem (`[[subsystem]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SubsystemConfig {
+    /// NVMe Qualified Name, unique among subsystems.
+    pub nqn: String,
+    /// Let any host connect, ignoring `hosts`.
+    pub allow_any_host: bool,
+    /// Host NQNs allowed to connect when `allow_any_host` is false.
+    pub hosts: Vec<String>,
+    /// Hosts that must authenticate (`[[subsystem.host]]`); they are
+    /// allowed to connect, authenticated.
+    pub auth: Vec<HostAuth>,
+    /// Namespaces (at least one, unique nsids).
+    pub namespaces: Vec<NamespaceConfig>,
+    /// Controller ids given out (`cntlid_min`, `cntlid_max`): gateways
+    /// exporting one subsystem each take a range of their own, as hosts
+    /// refuse a controller id seen twice in a subsystem.
+    pub cntlids: std::ops::RangeInclusive<u16>,
+}
+
+/// A host that authenticates with DH-HMAC-CHAP (`[[subsystem.host]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostAuth {
+    pub nqn: String,
+    /// The host's secret (`dhchap_secret` or `dhchap_secret_file`).
+    pub secret: Secret,
+    /// The controller's secret, for bidirectional authentication.
+    pub ctrl_secret: Option<Secret>,
+    /// Hashes accepted, in order of preference.
+    pub hashes: Vec<Hash>,
+    /// DH groups accepted, in order of preference.
+    pub dh_groups: Vec<DhGroup>,
+}
+
+/// One namespace of a subsystem (`[[subsystem.namespace]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NamespaceConfig {
+    /// Namespace ID, 1 to 1024, unique within the subsystem.
+    pub nsid: u32,
+    /// Where the data lives.
+    pub backend: BackendConfig,
+    /// LBA size in bytes: 512 or 4096.
+    pub block_size: u32,
+    /// Reject writes.
+    pub read_only: bool,
+}
+
+/// Storage behind a namespace.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum BackendConfig {
+    /// A regular file or a block device.
+    File {
+        /// Path of the file or device.
+        path: PathBuf,
+        /// Size in bytes to create the file with if it does not exist.
+        create_size: Option<u64>,
+    },
+    /// Volatile RAM, zero-filled at start.
+    Memory {
+        /// Capacity in bytes.
+        size: u64,
+    },
+    /// Discards writes and reads zeroes.
+    Null {
+        /// Capacity in bytes.
+        size: u64,
+    },
+    /// A Ceph RBD image, its size the image's.
+    Rbd(RbdImage),
+}
+
+impl fmt::Display for Transport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Transport::Tcp => "tcp",
+            Transport::Rdma => "rdma",
+        })
+    }
+}
+
+impl Default for Pollers {
+    /// One poller per online CPU (at most 256), 64 MiB arenas, no busy polling.
+    fn default() -> Self {
+        Pollers {
+            count: default_poller_count(),
+            arena_bytes: DEFAULT_ARENA_BYTES,
+            busy_poll: false,
+        }
+    }
+}
+
+/// One poller per online CPU, at most [`MAX_POLLERS`].
+pub(super) fn default_poller_count() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, |n| n.get())
+        .min(MAX_POLLERS)
+}

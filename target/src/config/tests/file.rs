@@ -1,0 +1,226 @@
+//! The whole file: the shipped example, defaults, TOML-level errors and
+//! [`load`](crate::config::load).
+
+use super::{assert_syntax, minimal, EXAMPLE, HOST};
+use crate::config::listener::default_listener;
+use crate::config::model::MAX_POLLERS;
+use crate::config::nqn::validate_nqn;
+use crate::config::{
+    embedded_default, holds_inline_secrets, load, parse, BackendConfig, ConfigError, Limits,
+    ListenerConfig, NamespaceConfig, Pollers, Transport, DEFAULT_NQN,
+};
+use rdmablk_common::auth::Secret;
+use std::path::PathBuf;
+
+#[test]
+fn example_parses() {
+    let config = parse(EXAMPLE).expect("shipped example must be valid");
+    assert_eq!(
+        config.listeners,
+        vec![ListenerConfig {
+            transport: Transport::Tcp,
+            address: "0.0.0.0:4420".parse().unwrap(),
+        }]
+    );
+    assert_eq!(config.pollers.arena_bytes, 64 << 20);
+    assert!(!config.pollers.busy_poll);
+    assert_eq!(config.metrics, Some("127.0.0.1:9469".parse().unwrap()));
+    assert_eq!(
+        config.limits,
+        Limits::default(),
+        "the example shows the defaults"
+    );
+    assert_eq!(config.subsystems.len(), 2);
+
+    let disk = &config.subsystems[0];
+    assert!(!disk.allow_any_host);
+    assert!(!disk.hosts.is_empty());
+    assert_eq!(disk.namespaces.len(), 1);
+    assert_eq!(disk.namespaces[0].nsid, 1);
+    assert_eq!(
+        disk.namespaces[0].backend,
+        BackendConfig::File {
+            path: PathBuf::from("/var/lib/rdmablk/disk0.img"),
+            create_size: Some(10 << 30),
+        }
+    );
+
+    let ramdisk = &config.subsystems[1];
+    assert!(matches!(
+        ramdisk.namespaces[0].backend,
+        BackendConfig::Memory { .. }
+    ));
+}
+
+/// Only a secret given inline in a `[[subsystem.host]]` table makes the
+/// file itself secret: comments and `*_file` keys do not.
+#[test]
+fn inline_secrets_are_found_in_host_tables_only() {
+    assert!(
+        !holds_inline_secrets(EXAMPLE),
+        "the example's secrets are comments"
+    );
+    let key = Secret::new(&[1; 32], None).to_dhhc1();
+    let table = |k: &str| {
+        minimal(
+            "",
+            &format!("[[subsystem.host]]\nnqn = \"{HOST}\"\n{k} = \"{key}\""),
+        )
+    };
+    assert!(holds_inline_secrets(&table("dhchap_secret")));
+    assert!(holds_inline_secrets(&table("dhchap_ctrl_secret")));
+    assert!(!holds_inline_secrets(&table("dhchap_secret_file")));
+}
+
+#[test]
+fn example_mentions_rdma_listener() {
+    assert!(EXAMPLE.contains("transport = \"rdma\""));
+}
+
+#[test]
+fn embedded_default_is_valid() {
+    let config = embedded_default();
+    config.validate().unwrap();
+    assert_eq!(config.listeners, vec![default_listener()]);
+    assert_eq!(config.listeners[0].address.to_string(), "127.0.0.1:4420");
+    let subsystem = &config.subsystems[0];
+    assert_eq!(subsystem.nqn, DEFAULT_NQN);
+    assert!(subsystem.allow_any_host);
+    assert_eq!(
+        subsystem.namespaces,
+        vec![NamespaceConfig {
+            nsid: 1,
+            backend: BackendConfig::Memory { size: 1 << 30 },
+            block_size: 512,
+            read_only: false,
+        }]
+    );
+    assert_eq!(config.pollers, Pollers::default());
+    assert!(validate_nqn(DEFAULT_NQN).is_ok());
+}
+
+#[test]
+fn defaults_are_applied() {
+    let config = parse(&minimal("", "")).unwrap();
+    assert_eq!(config.pollers, Pollers::default());
+    assert!((1..=MAX_POLLERS).contains(&config.pollers.count));
+    let ns = &config.subsystems[0].namespaces[0];
+    assert_eq!(ns.nsid, 1);
+    assert_eq!(ns.block_size, 512);
+    assert!(!ns.read_only);
+    assert!(config.subsystems[0].hosts.is_empty());
+}
+
+#[test]
+fn positional_nsids_and_explicit_values() {
+    let text = minimal(
+        "block_size = 4096\nread_only = true",
+        "[[subsystem.namespace]]\nbackend = \"null\"\nsize = 1048576\n\
+         [[subsystem.namespace]]\nnsid = 7\nbackend = \"file\"\npath = \"/dev/null\"\n\
+         [pollers]\ncount = 3\narena = 8388608\nbusy_poll = true\n\
+         [[listener]]\ntransport = \"RDMA\"\naddress = \"[::1]:4420\"",
+    );
+    let config = parse(&text).unwrap();
+    assert_eq!(
+        config.pollers,
+        Pollers {
+            count: 3,
+            arena_bytes: 8 << 20,
+            busy_poll: true,
+        }
+    );
+    assert_eq!(config.listeners[1].transport, Transport::Rdma);
+    assert_eq!(config.listeners[1].address.to_string(), "[::1]:4420");
+    let ns = &config.subsystems[0].namespaces;
+    assert_eq!(
+        (ns[0].nsid, ns[0].block_size, ns[0].read_only),
+        (1, 4096, true)
+    );
+    assert_eq!(ns[1].nsid, 2);
+    assert_eq!(ns[1].backend, BackendConfig::Null { size: 1 << 20 });
+    assert_eq!(ns[2].nsid, 7);
+    assert_eq!(
+        ns[2].backend,
+        BackendConfig::File {
+            path: PathBuf::from("/dev/null"),
+            create_size: None,
+        }
+    );
+}
+
+#[test]
+fn error_display_reads_key_colon_problem() {
+    let text = minimal(
+        "",
+        "[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\nblock_size = 1000",
+    );
+    assert_eq!(
+        parse(&text).unwrap_err().to_string(),
+        "subsystem[0].namespace[1].block_size: 1000 is not a supported LBA size; use 512 or 4096"
+    );
+}
+
+#[test]
+fn unknown_keys_are_rejected_by_name() {
+    assert_syntax(&format!("colour = \"blue\"\n{}", minimal("", "")), "colour");
+    assert_syntax(&minimal("", "colour = \"blue\""), "colour");
+    assert_syntax(
+        &minimal("", "[[listeners]]\ntransport = \"tcp\""),
+        "listeners",
+    );
+    assert_syntax(&minimal("", "[pollers]\nthreads = 4"), "threads");
+    assert_syntax(
+        &minimal(
+            "",
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"1.2.3.4:1\"\nport = 1",
+        ),
+        "port",
+    );
+    assert_syntax(
+        &minimal(
+            "",
+            "[[subsystem]]\nnqn = \"nqn.2026-11.io.example:b\"\nallow_any_hosts = true",
+        ),
+        "allow_any_hosts",
+    );
+    assert_syntax(&minimal("blocksize = 4096", ""), "blocksize");
+}
+
+#[test]
+fn toml_errors_keep_line_and_column() {
+    let text = minimal("size = ", "");
+    match parse(&text) {
+        Err(ConfigError::Syntax(msg)) => {
+            assert!(msg.contains("line 10"), "{msg}");
+            assert!(msg.contains("column"), "{msg}");
+        }
+        other => panic!("{other:?}"),
+    }
+    assert_syntax(&minimal("read_only = \"yes\"", ""), "read_only");
+    assert_syntax(
+        &minimal(
+            "",
+            "[[subsystem.namespace]]\nbackend = \"null\"\nsize = 1.5",
+        ),
+        "integer number of bytes",
+    );
+    assert_syntax("[[listener]\n", "line");
+}
+
+#[test]
+fn load_reads_the_file_and_names_it_on_error() {
+    let dir = std::env::temp_dir();
+    let path = dir.join(format!("rdmablk-config-test-{}.toml", std::process::id()));
+    std::fs::write(&path, EXAMPLE).unwrap();
+    let loaded = load(&path);
+    std::fs::remove_file(&path).unwrap();
+    assert_eq!(loaded.unwrap(), parse(EXAMPLE).unwrap());
+
+    let missing = dir.join("rdmablk-config-test-does-not-exist.toml");
+    let err = load(&missing).unwrap_err();
+    assert!(matches!(err, ConfigError::Io { .. }));
+    assert!(
+        err.to_string().contains(&missing.display().to_string()),
+        "{err}"
+    );
+}

@@ -1,0 +1,102 @@
+//! `[[subsystem.namespace]]` tables.
+
+use super::{assert_invalid, minimal};
+use crate::config::parse;
+
+#[test]
+fn namespace_rules() {
+    let ns = "subsystem[0].namespace[0]";
+    for (extra, key, part) in [
+        ("nsid = 0", "nsid", "1 to 1024"),
+        ("nsid = 1025", "nsid", "1 to 1024"),
+        ("nsid = -1", "nsid", "1 to 1024"),
+        ("block_size = 1000", "block_size", "use 512 or 4096"),
+        ("block_size = -512", "block_size", "use 512 or 4096"),
+        ("block_size = 8192", "block_size", "use 512 or 4096"),
+    ] {
+        assert_invalid(&minimal(extra, ""), &format!("{ns}.{key}"), part);
+    }
+
+    let namespace = |body: &str| {
+        let text = "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n\
+                    [[subsystem]]\nnqn = \"nqn.2026-11.io.example:a\"\nallow_any_host = true\n\
+                    [[subsystem.namespace]]\n";
+        format!("{text}{body}")
+    };
+    for (body, key, part) in [
+        ("size = \"1GiB\"", "backend", "missing"),
+        ("backend = \"disk\"\nsize = \"1GiB\"", "backend", "\"file\""),
+        ("backend = \"file\"", "path", "missing"),
+        ("backend = \"file\"\npath = \"\"", "path", "empty"),
+        (
+            "backend = \"file\"\npath = \"/x\"\nsize = 1000",
+            "size",
+            "multiple of block_size 512",
+        ),
+        (
+            "backend = \"file\"\npath = \"/x\"\nsize = 0",
+            "size",
+            "greater than 0",
+        ),
+        ("backend = \"memory\"", "size", "missing"),
+        ("backend = \"null\"", "size", "missing"),
+        (
+            "backend = \"memory\"\nsize = \"1GiB\"\npath = \"/x\"",
+            "path",
+            "only backend = \"file\"",
+        ),
+        ("backend = \"null\"\nsize = \"0\"", "size", "greater than 0"),
+        (
+            "backend = \"null\"\nsize = \"1GiB\"\nblock_size = 4096",
+            "",
+            "",
+        ),
+        (
+            "backend = \"memory\"\nsize = \"6k\"\nblock_size = 4096",
+            "size",
+            "\"4KiB\"",
+        ),
+        ("backend = \"memory\"\nsize = 513", "size", "not a multiple"),
+        ("backend = \"memory\"\nsize = -4096", "size", "negative"),
+        (
+            "backend = \"memory\"\nsize = \"1.5GiB\"",
+            "size",
+            "whole number",
+        ),
+        (
+            "backend = \"memory\"\nsize = \"1GB\"",
+            "size",
+            "unknown unit",
+        ),
+    ] {
+        let text = namespace(body);
+        if key.is_empty() {
+            assert!(parse(&text).is_ok(), "{body}");
+        } else {
+            assert_invalid(&text, &format!("{ns}.{key}"), part);
+        }
+    }
+}
+
+#[test]
+fn duplicate_nsids_are_rejected() {
+    let explicit = minimal(
+        "nsid = 3",
+        "[[subsystem.namespace]]\nnsid = 3\nbackend = \"null\"\nsize = \"1GiB\"",
+    );
+    assert_invalid(
+        &explicit,
+        "subsystem[0].namespace[1].nsid",
+        "nsid 3 is already used by subsystem[0].namespace[0]",
+    );
+    // An explicit nsid colliding with a later namespace's positional default.
+    let positional = minimal(
+        "nsid = 2",
+        "[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"",
+    );
+    assert_invalid(
+        &positional,
+        "subsystem[0].namespace[1].nsid",
+        "already used",
+    );
+}
