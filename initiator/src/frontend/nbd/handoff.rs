@@ -26,8 +26,11 @@ impl Drop for Seat {
 
 /// A new client that finished its handshake.
 pub struct NewClient {
+    /// Its socket, blocking.
     pub fd: OwnedFd,
+    /// What its handshake settled.
     pub negotiated: Negotiated,
+    /// Its address, for the log.
     pub peer: String,
     /// Its place among the export's clients, held until it is freed.
     pub seat: Seat,

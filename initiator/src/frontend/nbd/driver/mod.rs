@@ -49,6 +49,7 @@ const MAX_ZEROES_BLOCKS: u64 = 1 << 16;
 /// What every connection of an export shares.
 #[derive(Clone, Copy, Debug)]
 pub struct ExportInfo {
+    /// The namespace served.
     pub ns: NamespaceInfo,
     /// Largest request accepted (NBD maximum block size).
     pub max_block: u32,
@@ -191,6 +192,9 @@ fn tag(client: usize, req: usize) -> u64 {
 }
 
 impl NbdDriver {
+    /// A driver for the clients that come through `incoming`; it ends
+    /// once `stop` is set and its clients are gone. Once `give_up` is set,
+    /// requests waiting for a lost association fail.
     pub fn new(
         export: ExportInfo,
         incoming: Receiver<NewClient>,
