@@ -23,46 +23,50 @@ impl NbdDriver {
     pub(super) fn plan(&self, req: &Req) -> Vec<PlannedCommand> {
         let block = self.block();
         let mt = self.export.max_transfer as u64;
-        let command =
-            |opcode: u8, offset: u64, len: u64, buf_offset: usize, flag: bool| PlannedCommand {
-                opcode,
-                offset,
-                len,
-                buf_offset,
-                fua_or_deallocate: flag,
-            };
-        let split = |op: u8, off: u64, len: u64, at: usize, flag: bool, max: u64| {
+        let split = |opcode: u8, offset: u64, len: u64, flag: bool, max: u64| {
             let mut v = Vec::new();
             let mut done = 0;
             while done < len {
                 let n = (len - done).min(max);
-                v.push(command(op, off + done, n, at + done as usize, flag));
+                v.push(PlannedCommand {
+                    opcode,
+                    offset: offset + done,
+                    len: n,
+                    buf_offset: done as usize,
+                    fua_or_deallocate: flag,
+                });
                 done += n;
             }
             v
         };
         let r = &req.r;
         match (r.command, req.stage) {
-            (Command::Read, _) => split(nvm::READ, req.base, req.span as u64, 0, false, mt),
+            (Command::Read, _) => split(nvm::READ, req.base, req.span as u64, false, mt),
             (Command::Write | Command::WriteZeroes, Stage::EdgeRead) => {
                 // Read the partial head and tail blocks into the spare area
                 // after the span.
                 let mut v = Vec::new();
                 let end = r.offset + r.length as u64;
                 if !r.offset.is_multiple_of(block) {
-                    v.push(command(nvm::READ, req.base, block, req.span, false));
+                    v.push(PlannedCommand {
+                        opcode: nvm::READ,
+                        offset: req.base,
+                        len: block,
+                        buf_offset: req.span,
+                        fua_or_deallocate: false,
+                    });
                 }
                 let tail = end / block * block;
                 if !end.is_multiple_of(block)
                     && (tail != req.base || r.offset.is_multiple_of(block))
                 {
-                    v.push(command(
-                        nvm::READ,
-                        tail,
-                        block,
-                        req.span + block as usize,
-                        false,
-                    ));
+                    v.push(PlannedCommand {
+                        opcode: nvm::READ,
+                        offset: tail,
+                        len: block,
+                        buf_offset: req.span + block as usize,
+                        fua_or_deallocate: false,
+                    });
                 }
                 v
             }
@@ -70,11 +74,16 @@ impl NbdDriver {
                 nvm::WRITE,
                 req.base,
                 req.span as u64,
-                0,
                 r.flags & flags::FUA != 0,
                 mt,
             ),
-            (Command::Flush, _) => vec![command(nvm::FLUSH, 0, 0, 0, false)],
+            (Command::Flush, _) => vec![PlannedCommand {
+                opcode: nvm::FLUSH,
+                offset: 0,
+                len: 0,
+                buf_offset: 0,
+                fua_or_deallocate: false,
+            }],
             (Command::WriteZeroes, _) => {
                 let dealloc = r.flags & flags::NO_HOLE == 0 && self.export.ns.deallocate_zeroes;
                 let (s, e) = (
@@ -86,7 +95,6 @@ impl NbdDriver {
                         nvm::WRITE_ZEROES,
                         s,
                         e - s,
-                        0,
                         dealloc,
                         MAX_ZEROES_BLOCKS * block,
                     )
@@ -100,7 +108,7 @@ impl NbdDriver {
                     (r.offset + r.length as u64) / block * block,
                 );
                 if s < e {
-                    split(nvm::DSM, s, e - s, 0, true, u32::MAX as u64 / block * block)
+                    split(nvm::DSM, s, e - s, true, u32::MAX as u64 / block * block)
                 } else {
                     Vec::new()
                 }
