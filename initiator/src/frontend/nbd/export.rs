@@ -1,8 +1,9 @@
 //! Serving a namespace as an NBD export: the listening socket, handshakes,
 //! the engine threads, and an orderly end on SIGINT/SIGTERM.
 
-use super::driver::{ExportInfo, NbdDriver, NewClient};
+use super::driver::{ExportInfo, NbdDriver};
 use super::greeter::{set_nonblocking, Accept, Greeter};
+use super::handoff::NewClient;
 use super::handshake::Export;
 use super::proto::flags;
 use crate::frontend::keeper::{Engines, Keeper};

@@ -11,7 +11,7 @@
 //! runs only once the input it asked for is there, so a client trickling
 //! bytes costs one replay per option at most.
 
-use super::driver::NewClient;
+use super::handoff::{NewClient, Seat};
 use super::handshake::{negotiate, Export, HandshakeError, Negotiated, Outcome};
 use crate::host::engine::Waker;
 use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
@@ -30,15 +30,6 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_INPUT: usize = 128 << 10;
 /// How often the stop flag is looked at.
 const STOP_CHECK: Duration = Duration::from_millis(500);
-
-/// A place among the export's clients, given back when dropped.
-pub struct Seat(Arc<AtomicUsize>);
-
-impl Drop for Seat {
-    fn drop(&mut self) {
-        self.0.fetch_sub(1, Ordering::AcqRel);
-    }
-}
 
 /// What the greeter hands clients to, and its limits.
 pub struct Greeter {
@@ -217,7 +208,7 @@ impl Greeter {
                 tracing::warn!(%peer, "NBD client refused: too many handshakes in progress");
                 continue;
             }
-            let seated = clients.fetch_add(1, Ordering::AcqRel) + 1;
+            let (seat, seated) = Seat::claim(clients);
             let admitted = seated <= self.max_clients;
             if !admitted {
                 tracing::warn!(%peer, max = self.max_clients, "NBD export is full; the client is told so");
@@ -229,7 +220,7 @@ impl Greeter {
             let mut p = Pending {
                 sock: std::fs::File::from(fd),
                 peer,
-                seat: Seat(clients.clone()),
+                seat,
                 admitted,
                 input: Vec::new(),
                 eof: false,

@@ -4,6 +4,7 @@
 mod driver;
 mod export;
 mod greeter;
+mod handoff;
 pub mod handshake;
 pub mod proto;
 
