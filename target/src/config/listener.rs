@@ -18,13 +18,9 @@ pub(super) fn default_listener() -> ListenerConfig {
 
 /// `tcp` or `rdma`, in any case.
 pub(super) fn parse_transport(s: &str) -> Option<Transport> {
-    if s.eq_ignore_ascii_case("tcp") {
-        Some(Transport::Tcp)
-    } else if s.eq_ignore_ascii_case("rdma") {
-        Some(Transport::Rdma)
-    } else {
-        None
-    }
+    Transport::ALL
+        .into_iter()
+        .find(|t| s.eq_ignore_ascii_case(t.name()))
 }
 
 /// Why [`parse_socket_addr`] (or [`port_problem`]) rejected an address.

@@ -2,7 +2,6 @@
 
 use super::rbd::RbdImage;
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
-use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -103,14 +102,8 @@ pub struct ListenerConfig {
     pub address: SocketAddr,
 }
 
-/// NVMe-oF transport of a listener.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Transport {
-    /// NVMe/TCP.
-    Tcp,
-    /// NVMe/RDMA.
-    Rdma,
-}
+/// NVMe-oF transport of a listener: the one type host and target share.
+pub use rdmablk_common::fabrics::Transport;
 
 /// One exported NVM subsystem (`[[subsystem]]`).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -181,15 +174,6 @@ pub enum BackendConfig {
     },
     /// A Ceph RBD image, its size the image's.
     Rbd(RbdImage),
-}
-
-impl fmt::Display for Transport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Transport::Tcp => "tcp",
-            Transport::Rdma => "rdma",
-        })
-    }
 }
 
 impl Default for Pollers {

@@ -3,11 +3,9 @@
 //! the features kept only to be read back.
 
 use super::{Controller, Reply, MAX_IO_QUEUES};
-use rdmablk_common::nvme::{feature, Sqe, Status};
+use rdmablk_common::nvme::{feature, Sqe, Status, HOST_BEHAVIOR_LEN};
 use std::sync::atomic::Ordering;
 
-/// Size of the Host Behavior Support feature's data (NVMe Base 2.0, 5.27.1.18).
-pub const HOST_BEHAVIOR_LEN: usize = 512;
 /// Size of the Host Identifier feature's data (the extended, 128-bit one).
 pub(super) const HOST_ID_LEN: usize = 16;
 

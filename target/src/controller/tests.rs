@@ -2,12 +2,12 @@
 //! reset, Disconnect, features, log pages and the admission limits, each
 //! naming the section it checks.
 
-use super::features::HOST_BEHAVIOR_LEN;
 use super::*;
 use crate::config::{self, Limits};
 use crate::testing::*;
 use rdmablk_common::fabrics::{fctype, PropertyCmd};
 use rdmablk_common::nvme::log::{lid, LogRequest};
+use rdmablk_common::nvme::HOST_BEHAVIOR_LEN;
 use rdmablk_common::nvme::{admin, dnr_of, feature, property, Sqe, FABRICS_OPCODE};
 
 /// NVMe Base 2.1, 3.7.2: CC.EN 1 -> 0 deletes the I/O queues; their ids

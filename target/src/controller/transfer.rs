@@ -1,10 +1,11 @@
 //! The data each admin and Fabrics command calls for, from its fields alone:
 //! what its SGL must describe before the controller executes it.
 
-use super::features::{HOST_BEHAVIOR_LEN, HOST_ID_LEN};
+use super::features::HOST_ID_LEN;
 use rdmablk_common::fabrics::{fctype, CONNECT_DATA_LEN};
 use rdmablk_common::nvme::identify::IDENTIFY_LEN;
 use rdmablk_common::nvme::log::LogRequest;
+use rdmablk_common::nvme::HOST_BEHAVIOR_LEN;
 use rdmablk_common::nvme::{admin, feature, Sqe};
 
 /// The data a command's fields call for: what its SGL must describe.

@@ -32,7 +32,7 @@ use std::time::{Duration, Instant};
 /// Address and route resolution, connection establishment.
 const CM_TIMEOUT: Duration = Duration::from_secs(5);
 /// One admin command or Connect.
-const COMMAND_TIMEOUT: Duration = Duration::from_secs(10);
+const REPLY_TIMEOUT: Duration = Duration::from_secs(10);
 const ADMIN_DEPTH: u16 = 32;
 const HOSTID: [u8; 16] = *b"rdma_stall-hstid";
 const DEFAULT_HOSTNQN: &str =
@@ -110,7 +110,7 @@ fn run() -> Res<()> {
         if cqe.dw0 & property::CSTS_RDY != 0 {
             break;
         }
-        if start.elapsed() > COMMAND_TIMEOUT {
+        if start.elapsed() > REPLY_TIMEOUT {
             return Err(format!(
                 "CSTS.RDY not set after CC.EN (CSTS {:#x})",
                 cqe.dw0
@@ -409,11 +409,11 @@ impl RawQueue {
             .map_err(|e| format!("posting a receive: {e}"))?;
         self.post_capsule(0, &sqe, in_capsule)?;
         let (mut sent, mut got) = (false, None);
-        let deadline = Instant::now() + COMMAND_TIMEOUT;
+        let deadline = Instant::now() + REPLY_TIMEOUT;
         while !(sent && got.is_some()) {
             if Instant::now() > deadline {
                 return Err(format!(
-                    "no answer from {} within {COMMAND_TIMEOUT:?} (opcode {:#x})",
+                    "no answer from {} within {REPLY_TIMEOUT:?} (opcode {:#x})",
                     self.addr,
                     sqe.opcode()
                 ));
