@@ -27,6 +27,10 @@ pub trait Wire {
     /// within `limits.data_timeout`.
     const DATA_OVERDUE: &'static str;
 
+    /// Why a queue closes whose host did not take what was sent to it
+    /// within `limits.send_timeout`.
+    const SENDS_STALLED: &'static str;
+
     /// What the transport serves; capsules are checked against it.
     fn caps(&self) -> TransportCaps;
 
@@ -56,10 +60,6 @@ pub trait Wire {
     /// down, a queue pair moved to error); the endpoint frees the queue
     /// once none is left.
     fn shut(&mut self);
-
-    /// Why a queue closes whose host did not take what was sent to it
-    /// within `limits.send_timeout`.
-    const SENDS_STALLED: &'static str;
 
     /// The progress of the wire's sends.
     fn sends(&self) -> &SendWatch;

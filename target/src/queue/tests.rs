@@ -38,6 +38,7 @@ impl FakeWire {
 
 impl Wire for FakeWire {
     const DATA_OVERDUE: &'static str = "data overdue";
+    const SENDS_STALLED: &'static str = "sends stalled";
 
     fn caps(&self) -> TransportCaps {
         self.caps
@@ -66,8 +67,6 @@ impl Wire for FakeWire {
     }
 
     fn shut(&mut self) {}
-
-    const SENDS_STALLED: &'static str = "sends stalled";
 
     fn sends(&self) -> &SendWatch {
         &self.sends

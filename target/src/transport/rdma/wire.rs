@@ -77,6 +77,8 @@ pub(super) struct RdmaWire<P> {
 impl<P: QueuePair> Wire for RdmaWire<P> {
     const DATA_OVERDUE: &'static str =
         "an RDMA READ of the host's data did not complete within limits.data_timeout";
+    const SENDS_STALLED: &'static str =
+        "the host did not take what was sent to it (no send completed) within limits.send_timeout";
 
     fn caps(&self) -> TransportCaps {
         PROFILE.caps
@@ -185,9 +187,6 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
         self.since = Instant::now();
         self.qp.disconnect();
     }
-
-    const SENDS_STALLED: &'static str =
-        "the host did not take what was sent to it (no send completed) within limits.send_timeout";
 
     fn sends(&self) -> &SendWatch {
         &self.sends

@@ -90,6 +90,8 @@ pub(super) fn fatal(fes: u16, fei: u32, why: impl Into<String>) -> Fatal {
 impl Wire for TcpWire {
     const DATA_OVERDUE: &'static str =
         "the host did not send the data asked for by an R2T within limits.data_timeout";
+    const SENDS_STALLED: &'static str =
+        "the host did not read what was sent to it within limits.send_timeout";
 
     fn caps(&self) -> TransportCaps {
         PROFILE.caps
@@ -172,9 +174,6 @@ impl Wire for TcpWire {
         self.since = Instant::now();
         let _ = self.sock.shutdown(Shutdown::Both);
     }
-
-    const SENDS_STALLED: &'static str =
-        "the host did not read what was sent to it within limits.send_timeout";
 
     fn sends(&self) -> &SendWatch {
         &self.sends
