@@ -8,7 +8,6 @@ use crate::backend::BackendOp;
 use crate::binding::{self, end_association, Binding};
 use crate::budget::Staged;
 use crate::command::{self, Command, Connected, Entries, Progress, State, Work};
-use crate::config::Limits;
 use crate::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::poller::{Io, Token};
 use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
@@ -17,13 +16,20 @@ use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use std::collections::VecDeque;
 use std::net::IpAddr;
-use std::time::{Duration, Instant};
+use std::time::Instant;
+
+mod upkeep;
+pub use upkeep::SendWatch;
 
 /// The transport's half of a queue, as the state machine uses it.
 pub trait Wire {
     /// Why a queue closes whose host did not deliver the data asked of it
     /// within `limits.data_timeout`.
     const DATA_OVERDUE: &'static str;
+
+    /// Why a queue closes whose host did not take what was sent to it
+    /// within `limits.send_timeout`.
+    const SENDS_STALLED: &'static str;
 
     /// What the transport serves; capsules are checked against it.
     fn caps(&self) -> TransportCaps;
@@ -54,6 +60,21 @@ pub trait Wire {
     /// down, a queue pair moved to error); the endpoint frees the queue
     /// once none is left.
     fn shut(&mut self);
+
+    /// The progress of the wire's sends.
+    fn sends(&self) -> &SendWatch;
+
+    /// Called before a queue closes whose host stopped taking what is
+    /// sent: what it did not take may be dropped rather than kept for it.
+    fn abandon_unsent(&mut self) {}
+
+    /// Whether all that was queued for the host has gone (a queue that
+    /// closes by itself waits for it).
+    fn drained(&self) -> bool;
+
+    /// Whether no operation of the wire is in flight (a closed queue is
+    /// freed only then).
+    fn idle(&self) -> bool;
 }
 
 /// A command's data and response, for the wire to send.
@@ -321,7 +342,7 @@ impl Queue {
     /// Completes held AERs: with the events their controller has for them,
     /// or, after a controller reset, as Command Aborted due to SQ Deletion
     /// (the reset aborts outstanding commands, NVMe Base 2.1, 3.7.2).
-    pub fn deliver_events<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
+    fn deliver_events<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
         if self.held_aers.is_empty() {
             return;
         }
@@ -426,7 +447,7 @@ impl Queue {
     }
 
     /// Gives freed arena space to the commands waiting for it, in order.
-    pub fn grant_buffers<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
+    fn grant_buffers<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
         while let Some(&slot) = self.awaiting_buffer.front() {
             let waiting = self
                 .cmds
@@ -686,24 +707,6 @@ impl Queue {
         }
     }
 
-    /// Why the queue must close now, if a deadline passed: its Connect
-    /// (`limits.handshake_timeout` from its start or a Disconnect), its
-    /// association's keep-alive and enable, data asked of the host.
-    pub fn overdue<W: Wire>(&self, limits: &Limits) -> Option<&'static str> {
-        if self.bind.assoc.is_none() && self.since.elapsed() > limits.handshake_timeout {
-            return Some("no Connect within limits.handshake_timeout of the connection");
-        }
-        if let Some(why) = binding::check_association(self.bind.assoc.as_ref(), limits) {
-            return Some(why);
-        }
-        let stuck = self.cmds.iter().flatten().any(|c| {
-            c.state == State::FetchingData
-                && c.received < c.requested
-                && c.since.elapsed() > limits.data_timeout
-        });
-        stuck.then_some(W::DATA_OVERDUE)
-    }
-
     /// Frees every command and ends the queue's part in its association;
     /// call once nothing refers to the queue any more.
     pub fn teardown(&mut self, io: &mut Io) {
@@ -726,32 +729,6 @@ pub fn vacant<T>(slots: &mut Vec<Option<T>>) -> usize {
         slots.push(None);
         slots.len() - 1
     })
-}
-
-/// Progress of a queue's sends: since when it has had sends outstanding
-/// with none of them completing. A host that stops reading its socket, or
-/// stops posting RDMA receives, holds our buffers; past `limits.send_timeout`
-/// the queue is torn down.
-#[derive(Debug, Default)]
-pub struct SendWatch {
-    since: Option<Instant>,
-}
-
-impl SendWatch {
-    /// A send was started.
-    pub fn posted(&mut self) {
-        self.since.get_or_insert_with(Instant::now);
-    }
-
-    /// A send completed; `pending` says whether others are still out.
-    pub fn progressed(&mut self, pending: bool) {
-        self.since = pending.then(Instant::now);
-    }
-
-    /// Whether sends have been stuck for longer than `limit`.
-    pub fn stalled(&self, limit: Duration) -> bool {
-        self.since.is_some_and(|t| t.elapsed() > limit)
-    }
 }
 
 #[cfg(test)]

@@ -9,6 +9,7 @@ use crate::testing::*;
 use rdmablk_common::fabrics::cattr;
 use rdmablk_common::nvme::{nvm, Sgl};
 use std::sync::Arc;
+use std::time::Duration;
 
 /// A transport that records what the state machine asks of it.
 struct FakeWire {
@@ -17,6 +18,7 @@ struct FakeWire {
     fetched: Vec<(u16, usize)>,
     /// (slot, response, data returned before it).
     responses: Vec<(Option<u16>, Cqe, Option<Vec<u8>>)>,
+    sends: SendWatch,
 }
 
 impl FakeWire {
@@ -25,6 +27,7 @@ impl FakeWire {
             caps,
             fetched: Vec::new(),
             responses: Vec::new(),
+            sends: SendWatch::default(),
         }
     }
 
@@ -35,6 +38,7 @@ impl FakeWire {
 
 impl Wire for FakeWire {
     const DATA_OVERDUE: &'static str = "data overdue";
+    const SENDS_STALLED: &'static str = "sends stalled";
 
     fn caps(&self) -> TransportCaps {
         self.caps
@@ -63,6 +67,18 @@ impl Wire for FakeWire {
     }
 
     fn shut(&mut self) {}
+
+    fn sends(&self) -> &SendWatch {
+        &self.sends
+    }
+
+    fn drained(&self) -> bool {
+        true
+    }
+
+    fn idle(&self) -> bool {
+        true
+    }
 }
 
 /// NVMe/TCP's kind of SGLs (transport data blocks), and NVMe/RDMA's (keyed).

@@ -3,10 +3,16 @@
 //! reads WRITE and SEND sources when they are posted, and writes what an
 //! RDMA READ brings when the test completes it).
 
+use super::connection::RdmaQueue;
+use super::wire::{QueuePair, RdmaWire};
 use super::*;
+use crate::binding::Binding;
 use crate::config::{Limits, DEFAULT_NQN};
+use crate::queue::Queue;
 use crate::testing::*;
-use rdmablk_common::nvme::{admin, feature, nvm, Cqe, Status};
+use rdmablk_common::nvme::{admin, feature, nvm, Cqe, Sgl, Sqe, Status};
+use rdmablk_common::rdma::{Completion, SendOp, SendWr};
+use std::io;
 
 /// `ibv_wc_status`: success, and a request flushed by a QP in error.
 const WC_SUCCESS: u32 = 0;

@@ -1,0 +1,137 @@
+//! One NVMe/TCP connection: its queue and wire, their receives and sends,
+//! and its own deadlines and drain.
+
+use super::listener::Accepted;
+use super::wire::TcpWire;
+use super::{Phase, NO_SLOT, RECV, SEND};
+use crate::binding::Binding;
+use crate::poller::{Io, Token};
+use crate::queue::{Queue, Wire};
+use io_uring::opcode;
+use std::time::Duration;
+
+/// A connection that was sent a TermReq is closed after this time at most.
+const TERMINATE_GRACE: Duration = Duration::from_secs(1);
+/// A closed connection whose socket operations have not ended after this
+/// time has them cancelled.
+const CANCEL_GRACE: Duration = Duration::from_secs(2);
+
+/// One NVMe/TCP connection: one queue (admin or I/O) of a controller.
+pub(super) struct TcpQueue {
+    pub(super) q: Queue,
+    pub(super) w: TcpWire,
+}
+
+impl TcpQueue {
+    /// A new connection, holding one of the places of connections waiting
+    /// for their Connect.
+    pub(super) fn new(c: Accepted, ep: u8, idx: u32) -> std::io::Result<Self> {
+        let _ = c.sock.set_nodelay(true);
+        let local = c.sock.local_addr().ok().map(|a| a.ip());
+        Ok(TcpQueue {
+            q: Queue::new(Binding::new(c.pending), c.peer.to_string(), ep, idx, 0),
+            w: TcpWire::new(c.sock, local, ep, idx)?,
+        })
+    }
+
+    pub(super) fn close(&mut self, why: &str) {
+        self.q.close(&mut self.w, why);
+    }
+
+    /// Periodic checks of every deadline: the handshake and a TermReq's
+    /// grace, those of a live queue (Connect, keep-alive and enable, R2T
+    /// data, send progress: see `Queue::check_deadlines`), and the
+    /// cancellation of socket operations that outlive a close.
+    pub(super) fn on_tick(&mut self, io: &mut Io) {
+        let limits = &io.registry.admission.limits;
+        match self.w.phase {
+            Phase::Handshake if self.w.since.elapsed() > limits.handshake_timeout => {
+                self.close("no ICReq within limits.handshake_timeout")
+            }
+            Phase::Terminating if self.w.since.elapsed() > TERMINATE_GRACE => {
+                self.close("terminated")
+            }
+            Phase::Live => self.q.check_deadlines(&mut self.w, limits),
+            Phase::Closing if !self.w.cancelled && self.w.since.elapsed() > CANCEL_GRACE => {
+                // The shutdown should have ended them; make sure.
+                for (busy, what) in [(self.w.recv_busy, RECV), (self.w.send_busy, SEND)] {
+                    if busy {
+                        let cancel = opcode::AsyncCancel::new(self.w.token(what).encode())
+                            .build()
+                            .user_data(Token::Cancel.encode());
+                        // SAFETY: a cancellation points at no memory.
+                        unsafe { io.sq.push(cancel) };
+                    }
+                }
+                self.w.cancelled = true;
+            }
+            _ => {}
+        }
+    }
+
+    /// Does whatever the connection can do now: parse buffered PDUs, keep a
+    /// receive and a send in flight, finish a drain.
+    pub(super) fn pump(&mut self, io: &mut Io) {
+        let live = |p| matches!(p, Phase::Handshake | Phase::Live);
+        if live(self.w.phase) {
+            self.q.pump(io, &mut self.w);
+            self.process_rx(io);
+        }
+        if live(self.w.phase) && !self.w.recv_busy {
+            self.w.start_recv(io);
+        }
+        if !self.w.send_busy && !self.w.tx.is_empty() && self.w.phase != Phase::Closing {
+            self.w.start_send(io);
+        }
+        let drained = self.w.drained();
+        if self.w.phase == Phase::Terminating && drained {
+            self.close("terminated after a protocol error");
+        }
+        // The target's shutdown closes a connection once its stream is drained.
+        self.q.close_when_done(&mut self.w, io.stopping && drained);
+    }
+
+    pub(super) fn on_recv(&mut self, res: i32) {
+        self.w.recv_busy = false;
+        let direct = std::mem::take(&mut self.w.recv_direct);
+        if self.w.phase == Phase::Closing {
+            return;
+        }
+        if let (true, Some(d)) = (direct && res > 0, self.w.direct.as_mut()) {
+            d.left -= res as usize;
+            d.dst = d.dst.wrapping_add(res as usize);
+            return;
+        }
+        if res == 0 {
+            self.close("host closed the connection");
+        } else if res < 0 {
+            self.close(&format!(
+                "receive failed: {}",
+                std::io::Error::from_raw_os_error(-res)
+            ));
+        } else {
+            self.w.rx.filled(res as usize);
+        }
+    }
+
+    pub(super) fn on_send(&mut self, res: i32, io: &mut Io) {
+        self.w.send_busy = false;
+        if res < 0 {
+            self.close(&format!(
+                "send failed: {}",
+                std::io::Error::from_raw_os_error(-res)
+            ));
+            return;
+        }
+        let mut sent = std::mem::take(&mut self.w.sent_slots);
+        self.w.tx.advance(res as usize, &mut sent);
+        if res > 0 {
+            self.w.sends.progressed(!self.w.tx.is_empty());
+        }
+        for token in sent.drain(..) {
+            let slot = (token != NO_SLOT).then_some(token as u16);
+            self.q.sent(slot, io);
+        }
+        self.w.sent_slots = sent;
+    }
+}

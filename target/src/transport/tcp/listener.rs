@@ -1,0 +1,47 @@
+//! Accepting NVMe/TCP connections and handing them to the pollers.
+
+use crate::admission::Permit;
+use crate::transport::Listen;
+use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::sync::atomic::Ordering;
+use std::time::Duration;
+
+/// A connection accepted, on its way to a poller.
+pub(super) struct Accepted {
+    pub(super) sock: TcpStream,
+    pub(super) peer: SocketAddr,
+    /// Its place among connections waiting for their Connect.
+    pub(super) pending: Permit,
+}
+
+/// Accepts connections on `listener` until `l.stop`, handing them to the
+/// pollers round robin.
+pub(super) fn accept_loop(listener: TcpListener, l: Listen) {
+    let mut next = 0;
+    loop {
+        let accepted = listener.accept();
+        if l.stop.load(Ordering::Acquire) {
+            tracing::info!("stopped listening on tcp://{}", l.addr);
+            return;
+        }
+        match accepted {
+            Ok((sock, peer)) => {
+                // Past limits.pending_connections the socket is closed at once.
+                let Some(pending) = l.registry.admission.pending_connection(&peer) else {
+                    continue;
+                };
+                let conn = Accepted {
+                    sock,
+                    peer,
+                    pending,
+                };
+                l.pollers[next % l.pollers.len()].adopt(l.ep, Box::new(conn));
+                next += 1;
+            }
+            Err(e) => {
+                tracing::warn!("accept failed: {e}");
+                std::thread::sleep(Duration::from_millis(100));
+            }
+        }
+    }
+}
