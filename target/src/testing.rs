@@ -2,14 +2,14 @@
 //! registry with a memory namespace, Connects, an enabled controller, and
 //! what a queue needs of its poller without a ring.
 
-use crate::admission::Permit;
-use crate::budget::PollerBudget;
-use crate::completions::Completions;
+use crate::base::admission::Permit;
+use crate::base::budget::PollerBudget;
+use crate::base::completions::Completions;
 use crate::config::{self, Limits, QuickArgs};
-use crate::controller::{connect, Association, Refusal, Reply};
-use crate::fabric::TransportCaps;
-use crate::poller::Io;
-use crate::subsystem::Registry;
+use crate::engine::poller::Io;
+use crate::nvme::controller::{connect, Association, Refusal, Reply};
+use crate::nvme::fabric::TransportCaps;
+use crate::nvme::subsystem::Registry;
 use io_uring::squeue;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use rdmablk_common::mem::{Arena, ArenaBuf};

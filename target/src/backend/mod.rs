@@ -31,7 +31,7 @@ pub enum BackendOp {
     /// A librbd asynchronous call.
     Rbd(rbd::RbdOp),
     /// Work on the offload thread (DH-HMAC-CHAP's Diffie-Hellman).
-    Offload(crate::offload::Job),
+    Offload(crate::base::offload::Job),
 }
 
 /// A data buffer inside the poller's registered arena.

@@ -26,9 +26,9 @@ mod ffi;
 mod sys;
 
 use super::{Access, BackendOp, FixedBuf};
-use crate::completions::Completions;
+use crate::base::completions::Completions;
+use crate::base::ids::NamespaceIds;
 use crate::config::RbdImage;
-use crate::ids::NamespaceIds;
 use ffi::{Aio, Cluster, Finish, Image};
 use std::collections::HashMap;
 use std::io;

@@ -11,12 +11,12 @@
 pub mod rdma;
 pub mod tcp;
 
+use crate::base::error::DaemonError;
 use crate::config;
-use crate::error::DaemonError;
-use crate::fabric::TransportCaps;
-use crate::poller::{Endpoint, PollerLink};
-use crate::port::{Port, Profile};
-use crate::subsystem::Registry;
+use crate::engine::poller::{Endpoint, PollerLink};
+use crate::nvme::fabric::TransportCaps;
+use crate::nvme::port::{Port, Profile};
+use crate::nvme::subsystem::Registry;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::ring::Op;
 use std::net::SocketAddr;

@@ -3,8 +3,8 @@
 
 use super::wire::{QueuePair, RdmaWire};
 use super::{Phase, WR_READ, WR_RESPONSE, WR_RESPONSE_NO_SLOT, WR_WRITE};
-use crate::poller::Io;
-use crate::queue::{InCapsule, Intake, Queue};
+use crate::engine::poller::Io;
+use crate::engine::queue::{InCapsule, Intake, Queue};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::Sqe;
 use rdmablk_common::rdma::Completion;

@@ -2,7 +2,7 @@
 //! registration, a CQ, and an SRQ whose receives hold command capsules.
 
 use super::{IN_CAPSULE_DATA, RECV_BIT};
-use crate::poller::Io;
+use crate::engine::poller::Io;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::SQE_LEN;
 use rdmablk_common::rdma::{access, CompChannel, Cq, Device, Mr, Pd, Sge, Srq};

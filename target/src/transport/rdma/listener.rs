@@ -1,9 +1,9 @@
 //! The RDMA CM listener: connect requests checked and handed to the pollers.
 
 use super::PROFILE;
-use crate::admission::Permit;
-use crate::error::{starting, DaemonError};
-use crate::fabric::ADMIN_QUEUE_SIZE;
+use crate::base::admission::Permit;
+use crate::base::error::{starting, DaemonError};
+use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
 use crate::transport::Listen;
 use rdmablk_common::rdma::private_data::{encode_reject, ConnectRequest, RejectStatus};
 use rdmablk_common::rdma::{CmChannel, CmId, NewId};

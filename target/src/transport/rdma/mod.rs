@@ -18,9 +18,9 @@ mod endpoint;
 mod listener;
 mod wire;
 
+use crate::base::error::DaemonError;
 use crate::config;
-use crate::error::DaemonError;
-use crate::poller::Endpoint;
+use crate::engine::poller::Endpoint;
 use crate::transport::{base_caps_with, Listen, ListenerHandle, Profile, Transport};
 use endpoint::RdmaEndpoint;
 use rdmablk_common::fabrics::discovery::{rdma_tsas, trtype};

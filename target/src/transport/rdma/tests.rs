@@ -6,9 +6,9 @@
 use super::connection::RdmaQueue;
 use super::wire::{QueuePair, RdmaWire};
 use super::*;
-use crate::binding::Binding;
 use crate::config::{Limits, DEFAULT_NQN};
-use crate::queue::Queue;
+use crate::engine::binding::Binding;
+use crate::engine::queue::Queue;
 use crate::testing::*;
 use rdmablk_common::nvme::{admin, feature, nvm, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::rdma::{Completion, SendOp, SendWr};
@@ -234,7 +234,7 @@ fn admin_data_moves_by_rdma_write_and_read() {
     );
     let slot = f.posted()[before].wr_id as u16;
     let state = f.conn.q.command(slot).map(|c| c.state);
-    assert_eq!(state, Some(crate::command::State::FetchingData));
+    assert_eq!(state, Some(crate::nvme::command::State::FetchingData));
     f.complete(before, WC_SUCCESS, 1); // ACRE = 1
     assert_eq!(f.response().status(), Status::SUCCESS, "Set Features");
 

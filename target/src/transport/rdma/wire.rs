@@ -3,10 +3,10 @@
 //! SENDs).
 
 use super::{wr_id, Phase, PROFILE, WR_READ, WR_RESPONSE, WR_RESPONSE_NO_SLOT, WR_WRITE};
-use crate::command::Command;
-use crate::fabric::TransportCaps;
-use crate::poller::Io;
-use crate::queue::{Response, SendWatch, Wire};
+use crate::engine::poller::Io;
+use crate::engine::queue::{Response, SendWatch, Wire};
+use crate::nvme::command::Command;
+use crate::nvme::fabric::TransportCaps;
 use rdmablk_common::nvme::Sgl;
 use rdmablk_common::rdma::{CmId, SendOp, SendWr, Sge};
 use std::collections::VecDeque;

@@ -4,9 +4,9 @@
 use super::listener::Accepted;
 use super::wire::TcpWire;
 use super::{Phase, NO_SLOT, RECV, SEND};
-use crate::binding::Binding;
-use crate::poller::{Io, Token};
-use crate::queue::{Queue, Wire};
+use crate::engine::binding::Binding;
+use crate::engine::poller::{Io, Token};
+use crate::engine::queue::{Queue, Wire};
 use io_uring::opcode;
 use std::time::Duration;
 

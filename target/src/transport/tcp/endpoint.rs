@@ -3,8 +3,8 @@
 use super::connection::TcpQueue;
 use super::listener::Accepted;
 use super::RECV;
-use crate::poller::{Endpoint, Io};
-use crate::queue;
+use crate::engine::poller::{Endpoint, Io};
+use crate::engine::queue;
 use std::any::Any;
 
 /// The NVMe/TCP connections of one poller.

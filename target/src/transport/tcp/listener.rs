@@ -1,6 +1,6 @@
 //! Accepting NVMe/TCP connections and handing them to the pollers.
 
-use crate::admission::Permit;
+use crate::base::admission::Permit;
 use crate::transport::Listen;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;

@@ -14,9 +14,9 @@ mod listener;
 mod pdu;
 mod wire;
 
+use crate::base::error::{starting, DaemonError};
 use crate::config;
-use crate::error::{starting, DaemonError};
-use crate::poller::Endpoint;
+use crate::engine::poller::Endpoint;
 use crate::transport::{base_caps_with, Listen, ListenerHandle, Profile, Transport};
 use endpoint::TcpEndpoint;
 use io_uring::opcode;

@@ -5,8 +5,8 @@
 use super::connection::TcpQueue;
 use super::wire::{fatal, Direct, Fatal, TcpWire};
 use super::{Phase, IN_CAPSULE_DATA, MAX_H2C_DATA};
-use crate::poller::Io;
-use crate::queue::{InCapsule, Intake};
+use crate::engine::poller::Io;
+use crate::engine::queue::{InCapsule, Intake};
 use rdmablk_common::nvme::Sqe;
 use rdmablk_common::tcp::stream::RxBuf;
 use rdmablk_common::tcp::{self, fes, Digests, Header};

@@ -2,10 +2,10 @@
 //! C2HData and responses), and its socket operations on the ring.
 
 use super::{Phase, MAX_H2C_DATA, NO_SLOT, PROFILE, RECV, SEND};
-use crate::command::Command;
-use crate::fabric::TransportCaps;
-use crate::poller::{Io, Token};
-use crate::queue::{Queue, Response, SendWatch, Wire};
+use crate::engine::poller::{Io, Token};
+use crate::engine::queue::{Queue, Response, SendWatch, Wire};
+use crate::nvme::command::Command;
+use crate::nvme::fabric::TransportCaps;
 use io_uring::{opcode, types};
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};

@@ -1,15 +1,15 @@
 //! Subsystems, their namespaces and allowed hosts, the live controllers of
 //! each, and the discovery subsystem's log.
 
-use crate::admission::Admission;
 use crate::backend::rbd::RbdNamespace;
 use crate::backend::{Backend, FileBackend, MemoryBackend, RbdBackend};
+use crate::base::admission::Admission;
+use crate::base::error::DaemonError;
+use crate::base::ids::{self, NamespaceIds};
+use crate::base::metrics::NsMetrics;
 use crate::config::{self, BackendConfig, Config, NamespaceConfig, SubsystemConfig};
-use crate::controller::Controller;
-use crate::error::DaemonError;
-use crate::ids::{self, NamespaceIds};
-use crate::metrics::NsMetrics;
-use crate::port::Port;
+use crate::nvme::controller::Controller;
+use crate::nvme::port::Port;
 use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;

@@ -4,7 +4,7 @@
 //! readings give the CPU time per I/O of that interval; `cpu_us_per_io` is
 //! their ratio since the start.
 
-use crate::poller::Shared;
+use crate::engine::poller::Shared;
 use std::path::Path;
 use std::sync::atomic::Ordering;
 use std::time::{Duration, Instant};

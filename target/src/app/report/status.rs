@@ -1,8 +1,8 @@
 //! `rdmablk-target status`: what the running daemon serves and to whom, with
 //! each namespace's current IOPS and bandwidth (over a short sample).
 
-use crate::poller::Shared;
-use crate::subsystem::Namespace;
+use crate::engine::poller::Shared;
+use crate::nvme::subsystem::Namespace;
 use rdmablk_common::units::format_size;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

@@ -7,8 +7,8 @@
 //! Diffie-Hellman (key generation for the Challenge, the shared secret of a
 //! Reply) runs off the poller: the command executes again once it is done.
 
+use crate::base::offload::{Job, Task};
 use crate::config::HostAuth;
-use crate::offload::{Job, Task};
 use rdmablk_common::auth::dhchap::{
     augmented_challenge, controller_response, host_response, responses_match, Transaction,
 };

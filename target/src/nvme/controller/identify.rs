@@ -3,7 +3,7 @@
 
 use super::fabrics::KAS;
 use super::{aen, Controller, Reply, CRDT, MAX_AERS, VERSION};
-use crate::fabric::ADMIN_QUEUE_SIZE;
+use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
 use rdmablk_common::nvme::identify::{
     cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId,
     IDENTIFY_LEN,

@@ -5,11 +5,11 @@
 //! asked of the host, and how data and responses go back to it.
 
 use crate::backend::BackendOp;
-use crate::binding::{self, end_association, Binding};
-use crate::budget::Staged;
-use crate::command::{self, Command, Connected, Entries, Progress, State, Work};
-use crate::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
-use crate::poller::{Io, Token};
+use crate::base::budget::Staged;
+use crate::engine::binding::{self, end_association, Binding};
+use crate::engine::poller::{Io, Token};
+use crate::nvme::command::{self, Command, Connected, Entries, Progress, State, Work};
+use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;

@@ -4,12 +4,12 @@
 //! rules that follow from them: the response fields, the periodic checks
 //! of the association, and ending it when the queue goes.
 
-use crate::admission::Permit;
-use crate::budget::{Ledger, Staged};
-use crate::command::Command;
+use crate::base::admission::Permit;
+use crate::base::budget::{Ledger, Staged};
 use crate::config::Limits;
-use crate::controller::Association;
-use crate::poller::Io;
+use crate::engine::poller::Io;
+use crate::nvme::command::Command;
+use crate::nvme::controller::Association;
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{Cqe, Status};

@@ -1,8 +1,8 @@
 //! NVM command set I/O commands: decoding and validation against the
 //! namespace, before any data moves. Transport independent.
 
-use crate::metrics::Op;
-use crate::subsystem::Namespace;
+use crate::base::metrics::Op;
+use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::{nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
 

@@ -7,8 +7,8 @@
 use crate::config::{
     self, BackendConfig, Config, ConfigError, ListenerConfig, NamespaceConfig, SubsystemConfig,
 };
-use crate::poller::PollerLink;
-use crate::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
+use crate::engine::poller::PollerLink;
+use crate::nvme::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
 use crate::transport::{self, ListenerHandle};
 use std::collections::HashMap;
 use std::sync::Arc;

@@ -2,10 +2,10 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
 
-use crate::budget::PollerBudget;
-use crate::completions::Completions;
-use crate::metrics::PollerCounters;
-use crate::subsystem::Registry;
+use crate::base::budget::PollerBudget;
+use crate::base::completions::Completions;
+use crate::base::metrics::PollerCounters;
+use crate::nvme::subsystem::Registry;
 use io_uring::{opcode, types};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::{Op, Ring, Submissions, Wakeup};

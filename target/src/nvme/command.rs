@@ -4,13 +4,13 @@
 //! and send the response.
 
 use crate::backend::{Access, Backend, BackendOp, FixedBuf};
-use crate::budget::{Ledger, PollerBudget};
-use crate::controller::{
+use crate::base::budget::{Ledger, PollerBudget};
+use crate::nvme::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, MAX_AERS,
 };
-use crate::fabric::TransportCaps;
-use crate::io_cmd::{self, IoKind, IoRequest};
-use crate::subsystem::Registry;
+use crate::nvme::fabric::TransportCaps;
+use crate::nvme::io_cmd::{self, IoKind, IoRequest};
+use crate::nvme::subsystem::Registry;
 use rdmablk_common::fabrics::{fctype, CONNECT_ATR, CONNECT_DATA_LEN};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};

@@ -1,9 +1,9 @@
 //! The Prometheus text exposition (format 0.0.4) a scrape of the metrics
 //! endpoint gets, rendered from the counters.
 
-use crate::metrics::{BUCKETS, LATENCY_BOUNDS_US, OPS};
-use crate::poller::Shared;
-use crate::subsystem::Namespace;
+use crate::base::metrics::{BUCKETS, LATENCY_BOUNDS_US, OPS};
+use crate::engine::poller::Shared;
+use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::Status;
 use std::collections::BTreeMap;
 use std::fmt::Write as _;

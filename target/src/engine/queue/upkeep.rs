@@ -5,10 +5,10 @@
 //! protocol error's grace, work requests that never flush).
 
 use super::{Queue, Wire};
-use crate::binding;
-use crate::command::State;
 use crate::config::Limits;
-use crate::poller::Io;
+use crate::engine::binding;
+use crate::engine::poller::Io;
+use crate::nvme::command::State;
 use std::time::{Duration, Instant};
 
 impl Queue {

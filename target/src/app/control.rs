@@ -4,8 +4,9 @@
 //! answer's last line is `ok` or `error: ...`. One thread answers one
 //! request at a time.
 
-use crate::reload::{self, Running};
-use crate::{poller::Shared, status};
+use crate::app::reload::{self, Running};
+use crate::app::report::status;
+use crate::engine::poller::Shared;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -3,7 +3,7 @@
 //! ports of the running listeners.
 
 use crate::config;
-use crate::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
 use rdmablk_common::ring::Op;
 use std::net::{IpAddr, SocketAddr};

@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::config::{self, Limits, QuickArgs};
-use crate::subsystem::Registry;
+use crate::nvme::subsystem::Registry;
 use crate::testing::*;
 use rdmablk_common::fabrics::cattr;
 use rdmablk_common::nvme::{nvm, Sgl};
@@ -126,7 +126,7 @@ impl Fixture {
     }
 
     /// Connects the queue as I/O queue 1 of `admin`'s controller.
-    fn connect_io(&mut self, admin: &crate::controller::Association, cattr: u8) -> Cqe {
+    fn connect_io(&mut self, admin: &crate::nvme::controller::Association, cattr: u8) -> Cqe {
         let sqe = connect_sqe(1, cattr, 0);
         let data = connect_data(&admin.ctrl.subsys.nqn, HOST, admin.ctrl.cntlid);
         assert_eq!(self.status(&sqe, &data), Status::SUCCESS, "I/O Connect");

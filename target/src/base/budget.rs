@@ -8,7 +8,7 @@
 //! arrives while its queue has no buffer is staged off the arena, within a
 //! poller-wide bound ([`STAGED_LIMIT`]).
 
-use crate::admission::Gauge;
+use crate::base::admission::Gauge;
 use rdmablk_common::mem::{capacity_for, Arena, ArenaBuf};
 use std::sync::Arc;
 

@@ -14,7 +14,7 @@
 //! A command waits for its job as for a backend operation: the job's end is
 //! recorded in its poller's [`Completions`], which wakes the poller.
 
-use crate::completions::Completions;
+use crate::base::completions::Completions;
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Condvar, Mutex, OnceLock, PoisonError};
 

@@ -5,11 +5,11 @@
 
 use super::aen::Events;
 use super::{Controller, Refusal, Reply, State, MAX_IO_QUEUES};
-use crate::admission::Permit;
-use crate::auth::{self, QueueAuth};
+use crate::base::admission::Permit;
 use crate::config::Limits;
-use crate::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
-use crate::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
+use crate::nvme::auth::{self, QueueAuth};
+use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::nvme::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
 use rdmablk_common::auth::message;
 use rdmablk_common::fabrics::{
     cattr, fctype, invalid_param_dw0, ConnectCmd, ConnectData, CONNECT_DATA_LEN,

@@ -21,10 +21,10 @@ mod transfer;
 pub use connect::{connect, Association};
 pub use transfer::{admin_transfer_len, fabrics_transfer_len, TransferLen};
 
-use crate::admission::{Gauge, Permit};
-use crate::fabric::TransportCaps;
-use crate::offload::Job;
-use crate::subsystem::{Registry, Subsystem};
+use crate::base::admission::{Gauge, Permit};
+use crate::base::offload::Job;
+use crate::nvme::fabric::TransportCaps;
+use crate::nvme::subsystem::{Registry, Subsystem};
 use aen::Events;
 use rdmablk_common::nvme::Status;
 use std::collections::HashMap;

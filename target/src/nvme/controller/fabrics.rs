@@ -4,7 +4,7 @@
 
 use super::aen::Events;
 use super::{Controller, Reply, VERSION};
-use crate::fabric::ADMIN_QUEUE_SIZE;
+use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
 use rdmablk_common::fabrics::{fctype, PropertyCmd};
 use rdmablk_common::nvme::{property, Sqe, Status};
 use std::sync::atomic::Ordering;

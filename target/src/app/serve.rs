@@ -1,0 +1,218 @@
+//! Serving: the daemon's life from its configuration to its exit. The
+//! pollers get the transports' endpoints from here, listeners start, the
+//! reports and the control socket run beside them, and signals reload or
+//! stop it.
+
+use crate::app::reload::{self, Running};
+use crate::app::report::{http, prometheus, stats};
+use crate::app::{control, notify};
+use crate::base::error::{starting, DaemonError};
+use crate::base::metrics::PollerCounters;
+use crate::config::Config;
+use crate::engine::poller::{self, PollerLink, Shared, Transports};
+use crate::nvme::subsystem::Registry;
+use crate::transport;
+use nix::sys::signal::{SigSet, Signal};
+use std::path::PathBuf;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+
+/// What the daemon was asked for besides its configuration.
+pub struct Daemon {
+    /// The configuration file (a reload re-reads it).
+    pub config_path: Option<PathBuf>,
+    /// Where to write the stats file every second.
+    pub stats: Option<PathBuf>,
+    /// Where to answer `reload` and `status`.
+    pub control: Option<PathBuf>,
+}
+
+/// Serves `cfg` until SIGTERM or SIGINT (SIGHUP reloads); `embedded` says
+/// it is the built-in default (a hint on how to connect is printed).
+pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonError> {
+    // Signals are taken synchronously by this thread; block them before any
+    // other thread exists so that all inherit the mask.
+    let mut signals = SigSet::empty();
+    signals.add(Signal::SIGTERM);
+    signals.add(Signal::SIGINT);
+    signals.add(Signal::SIGHUP);
+    signals
+        .thread_block()
+        .map_err(|source| DaemonError::Signals {
+            what: "blocking signals",
+            source,
+        })?;
+
+    raise_open_files_limit();
+    let ports = cfg.listeners.iter().map(transport::port).collect();
+    let registry = Arc::new(Registry::open(&cfg, ports)?);
+    registry.start_backends();
+    let shared = Arc::new(Shared {
+        registry: registry.clone(),
+        stop: AtomicBool::new(false),
+        connections: AtomicUsize::new(0),
+        buffers_in_use: (0..cfg.pollers.count)
+            .map(|_| AtomicUsize::new(0))
+            .collect(),
+        io_commands: (0..cfg.pollers.count).map(|_| AtomicU64::new(0)).collect(),
+        pollers: (0..cfg.pollers.count)
+            .map(|_| PollerCounters::default())
+            .collect(),
+    });
+    let started = std::time::Instant::now();
+    let transports = Transports {
+        ring_ops: transport::ring_ops().collect(),
+        endpoints: transport::endpoints,
+    };
+    let (links, threads): (Vec<PollerLink>, Vec<_>) = (0..cfg.pollers.count)
+        .map(|i| {
+            poller::spawn(
+                i,
+                shared.clone(),
+                cfg.pollers.arena_bytes as usize,
+                cfg.pollers.busy_poll,
+                &transports,
+            )
+        })
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(starting("pollers"))?
+        .into_iter()
+        .unzip();
+    let pollers = Arc::new(links);
+
+    let mut listeners = Vec::new();
+    for l in &cfg.listeners {
+        listeners.push((*l, transport::start(l, &pollers, &registry)?));
+        let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
+        if any_host && !l.address.ip().is_loopback() {
+            tracing::warn!(
+                "listening on {} with subsystems that admit any host; list allowed hosts in a config file",
+                l.address
+            );
+        }
+    }
+    for s in registry.subsystems() {
+        let access = s.access();
+        tracing::info!(
+            subsystem = %s.nqn,
+            namespaces = s.namespaces().len(),
+            allow_any_host = access.allow_any_host,
+            hosts = access.hosts.len(),
+            "subsystem ready"
+        );
+    }
+    if embedded {
+        let l = &cfg.listeners[0];
+        println!(
+            "serving the embedded default; connect with: rdmablk connect -t tcp -a {} -s {} -n {} --nbd unix:/tmp/rdmablk.sock",
+            l.address.ip(),
+            l.address.port(),
+            cfg.subsystems[0].nqn
+        );
+    }
+    if let Some(addr) = cfg.metrics {
+        let listener = std::net::TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
+            url: format!("http://{addr}/metrics"),
+            source,
+            hint: "",
+        })?;
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || http::serve(listener, || prometheus::render(&shared, started)))
+            .map_err(starting("the metrics endpoint"))?;
+        tracing::info!("metrics on http://{addr}/metrics");
+    }
+    let running = Arc::new(Mutex::new(Running {
+        path: daemon.config_path,
+        cfg: cfg.clone(),
+        listeners,
+        pollers: pollers.clone(),
+        registry: registry.clone(),
+    }));
+    if let Some(path) = &daemon.control {
+        let listener = control::bind(path).map_err(|source| DaemonError::Listen {
+            url: format!("unix:{}", path.display()),
+            source,
+            hint: " (the control socket)",
+        })?;
+        let (running, shared) = (running.clone(), shared.clone());
+        std::thread::Builder::new()
+            .name("control".into())
+            .spawn(move || control::serve(listener, running, shared, started))
+            .map_err(starting("the control socket"))?;
+        tracing::info!("control socket {}", path.display());
+    }
+    if let Some(path) = daemon.stats {
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("stats".into())
+            .spawn(move || stats::write_every_second(&path, &shared))
+            .map_err(starting("the stats writer"))?;
+    }
+    notify::notify("READY=1");
+
+    let sig = loop {
+        let sig = signals.wait().map_err(|source| DaemonError::Signals {
+            what: "waiting for signals",
+            source,
+        })?;
+        if sig != Signal::SIGHUP {
+            break sig;
+        }
+        notify::notify("RELOADING=1");
+        match reload::reload(&mut running.lock().expect("running configuration")) {
+            Ok(changes) => tracing::info!("SIGHUP: reloaded ({} change(s))", changes.len()),
+            Err(e) => {
+                tracing::warn!("SIGHUP: reload refused, the running configuration stays: {e}")
+            }
+        }
+        notify::notify("READY=1");
+    };
+    notify::notify("STOPPING=1");
+    tracing::info!(
+        "{sig:?}: draining {} connection(s)",
+        shared.connections.load(Ordering::Acquire)
+    );
+    shared.stop.store(true, Ordering::Release);
+    for p in pollers.iter() {
+        p.wake();
+    }
+    for t in threads {
+        let _ = t.join();
+    }
+    let mut result = Ok(());
+    for s in registry.subsystems() {
+        for ns in s.namespaces().iter() {
+            if let Err(source) = ns.backend.sync_all() {
+                result = Err(DaemonError::Flush {
+                    nqn: s.nqn.clone(),
+                    nsid: ns.nsid,
+                    source,
+                });
+            }
+            // The pollers have ended: nothing is in flight.
+            ns.backend.close();
+        }
+    }
+    tracing::info!("stopped");
+    result
+}
+
+/// Raises the soft limit of open files to the hard one: every connection is
+/// a descriptor, and `limits.connections` should be what binds, not the
+/// default soft limit of 1024.
+fn raise_open_files_limit() {
+    use nix::sys::resource::{getrlimit, setrlimit, Resource};
+    match getrlimit(Resource::RLIMIT_NOFILE) {
+        Ok((soft, hard)) if soft < hard => {
+            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
+                tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
+            } else {
+                tracing::debug!("open files limit raised from {soft} to {hard}");
+            }
+        }
+        Ok(_) => {}
+        Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
+    }
+}
