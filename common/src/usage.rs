@@ -49,29 +49,40 @@ mod tests {
         assert!(process_cpu() > before, "50 ms of spinning used no CPU time");
     }
 
-    #[test]
-    fn thread_cpu_time_counts_this_thread_only() {
-        let spin = |ms| {
-            let mut x = 0u64;
-            let start = std::time::Instant::now();
-            while start.elapsed() < Duration::from_millis(ms) {
+    /// Spins until this thread's CPU time grew by `cpu`; false if that took
+    /// longer than 30 s of wall time (a loaded machine only slows it down).
+    fn spin_for_cpu(cpu: Duration) -> bool {
+        let (start, from) = (std::time::Instant::now(), thread_cpu());
+        let mut x = 0u64;
+        while thread_cpu() - from < cpu {
+            if start.elapsed() > Duration::from_secs(30) {
+                return false;
+            }
+            for _ in 0..10_000 {
                 x = std::hint::black_box(x.wrapping_mul(31).wrapping_add(7));
             }
-        };
+        }
+        true
+    }
+
+    #[test]
+    fn thread_cpu_time_counts_this_thread_only() {
         let before = thread_cpu();
-        std::thread::spawn(move || spin(200))
+        let spun = std::thread::spawn(|| spin_for_cpu(Duration::from_millis(200)))
             .join()
             .expect("spinner");
+        assert!(
+            spun,
+            "another thread's spinning never showed in its own CPU time"
+        );
         let idle = thread_cpu() - before;
-        spin(50);
-        let busy = thread_cpu() - before;
         assert!(
             idle < Duration::from_millis(100),
             "another thread's 200 ms counted: {idle:?}"
         );
         assert!(
-            busy >= Duration::from_millis(40),
-            "50 ms of spinning counted {busy:?}"
+            spin_for_cpu(Duration::from_millis(50)),
+            "50 ms of this thread's spinning never showed in its CPU time"
         );
     }
 }
