@@ -24,7 +24,7 @@ const MAX_DSM_DATA: usize = 256 * 16;
 
 /// Where a command is in its life. A command starts `Received`; a free
 /// slot holds none. Every transport moves its commands through these
-/// states with `Queue::advance` (queue.rs), which traces each transition.
+/// states with `Queue::advance` (`engine::queue`), which traces each transition.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum State {
     /// Planned from its capsule; nothing done yet.

@@ -1,12 +1,13 @@
 //! Transports: how capsules, data and responses travel. A transport tells
 //! controllers what it serves and discovery how to reach it, listens, and
 //! keeps an endpoint on every poller; its queues run the command state
-//! machine of `queue.rs` through a `queue::Wire`. Each queue lives on one
-//! poller for its whole life.
+//! machine of `engine::queue` through a `queue::Wire`. Each queue lives on
+//! one poller for its whole life. Only the application names this module:
+//! it starts listeners and gives each poller the transports' endpoints.
 //!
 //! Adding a transport: a module here implementing [`Transport`] (with its
-//! endpoint and wire), an entry in [`ALL`], and its listener scheme in
-//! `config::Transport`.
+//! endpoint and wire), an entry in [`ALL`], and its variant (name and
+//! TRTYPE) in `rdmablk_common::fabrics::Transport`.
 
 pub mod rdma;
 pub mod tcp;

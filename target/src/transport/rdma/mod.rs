@@ -6,7 +6,7 @@
 //! to the response SEND; writes go RDMA READ → arena → WRITE_FIXED → SEND.
 //! The arena is registered once with io_uring and once per device: no copy
 //! between disk and NIC. Commands go through the shared state machine
-//! (`queue.rs`), to which `RdmaWire` brings RDMA READs and responses.
+//! (`engine::queue`), to which `RdmaWire` brings RDMA READs and responses.
 //!
 //! Here: the listener, a poller's resources per device, its endpoint
 //! (completions, CM events, queues adopted and freed), each queue's

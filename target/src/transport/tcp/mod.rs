@@ -1,7 +1,7 @@
 //! NVMe/TCP: the ICReq/ICResp handshake, capsule PDUs, R2T and H2CData for
 //! host data, C2HData for controller data, CapsuleResp, and C2HTermReq on
 //! protocol errors. Socket I/O goes through the poller's ring; commands go
-//! through the shared state machine (`queue.rs`), to which `TcpWire`
+//! through the shared state machine (`engine::queue`), to which `TcpWire`
 //! brings R2Ts and responses.
 //!
 //! A listener thread accepts connections and hands them to the pollers'
