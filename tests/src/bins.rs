@@ -15,8 +15,8 @@ pub fn workspace_root() -> PathBuf {
 
 /// A built binary: `$RDMABLK_BIN_DIR/name`, else `build/release/name`, else
 /// `build/debug/name` in the workspace. A binary from `build/` must be newer
-/// than every source file it is built from (see [`sources_of`]), so that a
-/// test never runs one that predates the change it tests; binaries from
+/// than every `.rs` file under `src/` of its crate and of `common`, so that
+/// a test never runs one that predates the change it tests; binaries from
 /// `RDMABLK_BIN_DIR` are taken as they are.
 pub fn bin_path(name: &str) -> PathBuf {
     if let Some(dir) = std::env::var_os("RDMABLK_BIN_DIR") {
