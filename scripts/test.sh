@@ -20,7 +20,7 @@ cargo test --release --workspace
 if [ $quick -eq 0 ]; then
   conf=$(bash scripts/ceph-dev.sh up | tail -n 1)
   trap 'bash scripts/ceph-dev.sh down' EXIT
-  RDMABLK_CEPH_CONF=$conf cargo test --release -p rdmablk-tests --test target_rbd -- \
+  RDMABLK_CEPH_CONF=$conf cargo test --release -p rdmablk-tests --test e2e -- target::rbd:: \
     --ignored --test-threads=1
   bash scripts/ceph-dev.sh down
   trap - EXIT

@@ -3,6 +3,7 @@
 
 pub mod bench;
 pub mod frontend;
+#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod host;
 pub mod hostid;

@@ -6,18 +6,22 @@
 //! and keeps its temporary directory for inspection.
 //!
 //! Environment: `RDMABLK_BIN_DIR` (where the binaries are; default
-//! `build/release`, then `build/debug`), `RUST_LOG` (passed to the daemon;
-//! default `debug`), `RDMABLK_KEEP_TEMP` (keep temporary directories even
-//! when tests pass), `TMPDIR` (where they go; file namespaces use O_DIRECT,
-//! so it must not be a tmpfs that lacks it).
+//! `build/release`, then `build/debug`, which must be newer than their
+//! sources), `RUST_LOG` (passed to the daemon; default `debug`),
+//! `RDMABLK_KEEP_TEMP` (keep temporary directories even when tests pass),
+//! `TMPDIR` (where they go; file namespaces use O_DIRECT, so it must not be
+//! a tmpfs that lacks it).
 
 pub mod args;
+mod bins;
 pub mod check;
 pub mod client;
 pub mod dhchap;
 pub mod nbd;
 pub mod proxy;
 pub mod tools;
+
+pub use bins::{bin_path, workspace_root};
 
 use std::fs;
 use std::io::{Read, Seek, SeekFrom};
@@ -33,45 +37,6 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(10);
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Bytes of log shown when a test fails.
 const LOG_TAIL: usize = 8 << 10;
-
-/// The workspace root (the parent of this crate).
-pub fn workspace_root() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR"))
-        .parent()
-        .expect("tests/ has a parent")
-        .to_path_buf()
-}
-
-/// A built binary: `$RDMABLK_BIN_DIR/name`, else `build/release/name`, else
-/// `build/debug/name` in the workspace.
-pub fn bin_path(name: &str) -> PathBuf {
-    if let Some(dir) = std::env::var_os("RDMABLK_BIN_DIR") {
-        let p = Path::new(&dir).join(name);
-        assert!(
-            p.is_file(),
-            "{} does not exist (RDMABLK_BIN_DIR is set)",
-            p.display()
-        );
-        return p;
-    }
-    let build = workspace_root().join("build");
-    let candidates = [
-        build.join("release").join(name),
-        build.join("debug").join(name),
-    ];
-    candidates
-        .iter()
-        .find(|p| p.is_file())
-        .cloned()
-        .unwrap_or_else(|| {
-            panic!(
-                "{name} not found in {} or {}: run `cargo build --release` first \
-             (or point RDMABLK_BIN_DIR at the binaries)",
-                candidates[0].display(),
-                candidates[1].display()
-            )
-        })
-}
 
 /// A temporary directory, removed on drop unless the thread is panicking
 /// or `RDMABLK_KEEP_TEMP` is set (then it is kept and its path printed).

@@ -178,6 +178,7 @@ fn admin_connect(host: &str) -> Vec<u8> {
 
 #[test]
 fn random_hostile_hosts_never_bring_the_daemon_down() {
+    let _machine = crate::shared();
     // Hostile hosts get the open subsystem; the healthy one has its own,
     // which only it may use.
     let mut t = Target::start_config(&two_subsystems_config());
@@ -272,6 +273,7 @@ fn nbd_session(socket: &std::path::Path) -> std::os::unix::net::UnixStream {
 /// bring `rdmablk connect` down, and the export keeps serving.
 #[test]
 fn random_nbd_clients_never_bring_the_export_down() {
+    let _machine = crate::shared();
     use rdmablk::frontend::nbd::proto::{Command as Nbd, Request};
     let t = Target::start(&["--memory", "16MiB", "--block-size", "4096"]);
     let mut e = rdmablk_tests::NbdExport::start(t.port(), rdmablk_tests::names::DEFAULT_NQN, &[]);

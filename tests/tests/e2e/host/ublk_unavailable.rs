@@ -10,6 +10,7 @@ use std::time::Duration;
 
 #[test]
 fn ublk_without_the_driver_fails_at_once() {
+    let _machine = crate::shared();
     if Path::new("/dev/ublk-control").exists() {
         eprintln!("this kernel has ublk: nothing to check here");
         return;
@@ -39,6 +40,7 @@ fn ublk_without_the_driver_fails_at_once() {
 
 #[test]
 fn ublk_and_nbd_exclude_each_other() {
+    let _machine = crate::shared();
     let mut c = Command::new(bin_path("rdmablk"));
     c.args([
         "connect",

@@ -39,6 +39,7 @@ fn assert_refused(r: &Ran, key: &str, what: &str) {
 
 #[test]
 fn check_refuses_a_missing_file_without_size() {
+    let _machine = crate::shared();
     let dir = TempDir::new("check-missing");
     let missing = dir.join("no-such-dir").join("ns.img");
     let r = check(
@@ -59,6 +60,7 @@ fn check_refuses_a_missing_file_without_size() {
 
 #[test]
 fn check_refuses_memory_beyond_the_machine() {
+    let _machine = crate::shared();
     let dir = TempDir::new("check-memory");
     let r = check(
         &dir,
@@ -74,6 +76,7 @@ fn check_refuses_memory_beyond_the_machine() {
 
 #[test]
 fn check_accepts_a_valid_config() {
+    let _machine = crate::shared();
     let dir = TempDir::new("check-valid");
     let existing = dir.join("ns.img");
     std::fs::File::create(&existing)

@@ -120,6 +120,7 @@ fn active_namespaces(c: &Controller) -> Vec<u32> {
 
 #[test]
 fn namespaces_come_grow_and_go_with_asynchronous_events() {
+    let _machine = crate::shared();
     let one = memory_ns(1, "64MiB");
     let d = Daemon::start(&config(&one, ""));
     let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
@@ -181,6 +182,7 @@ fn namespaces_come_grow_and_go_with_asynchronous_events() {
 
 #[test]
 fn a_refused_reload_names_the_key_and_changes_nothing() {
+    let _machine = crate::shared();
     let one = memory_ns(1, "64MiB");
     let d = Daemon::start(&config(&one, ""));
     let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
@@ -224,6 +226,7 @@ fn a_refused_reload_names_the_key_and_changes_nothing() {
 
 #[test]
 fn a_host_removed_from_the_allow_list_loses_its_association() {
+    let _machine = crate::shared();
     let subsystem = |hosts: &str| {
         format!(
             "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
@@ -250,6 +253,7 @@ fn a_host_removed_from_the_allow_list_loses_its_association() {
 
 #[test]
 fn discovery_controllers_hear_of_new_subsystems_and_listeners() {
+    let _machine = crate::shared();
     let one = memory_ns(1, "16MiB");
     let d = Daemon::start(&config(&one, ""));
     let opts = Opts {
@@ -319,6 +323,7 @@ fn open_at(addr: std::net::SocketAddr) {
 /// result and keeps serving.
 #[test]
 fn sighup_reloads_too() {
+    let _machine = crate::shared();
     let one = memory_ns(1, "16MiB");
     let d = Daemon::start(&config(&one, ""));
     let c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());

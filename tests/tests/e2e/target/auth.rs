@@ -70,6 +70,7 @@ fn io_works(c: &mut Controller) {
 
 #[test]
 fn every_hash_and_dh_group_authenticates_every_queue() {
+    let _machine = crate::shared();
     let dir = TempDir::new("auth");
     let host = secret(1, 32, Some(Hash::Sha256));
     let t = start(&dir, &format!("dhchap_secret = \"{host}\""));
@@ -91,6 +92,7 @@ fn every_hash_and_dh_group_authenticates_every_queue() {
 
 #[test]
 fn bidirectional_and_key_transforms() {
+    let _machine = crate::shared();
     let dir = TempDir::new("auth");
     for (hl, transform) in [
         (32, None),
@@ -130,6 +132,7 @@ fn bidirectional_and_key_transforms() {
 
 #[test]
 fn wrong_or_missing_secrets_are_refused() {
+    let _machine = crate::shared();
     let dir = TempDir::new("auth");
     let host = secret(6, 32, Some(Hash::Sha256));
     let t = start(&dir, &format!("dhchap_secret = \"{host}\""));
@@ -189,6 +192,7 @@ fn wrong_or_missing_secrets_are_refused() {
 
 #[test]
 fn secrets_must_not_be_readable_by_others() {
+    let _machine = crate::shared();
     let dir = TempDir::new("auth");
     let host = secret(8, 32, None);
     let path = write_config(&dir, free_port(), &format!("dhchap_secret = \"{host}\""));
@@ -232,6 +236,7 @@ fn secrets_must_not_be_readable_by_others() {
 /// wrong controller secret, it stops with a clear message.
 #[test]
 fn rdmablk_authenticates_and_says_why_not() {
+    let _machine = crate::shared();
     let dir = TempDir::new("auth");
     let host = secret(11, 48, Some(Hash::Sha384));
     let ctrl = secret(12, 48, Some(Hash::Sha384));
@@ -287,6 +292,7 @@ fn rdmablk_authenticates_and_says_why_not() {
 /// a host that negotiates and then says nothing loses its controller.
 #[test]
 fn a_stalled_transaction_ends_at_its_deadline() {
+    let _machine = crate::shared();
     use rdmablk_common::auth::message::{self, Message};
     let dir = TempDir::new("auth");
     let host = secret(14, 32, None);
@@ -349,6 +355,7 @@ fn thread_ticks(pid: u32, name: &str) -> u64 {
 /// not on the poller.
 #[test]
 fn diffie_hellman_does_not_stall_the_poller() {
+    let _machine = crate::shared();
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
     use std::time::{Duration, Instant};

@@ -2,6 +2,9 @@
 //! client gets its own bytes back however many share the export, a full
 //! export says so (NBD_REP_ERR_POLICY) to a real client, and a handshake
 //! that trickles is cut at its deadline while others are greeted.
+//!
+//! Each test runs alone (`crate::alone`): it runs a target, an export and
+//! many clients.
 
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::nbd::{client_flags, read_greeting, NbdClient, Refused, REP_ERR_POLICY};
@@ -11,17 +14,11 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Barrier, Mutex, MutexGuard};
+use std::sync::{Arc, Barrier};
 use std::time::{Duration, Instant};
 
 /// Bytes each client owns in the many-client tests.
 const REGION: usize = 64 << 10;
-
-/// One test at a time: each runs a target, an export and many clients.
-fn serial() -> MutexGuard<'static, ()> {
-    static LOCK: Mutex<()> = Mutex::new(());
-    LOCK.lock().unwrap_or_else(|e| e.into_inner())
-}
 
 /// Connects to the export on `socket`, writes its own region with its own
 /// bytes, reads it back.
@@ -45,7 +42,7 @@ fn own_region(socket: &Path, i: usize) -> Result<NbdClient, String> {
 /// them still connected.
 #[test]
 fn two_hundred_clients_at_once() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start(&["--memory", "64MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &["-i", "2"]);
     let n = 200;
@@ -86,7 +83,7 @@ fn two_hundred_clients_at_once() {
 /// an error.
 #[test]
 fn clients_come_and_go_while_others_work() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start(&["--memory", "64MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &["-i", "2"]);
     let sock: PathBuf = e.socket().to_path_buf();
@@ -147,7 +144,7 @@ fn clients_come_and_go_while_others_work() {
 /// on the same engine keeps completing verified I/O (its rate printed).
 #[test]
 fn clients_that_do_not_read_cannot_stall_others() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start(&["--memory", "256MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
     let hogs: Vec<NbdClient> = (0..2)
@@ -182,7 +179,7 @@ fn clients_that_do_not_read_cannot_stall_others() {
 /// bits; the client goes on being served.
 #[test]
 fn requests_past_the_end() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start(&["--memory", "64MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
     let mut c = own_region(e.socket(), 0).unwrap_or_else(|err| panic!("{err}"));
@@ -228,7 +225,7 @@ fn requests_past_the_end() {
 /// writing requests on a read-only export), and reads are served.
 #[test]
 fn read_only_exports_refuse_writes() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start_config(
         r#"
 [[listener]]
@@ -268,7 +265,7 @@ allow_any_host = true
 /// message; once one of the four leaves, a new client is served.
 #[test]
 fn a_full_export_says_so() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start(&["--memory", "64MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &["--nbd-max-clients", "4"]);
     let mut four: Vec<NbdClient> = (0..4)
@@ -314,7 +311,7 @@ fn a_full_export_says_so() {
 /// clients are greeted and served.
 #[test]
 fn a_trickling_handshake_is_cut_at_its_deadline() {
-    let _s = serial();
+    let _machine = crate::alone();
     let t = Target::start(&["--memory", "64MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
     let mut slow = UnixStream::connect(e.socket()).expect("connect");

@@ -107,6 +107,7 @@ fn promtool_is_content(text: &str) {
 /// latency histogram counts every command; nothing is left in flight.
 #[test]
 fn counters_match_the_io_bench_did() {
+    let _machine = crate::shared();
     let (t, metrics) = target_with_metrics();
     let before = samples(&scrape(metrics));
     for op in ["read", "write", "other"] {
@@ -197,6 +198,7 @@ fn counters_match_the_io_bench_did() {
 /// LBA Out of Range error of the namespace (NVMe Base 2.1, 3.3.3.2.2).
 #[test]
 fn hosts_and_errors_show_while_they_last() {
+    let _machine = crate::shared();
     let (t, metrics) = target_with_metrics();
     let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
     let s = samples(&scrape(metrics));
@@ -248,6 +250,7 @@ fn hosts_and_errors_show_while_they_last() {
 /// deadline (2 s) at most.
 #[test]
 fn the_endpoint_refuses_what_it_does_not_serve() {
+    let _machine = crate::shared();
     let (_t, metrics) = target_with_metrics();
     let (status, _) = http(metrics, b"GET /nothing HTTP/1.1\r\n\r\n");
     assert_eq!(status, "HTTP/1.1 404 Not Found");

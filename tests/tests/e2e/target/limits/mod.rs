@@ -11,7 +11,7 @@
 //!
 //! The daemon runs on CPU 0 and the test's threads on CPU 1 (when the
 //! machine has both), so that the attacker cannot win by taking the
-//! daemon's CPU. The tests of this file run one at a time: each measures the
+//! daemon's CPU. Each test runs alone (`crate::alone`): it measures the
 //! daemon, and a neighbour's flood would blur that.
 
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, DISCOVERY_NQN};
@@ -27,8 +27,12 @@ use std::net::{SocketAddr, TcpStream};
 use std::os::unix::io::{AsRawFd, FromRawFd};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::RwLockWriteGuard;
 use std::time::{Duration, Instant};
+
+mod admission;
+mod flood;
+mod stall;
 
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
@@ -58,31 +62,40 @@ const SLACK: Duration = Duration::from_secs(3);
 
 // ---- the machine ----------------------------------------------------------
 
-/// One test at a time (see the module comment).
-static SERIAL: Mutex<()> = Mutex::new(());
-
-/// What each test starts with: the others done, its threads on
-/// [`CLIENT_CPU`], as many descriptors as the hard limit allows.
+/// What each test starts with: no other test of the binary running (see
+/// the module comment), its threads on [`CLIENT_CPU`], as many descriptors
+/// as the hard limit allows. Dropping it gives the test thread back its
+/// CPUs and the process its limit: with `--test-threads=1` the same thread
+/// goes on to run the binary's other tests.
 struct Setup {
-    _serial: MutexGuard<'static, ()>,
     /// Whether the daemon is to be pinned (the machine has both CPUs).
     pin: bool,
+    /// The test thread's CPUs before.
+    cpus: libc::cpu_set_t,
+    /// The open-files limit before.
+    open_files: libc::rlimit,
+    _machine: RwLockWriteGuard<'static, ()>,
 }
 
 impl Setup {
     fn new() -> Setup {
-        let serial = SERIAL.lock().unwrap_or_else(PoisonError::into_inner);
-        let pin = cpu_allowed(TARGET_CPU) && cpu_allowed(CLIENT_CPU);
+        let machine = crate::alone();
+        let cpus = current_cpus();
+        // SAFETY: CPU_ISSET reads the set within its bounds (cpu < CPU_SETSIZE).
+        let pin =
+            unsafe { libc::CPU_ISSET(TARGET_CPU, &cpus) && libc::CPU_ISSET(CLIENT_CPU, &cpus) };
         if pin {
             // Threads inherit it: the victim's, the keep-alive threads.
             pin_current_thread(CLIENT_CPU);
         } else {
             println!("fewer than two CPUs: the daemon and the test share them");
         }
-        raise_open_files_limit();
+        let open_files = raise_open_files_limit();
         Setup {
-            _serial: serial,
             pin,
+            cpus,
+            open_files,
+            _machine: machine,
         }
     }
 
@@ -95,19 +108,32 @@ impl Setup {
     }
 }
 
-fn cpu_allowed(cpu: usize) -> bool {
+impl Drop for Setup {
+    fn drop(&mut self) {
+        // SAFETY: sched_setaffinity and setrlimit only read the values,
+        // which we own. Failures are left be: the next test starts over.
+        unsafe {
+            libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.cpus);
+            libc::setrlimit(libc::RLIMIT_NOFILE, &self.open_files);
+        }
+    }
+}
+
+/// The CPUs the calling thread may run on.
+fn current_cpus() -> libc::cpu_set_t {
     // SAFETY: cpu_set_t is plain data for which all zeroes is the empty set;
-    // sched_getaffinity writes at most `size_of::<cpu_set_t>()` bytes into
-    // it, and CPU_ISSET reads it within its bounds (cpu < CPU_SETSIZE).
+    // sched_getaffinity writes at most `size_of::<cpu_set_t>()` bytes into it.
     unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
-        libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set) == 0
-            && libc::CPU_ISSET(cpu, &set)
+        let rc = libc::sched_getaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &mut set);
+        assert_eq!(rc, 0, "sched_getaffinity: {}", io::Error::last_os_error());
+        set
     }
 }
 
 fn pin_current_thread(cpu: usize) {
-    // SAFETY: as in `cpu_allowed`; sched_setaffinity only reads the set.
+    // SAFETY: as in `current_cpus`; CPU_SET writes within the set's bounds
+    // (cpu < CPU_SETSIZE), sched_setaffinity only reads it.
     let rc = unsafe {
         let mut set: libc::cpu_set_t = std::mem::zeroed();
         libc::CPU_SET(cpu, &mut set);
@@ -122,8 +148,8 @@ fn pin_current_thread(cpu: usize) {
 }
 
 /// Raises this process's soft limit of open files to the hard one: the
-/// floods here open thousands of sockets.
-fn raise_open_files_limit() {
+/// floods here open thousands of sockets. Returns the limit before.
+fn raise_open_files_limit() -> libc::rlimit {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -131,12 +157,14 @@ fn raise_open_files_limit() {
     // SAFETY: getrlimit writes one rlimit into `lim`, which we own.
     let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
     assert_eq!(rc, 0, "getrlimit: {}", io::Error::last_os_error());
+    let before = lim;
     if lim.rlim_cur < lim.rlim_max {
         lim.rlim_cur = lim.rlim_max;
         // SAFETY: setrlimit only reads `lim`.
         let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
         assert_eq!(rc, 0, "setrlimit: {}", io::Error::last_os_error());
     }
+    before
 }
 
 /// The daemon's configuration: one memory namespace in [`SUBNQN`] that any
@@ -742,583 +770,4 @@ impl Stalling {
             |s| s.buffers == 0 && s.queues_connected == 3 && s.connections == 3,
         );
     }
-}
-
-// ---- tests ----------------------------------------------------------------------
-
-/// A host that submits reads of 1 MiB and never reads its socket holds, at
-/// most, its queues' buffer budget; once its sends make no progress for
-/// `limits.send_timeout` its queues are reset and the buffers come back.
-/// The victim, sharing the pollers, does not notice.
-#[test]
-fn host_that_stops_reading_is_torn_down() {
-    let setup = Setup::new();
-    let mut attack = Stall {
-        what: "host that stops reading",
-        opcode: nvm::READ,
-        limit: "send_timeout",
-        timeout: Duration::from_secs(4),
-        commands: "its reads",
-        stalled: "it stopped reading",
-        ended: "reset",
-    }
-    .prepare(&setup);
-    stats_until(
-        &attack.stats,
-        Instant::now() + 5 * STATS_PERIOD,
-        "victim (2 queues) and attacker (3) connected",
-        |s| s.queues_connected == 5 && s.controllers == 2,
-    );
-    attack.run();
-    attack
-        .attacker
-        .ctrl
-        .admin()
-        .keep_alive()
-        .or_panic("the attacker's admin queue after its I/O queues were torn down");
-}
-
-/// A host that submits writes of 1 MiB and never sends the data the R2Ts
-/// ask for holds its queues' buffer budget for `limits.data_timeout`, then
-/// its queues are closed and the buffers come back.
-#[test]
-fn unanswered_r2t_is_torn_down() {
-    let setup = Setup::new();
-    Stall {
-        what: "unanswered R2T",
-        opcode: nvm::WRITE,
-        limit: "data_timeout",
-        timeout: Duration::from_secs(3),
-        commands: "its writes",
-        stalled: "writes whose data it never sent",
-        ended: "closed",
-    }
-    .prepare(&setup)
-    .run();
-}
-
-/// Discovery associations whose hosts asked for no keep-alive (KATO 0)
-/// still expire after `limits.discovery_keep_alive`; an association whose
-/// host never enables the controller ends after `limits.enable_timeout`.
-#[test]
-fn idle_discovery_associations_expire() {
-    const IDLE: usize = 1000;
-    let setup = Setup::new();
-    let what = "idle discovery associations";
-    let keep_alive = Duration::from_secs(6);
-    let enable_timeout = Duration::from_secs(2);
-    let dir = TempDir::new("limits-discovery");
-    let stats = dir.join("stats.json");
-    let t = setup.target(
-        &config(2, "discovery_keep_alive = \"6s\"\nenable_timeout = \"2s\""),
-        &stats,
-    );
-    let mut victim = Victim::open(&t);
-    let solo = victim.solo(what);
-
-    // Admin Connects whose hosts never set CC.EN, to an NVM subsystem (KATO
-    // 0: no keep-alive deadline) and to the discovery subsystem.
-    let start = Instant::now();
-    let mut never_enabled: Vec<(&str, Queue)> = [(SUBNQN, "nvm"), (DISCOVERY_NQN, "discovery")]
-        .into_iter()
-        .map(|(nqn, kind)| {
-            let host = format!("nqn.2026-11.io.rdmablk:never-enabled-{kind}");
-            let mut q = Queue::connect(t.addr(), Digests::default())
-                .or_panic(format_args!("{kind}: ICReq"));
-            let cqe = q
-                .fabrics_connect(0, 31, 0, nqn, &host, HOSTID, 0xffff)
-                .or_panic(format_args!("{kind}: admin Connect"));
-            assert!(
-                cqe.status().is_success(),
-                "{kind}: admin Connect: {}",
-                cqe.status()
-            );
-            (kind, q)
-        })
-        .collect();
-    for (kind, q) in &mut never_enabled {
-        let left = (start + enable_timeout + SLACK).saturating_duration_since(Instant::now());
-        assert!(
-            q.is_closed_by_peer(left),
-            "{kind} association never enabled still open {:?} after its Connect (enable_timeout {enable_timeout:?})",
-            start.elapsed()
-        );
-        let elapsed = start.elapsed();
-        assert!(
-            elapsed >= enable_timeout,
-            "{kind} association never enabled closed {elapsed:?} after its Connect, before enable_timeout ({enable_timeout:?})"
-        );
-        println!("{what}: {kind} association never enabled closed after {elapsed:.1?}");
-    }
-    drop(never_enabled);
-
-    let (attacked, peak, (idle, created, gone)) = under_attack(&mut victim, what, &stats, || {
-        let opts = Opts {
-            io_queues: 0,
-            kato_ms: 0,
-            auto_keep_alive: false,
-            ..Opts::default()
-        };
-        let begin = Instant::now();
-        let idle: Vec<Controller> = (0..IDLE)
-            .map(|i| {
-                let host = format!("nqn.2026-11.io.rdmablk:idle-{i}");
-                Controller::open(t.addr(), DISCOVERY_NQN, &host, &opts)
-                    .or_panic(format_args!("discovery association #{i} as {host}"))
-            })
-            .collect();
-        let created = Instant::now();
-        println!(
-            "{what}: {IDLE} discovery associations enabled in {:.1?}",
-            created - begin
-        );
-        // Each expires discovery_keep_alive after it was enabled; the stats
-        // file may lag a period.
-        stats_until(
-            &stats,
-            created + keep_alive + SLACK + STATS_PERIOD,
-            "idle discovery associations past discovery_keep_alive",
-            |s| s.controllers == 1 && s.connections == 2 && s.queues_connected == 2,
-        );
-        let gone = created.elapsed();
-        (idle, created, gone)
-    });
-    println!(
-        "{what}: at most {} controllers and {} connections seen; all idle ones gone {gone:.1?} after the last was enabled (discovery_keep_alive {keep_alive:?})",
-        peak.controllers, peak.connections
-    );
-    // The target closed every one of them.
-    let mut still_open = 0;
-    for c in &idle {
-        if !c.admin().is_closed_by_peer(Duration::from_millis(200)) {
-            still_open += 1;
-        }
-    }
-    assert_eq!(
-        still_open,
-        0,
-        "{what}: discovery admin queues still open {:?} after the last was enabled",
-        created.elapsed()
-    );
-    judge_victim(what, solo, attacked, keep_alive / 2);
-    stats_until(
-        &stats,
-        Instant::now() + 3 * STATS_PERIOD,
-        "after the idle associations",
-        |s| s.buffers == 0 && s.controllers == 1 && s.connections == 2,
-    );
-}
-
-// ---- connection flood --------------------------------------------------------
-
-/// A TCP connection started without waiting for it (non-blocking connect).
-fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
-    let SocketAddr::V4(v4) = addr else {
-        return Err(io::Error::other("IPv4 only"));
-    };
-    // SAFETY: socket(2) takes plain integers and returns a new descriptor,
-    // which TcpStream then owns (and closes on drop).
-    let sock = unsafe {
-        let fd = libc::socket(
-            libc::AF_INET,
-            libc::SOCK_STREAM | libc::SOCK_NONBLOCK | libc::SOCK_CLOEXEC,
-            0,
-        );
-        if fd < 0 {
-            return Err(io::Error::last_os_error());
-        }
-        TcpStream::from_raw_fd(fd)
-    };
-    let sa = libc::sockaddr_in {
-        sin_family: libc::AF_INET as libc::sa_family_t,
-        sin_port: v4.port().to_be(),
-        sin_addr: libc::in_addr {
-            s_addr: u32::from(*v4.ip()).to_be(),
-        },
-        sin_zero: [0; 8],
-    };
-    // SAFETY: connect(2) reads a sockaddr_in of the length given, which
-    // lives on our stack for the call.
-    let rc = unsafe {
-        libc::connect(
-            sock.as_raw_fd(),
-            (&sa as *const libc::sockaddr_in).cast(),
-            std::mem::size_of::<libc::sockaddr_in>() as libc::socklen_t,
-        )
-    };
-    if rc < 0 {
-        let e = io::Error::last_os_error();
-        if e.raw_os_error() != Some(libc::EINPROGRESS) {
-            return Err(e);
-        }
-    }
-    Ok(sock)
-}
-
-/// One connection of the flood.
-struct FloodConn {
-    sock: TcpStream,
-    /// Sends an ICReq once connected (the others send nothing).
-    icreq: bool,
-    /// Connected (and the ICReq, if any, sent) or failed: nothing left to do.
-    done: bool,
-}
-
-/// Opens `n` connections as fast as it can, every other one sending an
-/// ICReq once connected; returns once all are connected or failed (or at
-/// `deadline`), with how many failed to connect.
-fn flood(addr: SocketAddr, n: usize, deadline: Instant) -> (Vec<FloodConn>, usize) {
-    let icreq = encode(
-        &Header::IcReq {
-            pfv: 0,
-            hpda: 0,
-            digests: Digests::default(),
-            maxr2t: 0,
-        },
-        0,
-        &[],
-        Digests::default(),
-        1,
-    );
-    let mut conns: Vec<FloodConn> = (0..n)
-        .map(|i| FloodConn {
-            sock: start_connect(addr).or_panic(format_args!("flood connection #{i}")),
-            icreq: i % 2 == 0,
-            done: false,
-        })
-        .collect();
-    let mut failed = 0;
-    loop {
-        let waiting: Vec<usize> = (0..conns.len()).filter(|&i| !conns[i].done).collect();
-        if waiting.is_empty() || Instant::now() >= deadline {
-            break;
-        }
-        let mut fds: Vec<libc::pollfd> = waiting
-            .iter()
-            .map(|&i| libc::pollfd {
-                fd: conns[i].sock.as_raw_fd(),
-                events: libc::POLLOUT,
-                revents: 0,
-            })
-            .collect();
-        // SAFETY: poll reads and writes the pollfds of our vector, whose
-        // descriptors `conns` keeps open.
-        let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 100) };
-        assert!(rc >= 0, "poll: {}", io::Error::last_os_error());
-        for (p, &i) in fds.iter().zip(&waiting) {
-            if p.revents == 0 {
-                continue;
-            }
-            let c = &mut conns[i];
-            c.done = true;
-            match c.sock.take_error() {
-                Ok(None) if c.icreq => {
-                    // The target may have closed it already: no matter.
-                    let _ = (&c.sock).write(&icreq);
-                }
-                Ok(None) => {}
-                _ => failed += 1,
-            }
-        }
-    }
-    (conns, failed)
-}
-
-/// What the flood's connections look like from the host, found without
-/// reading: closed by the target, or still open, answered (ICResp) or not.
-#[derive(Clone, Copy, Debug, Default)]
-struct FloodView {
-    closed: usize,
-    /// Of the connections that sent an ICReq: still open.
-    icreq_open: usize,
-    /// Of those, answered with an ICResp: connections the target took.
-    icreq_answered: usize,
-    /// Of the connections that sent nothing: still open (taken by the
-    /// target, or still in the kernel's accept queue).
-    silent_open: usize,
-}
-
-fn flood_view(conns: &[FloodConn]) -> FloodView {
-    let mut fds: Vec<libc::pollfd> = conns
-        .iter()
-        .map(|c| libc::pollfd {
-            fd: c.sock.as_raw_fd(),
-            events: libc::POLLIN | libc::POLLRDHUP,
-            revents: 0,
-        })
-        .collect();
-    // SAFETY: poll reads and writes the pollfds of our vector, whose
-    // descriptors `conns` keeps open.
-    let rc = unsafe { libc::poll(fds.as_mut_ptr(), fds.len() as libc::nfds_t, 0) };
-    assert!(rc >= 0, "poll: {}", io::Error::last_os_error());
-    let mut v = FloodView::default();
-    for (p, c) in fds.iter().zip(conns) {
-        if p.revents & (libc::POLLRDHUP | libc::POLLHUP | libc::POLLERR) != 0 {
-            v.closed += 1;
-        } else if c.icreq {
-            v.icreq_open += 1;
-            if p.revents & libc::POLLIN != 0 {
-                v.icreq_answered += 1;
-            }
-        } else {
-            v.silent_open += 1;
-        }
-    }
-    v
-}
-
-/// Thousands of connections that never Connect: the target keeps at most
-/// `limits.pending_connections` of them, the victim keeps its pace, and
-/// once they are gone the daemon's memory and descriptors are back where
-/// they were.
-///
-/// Seen from the host, a connection the target has not accepted yet looks
-/// like one it keeps: with a flood this fast the listen queue overflows and
-/// the kernel completes handshakes (SYN cookies) it hands to the daemon
-/// only when the host sends something. So the limit is checked on the
-/// daemon (its stats and descriptors), and on the host with the half that
-/// sends an ICReq: each is either answered or closed, at most
-/// `pending_connections` answered.
-#[test]
-fn connection_flood_leaves_no_trace() {
-    const FLOOD: usize = 3000;
-    const PENDING: usize = 256;
-    let setup = Setup::new();
-    let what = "connection flood";
-    // Longer than the test holds the connections: the target closes those
-    // beyond the limit at accept, not at this deadline.
-    let handshake_timeout = Duration::from_secs(10);
-    let dir = TempDir::new("limits-flood");
-    let stats = dir.join("stats.json");
-    let t = setup.target(
-        &config(
-            2,
-            &format!("pending_connections = {PENDING}\nhandshake_timeout = \"10s\""),
-        ),
-        &stats,
-    );
-    let mut victim = Victim::open(&t);
-    let solo = victim.solo(what);
-    let pid = t.pid();
-    let base_fds = settled_fd_count(pid);
-    let base_rss = vm_rss_kib(pid);
-
-    let (attacked, peak, (hold, flood_end)) = under_attack(&mut victim, what, &stats, || {
-        let start = Instant::now();
-        let (conns, failed) = flood(t.addr(), FLOOD, start + Duration::from_secs(15));
-        let connected = Instant::now();
-        let unfinished = conns.iter().filter(|c| !c.done).count();
-        assert_eq!(
-            unfinished,
-            0,
-            "{what}: {unfinished} connections neither connected nor failed {:?} into the flood",
-            connected - start
-        );
-        println!(
-            "{what}: {FLOOD} connections opened in {:.1?} ({failed} failed to connect)",
-            connected - start
-        );
-        // Hold them 2 s, then look at the daemon.
-        std::thread::sleep(Duration::from_secs(2));
-        let hold = (vm_rss_kib(pid), fd_count(pid), flood_view(&conns));
-        // The ICReq half: every one answered or closed, at most
-        // pending_connections answered; well before handshake_timeout.
-        let deadline = start + handshake_timeout - Duration::from_secs(2);
-        let mut view = hold.2;
-        while view.icreq_open > view.icreq_answered && Instant::now() < deadline {
-            std::thread::sleep(Duration::from_millis(100));
-            view = flood_view(&conns);
-        }
-        println!(
-            "{what}: after the 2 s hold {:?}; {:.1?} into the flood {view:?}",
-            hold.2,
-            start.elapsed()
-        );
-        assert!(
-            view.icreq_open == view.icreq_answered && view.icreq_answered <= PENDING,
-            "{what}: of {} connections that sent an ICReq, {} are open and {} of those answered, {:?} into the flood (pending_connections {PENDING})",
-            FLOOD.div_ceil(2),
-            view.icreq_open,
-            view.icreq_answered,
-            start.elapsed()
-        );
-        drop(conns);
-        let flood_end = Instant::now();
-        (hold, flood_end)
-    });
-    let (hold_rss, hold_fds, _) = hold;
-    judge_victim(what, solo, attacked, handshake_timeout / 4);
-    assert!(
-        peak.connections <= PENDING as u64 + 2,
-        "{what}: the stats file showed {} connections, more than pending_connections ({PENDING}) and the victim's 2",
-        peak.connections
-    );
-    // One more for the stats file being rewritten.
-    assert!(
-        hold_fds <= base_fds + PENDING + 1,
-        "{what}: the daemon held {hold_fds} descriptors during the flood, {base_fds} before it (pending_connections {PENDING})"
-    );
-
-    // Within 10 s of the flood's end, memory and descriptors are back.
-    let deadline = flood_end + Duration::from_secs(10);
-    let rss_bound = base_rss + base_rss / 10;
-    let (mut rss, mut fds);
-    loop {
-        rss = vm_rss_kib(pid);
-        fds = fd_count(pid);
-        if (rss <= rss_bound && fds <= base_fds) || Instant::now() >= deadline {
-            break;
-        }
-        std::thread::sleep(Duration::from_millis(200));
-    }
-    println!(
-        "{what}: daemon VmRSS {base_rss} KiB before, {hold_rss} KiB holding the flood, {rss} KiB {:.1?} after it ({:+.1}%); descriptors {base_fds}, {hold_fds}, {fds}; at most {} connections in the stats file",
-        flood_end.elapsed(),
-        (rss as f64 / base_rss as f64 - 1.0) * 100.0,
-        peak.connections
-    );
-    assert!(
-        rss <= rss_bound,
-        "{what}: daemon VmRSS {rss} KiB 10 s after the flood, more than 10% over the {base_rss} KiB before it"
-    );
-    assert!(
-        fds <= base_fds,
-        "{what}: the daemon holds {fds} descriptors 10 s after the flood, {base_fds} before it"
-    );
-    stats_until(
-        &stats,
-        Instant::now() + 3 * STATS_PERIOD,
-        "after the flood",
-        |s| s.connections == 2 && s.queues_connected == 2 && s.buffers == 0,
-    );
-}
-
-// ---- admission ---------------------------------------------------------------
-
-/// An admin Connect as `host` on a fresh connection; the response.
-fn admin_connect(t: &Target, host: &str) -> (Queue, Cqe) {
-    let mut q =
-        Queue::connect(t.addr(), Digests::default()).or_panic(format_args!("ICReq as {host}"));
-    let cqe = q
-        .fabrics_connect(0, 31, 0, SUBNQN, host, HOSTID, 0xffff)
-        .or_panic(format_args!("admin Connect as {host}"));
-    (q, cqe)
-}
-
-/// The Connect status for a target out of room: Controller Busy, a Connect
-/// command-specific status (SCT 1h, SC 81h; NVMe Base 2.1, Figure 105
-/// (Controller Busy)), with DNR clear so that the host retries later rather
-/// than giving up.
-fn assert_busy(cqe: &Cqe, what: &str) {
-    assert_eq!(
-        cqe.status(),
-        Status::CONTROLLER_BUSY,
-        "{what}: got {}, want Controller Busy",
-        cqe.status()
-    );
-    assert!(
-        !dnr_of(cqe.status),
-        "{what}: Controller Busy with DNR set (status field {:#06x}): the host would not retry",
-        cqe.status
-    );
-}
-
-/// Retries an admin Connect as `host` (a new connection each time) until it
-/// succeeds, for up to 5 s.
-fn admin_connect_eventually(t: &Target, host: &str, what: &str) -> Queue {
-    let deadline = Instant::now() + Duration::from_secs(5);
-    loop {
-        let (q, cqe) = admin_connect(t, host);
-        if cqe.status().is_success() {
-            return q;
-        }
-        assert!(
-            cqe.status() == Status::CONTROLLER_BUSY && Instant::now() < deadline,
-            "{what}: admin Connect as {host} still refused: {}",
-            cqe.status()
-        );
-        drop(q);
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
-/// `limits.connections` and `limits.associations_per_host`: a Connect
-/// beyond either is answered Controller Busy with DNR clear (NVMe Base 2.1,
-/// Figure 105 (Controller Busy)), and succeeds once room is made.
-#[test]
-fn connect_beyond_limits_gets_controller_busy() {
-    let setup = Setup::new();
-    let host = |n: u32| format!("nqn.2026-11.io.rdmablk:host-{n}");
-    let dir = TempDir::new("limits-busy");
-
-    // connections = 3.
-    let t = setup.target(&config(2, "connections = 3"), &dir.join("stats-a.json"));
-    let opts_io = |io_queues| Opts {
-        io_queues,
-        ..Opts::default()
-    };
-    let first = Controller::open(t.addr(), SUBNQN, &host(1), &opts_io(1))
-        .or_panic("first host: controller with 1 I/O queue (2 queues)");
-    let second = Controller::open(t.addr(), SUBNQN, &host(2), &opts_io(0))
-        .or_panic("second host: admin queue (the 3rd queue)");
-    let (refused, cqe) = admin_connect(&t, &host(3));
-    assert_busy(&cqe, "admin Connect of a 3rd host with 3 queues connected");
-    drop(refused);
-    // An I/O queue beyond the limit is refused the same way, and its queue
-    // id stays free for a later Connect.
-    second
-        .admin()
-        .set_features(feature::NUM_QUEUES, 0)
-        .or_panic("second host: Set Features (Number of Queues)");
-    let mut io_q = Queue::connect(t.addr(), Digests::default()).or_panic("second host: ICReq");
-    let cqe = io_q
-        .fabrics_connect(1, 127, 0, SUBNQN, &host(2), HOSTID, second.cntlid)
-        .or_panic("second host: I/O queue Connect");
-    assert_busy(&cqe, "I/O queue Connect with 3 queues connected");
-    drop(io_q);
-
-    drop(first);
-    let mut third = admin_connect_eventually(&t, &host(3), "after the first host left");
-    // Two queues are free: the third host's admin queue took one; the
-    // second host's I/O queue takes the other.
-    let mut io_q = Queue::connect(t.addr(), Digests::default()).or_panic("second host: ICReq");
-    let cqe = io_q
-        .fabrics_connect(1, 127, 0, SUBNQN, &host(2), HOSTID, second.cntlid)
-        .or_panic("second host: I/O queue Connect");
-    assert!(
-        cqe.status().is_success(),
-        "second host's I/O queue Connect once room was made: {}",
-        cqe.status()
-    );
-    io_q.read(NSID, 0, 8, 512)
-        .or_panic("read on the second host's I/O queue");
-    third
-        .prop_get(rdmablk_common::nvme::property::CAP, true)
-        .or_panic("Property Get on the third host's admin queue");
-    drop((t, second, third, io_q));
-
-    // associations_per_host = 2.
-    let t = setup.target(
-        &config(2, "associations_per_host = 2"),
-        &dir.join("stats-b.json"),
-    );
-    let a = Controller::open(t.addr(), SUBNQN, &host(1), &opts_io(1))
-        .or_panic("host 1: first association");
-    let b = Controller::open(t.addr(), SUBNQN, &host(1), &opts_io(1))
-        .or_panic("host 1: second association");
-    let (refused, cqe) = admin_connect(&t, &host(1));
-    assert_busy(
-        &cqe,
-        "a 3rd association of one host (associations_per_host 2)",
-    );
-    drop(refused);
-    // Another host is not counted against host 1.
-    let other = Controller::open(t.addr(), SUBNQN, &host(2), &opts_io(1))
-        .or_panic("host 2 while host 1 is at its limit");
-    drop(a);
-    let mut again = admin_connect_eventually(&t, &host(1), "after host 1 ended an association");
-    again
-        .prop_get(rdmablk_common::nvme::property::CAP, true)
-        .or_panic("Property Get on host 1's new admin queue");
-    drop((b, other));
 }

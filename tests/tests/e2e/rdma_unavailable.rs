@@ -20,6 +20,7 @@ fn no_device_here() -> bool {
 
 #[test]
 fn target_refuses_an_rdma_listener_without_a_device() {
+    let _machine = crate::shared();
     if !no_device_here() {
         return;
     }
@@ -34,6 +35,7 @@ fn target_refuses_an_rdma_listener_without_a_device() {
 
 #[test]
 fn host_refuses_rdma_without_a_device() {
+    let _machine = crate::shared();
     if !no_device_here() {
         return;
     }
