@@ -72,12 +72,14 @@ impl Ring {
     }
 
     /// Where operations are queued for the next submit.
+    #[inline]
     pub fn submissions(&mut self) -> Submissions<'_> {
         Submissions(&mut self.pending)
     }
 
     /// The arena and [`Ring::submissions`] at once, for code that fills
     /// buffers and queues the operations that use them.
+    #[inline]
     pub fn arena_and_submissions(&mut self) -> (&mut Arena, Submissions<'_>) {
         (&mut self.arena, Submissions(&mut self.pending))
     }
@@ -147,6 +149,7 @@ pub struct Submissions<'a>(&'a mut Vec<squeue::Entry>);
 impl<'a> Submissions<'a> {
     /// Operations to be appended to `pending`: a ring's are lent by
     /// [`Ring::submissions`]; a test without a ring collects them here.
+    #[inline]
     pub fn new(pending: &'a mut Vec<squeue::Entry>) -> Self {
         Submissions(pending)
     }
@@ -157,6 +160,7 @@ impl<'a> Submissions<'a> {
     /// Every buffer, iovec, message header or timespec `e` points to stays
     /// valid and in place until the completion carrying `e`'s user data has
     /// been reaped.
+    #[inline]
     pub unsafe fn push(&mut self, e: squeue::Entry) {
         self.0.push(e);
     }

@@ -33,6 +33,7 @@ pub struct ReadWriteCmd {
 }
 
 impl ReadWriteCmd {
+    #[inline]
     pub fn from_sqe(sqe: &Sqe) -> Self {
         let cdw12 = sqe.cdw(12);
         ReadWriteCmd {
@@ -62,6 +63,7 @@ impl ReadWriteCmd {
     }
 
     /// Number of logical blocks (NLB + 1).
+    #[inline]
     pub fn blocks(&self) -> u64 {
         self.nlb as u64 + 1
     }
@@ -80,6 +82,7 @@ pub struct DsmCmd {
 }
 
 impl DsmCmd {
+    #[inline]
     pub fn from_sqe(sqe: &Sqe) -> Self {
         DsmCmd {
             nsid: sqe.nsid(),
@@ -99,11 +102,13 @@ impl DsmCmd {
     }
 
     /// Number of ranges (NR + 1).
+    #[inline]
     pub fn ranges(&self) -> usize {
         self.nr as usize + 1
     }
 
     /// Bytes of range descriptors the command's data holds.
+    #[inline]
     pub fn data_len(&self) -> usize {
         self.ranges() * DSM_RANGE_LEN
     }
@@ -121,6 +126,7 @@ pub struct DsmRange {
 
 impl DsmRange {
     /// Parses a descriptor; `b` must hold at least [`DSM_RANGE_LEN`] bytes.
+    #[inline]
     pub fn parse(b: &[u8]) -> Self {
         DsmRange {
             nlb: get_u32(b, 4),
