@@ -22,9 +22,17 @@ compare_loads() {
   for load in "${loads[@]}"; do
     set -- $load
     : > "$work/old"; : > "$work/new"
-    for _ in $(seq "$rounds"); do
-      measure "$old" "$1" "$2" "$3" >> "$work/old"
-      measure "$new" "$1" "$2" "$3" >> "$work/new"
+    # Which binary goes first alternates between rounds: on a shared
+    # machine the second run of a round can measure a few percent lower
+    # whichever binary it is.
+    for round in $(seq "$rounds"); do
+      if [ $((round % 2)) -eq 1 ]; then
+        measure "$old" "$1" "$2" "$3" >> "$work/old"
+        measure "$new" "$1" "$2" "$3" >> "$work/new"
+      else
+        measure "$new" "$1" "$2" "$3" >> "$work/new"
+        measure "$old" "$1" "$2" "$3" >> "$work/old"
+      fi
     done
     python3 - "$work/old" "$work/new" "$1 $2 QD$3" <<'EOF'
 import statistics, sys
