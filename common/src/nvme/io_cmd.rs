@@ -33,6 +33,7 @@ pub struct ReadWriteCmd {
 }
 
 impl ReadWriteCmd {
+    /// The fields of `sqe`, a Read, Write or Write Zeroes.
     #[inline]
     pub fn from_sqe(sqe: &Sqe) -> Self {
         let cdw12 = sqe.cdw(12);
@@ -82,6 +83,7 @@ pub struct DsmCmd {
 }
 
 impl DsmCmd {
+    /// The fields of `sqe`, a Dataset Management.
     #[inline]
     pub fn from_sqe(sqe: &Sqe) -> Self {
         DsmCmd {
