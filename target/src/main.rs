@@ -4,7 +4,7 @@
 use clap::Parser;
 use rdmablk_target::app::control;
 use rdmablk_target::app::serve::{serve, Daemon};
-use rdmablk_target::config::{self, Config, ConfigError, QuickArgs};
+use rdmablk_target::config::{self, AnaState, Config, ConfigError, QuickArgs};
 use std::path::PathBuf;
 use std::process::ExitCode;
 
@@ -86,9 +86,38 @@ enum Action {
         #[arg(long, value_name = "SOCKET", default_value = control::DEFAULT_PATH)]
         control: PathBuf,
     },
-    /// Print what the running daemon serves: listeners, subsystems,
-    /// namespaces with their current IOPS and bandwidth, connected hosts.
+    /// Print what the running daemon serves: listeners with their ANA
+    /// states, subsystems, namespaces with their current IOPS and bandwidth,
+    /// connected hosts.
     Status {
+        /// The daemon's control socket.
+        #[arg(long, value_name = "SOCKET", default_value = control::DEFAULT_PATH)]
+        control: PathBuf,
+    },
+    /// Asymmetric Namespace Access: the state each listener reports for
+    /// each ANA group (a namespace's `ana_group`).
+    #[command(subcommand)]
+    Ana(AnaAction),
+}
+
+/// `rdmablk-target ana ...`.
+#[derive(clap::Subcommand, Debug)]
+enum AnaAction {
+    /// Set the state of ANA group GROUP on one listener (--listener) or on
+    /// all. Hosts connected through it get an ANA Change notice and read the
+    /// new state; I/O on an inaccessible or persistent-loss group gets a path
+    /// status that sends it to another path. The state holds until the next
+    /// reload or restart, which apply the file's `ana_groups`. `change` is
+    /// transitional: a group left in it for ANATT (10 s) becomes
+    /// inaccessible by itself.
+    Set {
+        /// ANA group id, 1 to 128.
+        group: u32,
+        /// optimized, non-optimized, inaccessible, persistent-loss or change.
+        state: AnaState,
+        /// The listener: ADDR:PORT or tcp://ADDR:PORT, rdma://ADDR:PORT.
+        #[arg(long, value_name = "ADDR")]
+        listener: Option<String>,
         /// The daemon's control socket.
         #[arg(long, value_name = "SOCKET", default_value = control::DEFAULT_PATH)]
         control: PathBuf,
@@ -104,16 +133,29 @@ const EXAMPLES: &str = "Examples:
   rdmablk-target --check --config /etc/rdmablk/target.toml
   rdmablk-target --config /etc/rdmablk/target.toml --control /run/rdmablk/control.sock
   rdmablk-target reload        # after editing the file: apply it, or say which key is refused
-  rdmablk-target status";
+  rdmablk-target status
+  rdmablk-target ana set 1 inaccessible --listener 10.0.0.1:4420   # move hosts off this gateway";
 
 fn main() -> ExitCode {
     let args = Args::parse();
     if let Some(action) = &args.action {
         let (path, what) = match action {
-            Action::Reload { control } => (control, "reload"),
-            Action::Status { control } => (control, "status"),
+            Action::Reload { control } => (control, "reload".to_string()),
+            Action::Status { control } => (control, "status".to_string()),
+            Action::Ana(AnaAction::Set {
+                group,
+                state,
+                listener,
+                control,
+            }) => {
+                let on = listener
+                    .as_ref()
+                    .map(|l| format!(" {l}"))
+                    .unwrap_or_default();
+                (control, format!("ana set {group} {state}{on}"))
+            }
         };
-        return match control::request(path, what) {
+        return match control::request(path, &what) {
             Ok(true) => ExitCode::SUCCESS,
             Ok(false) => ExitCode::FAILURE,
             Err(e) => {

@@ -5,10 +5,12 @@
 use crate::base::admission::Permit;
 use crate::base::budget::PollerBudget;
 use crate::base::completions::Completions;
-use crate::config::{self, Limits, QuickArgs};
+use crate::config::{self, Limits, ListenerConfig, QuickArgs};
 use crate::engine::poller::Io;
+use crate::nvme::ana::AnaStates;
 use crate::nvme::controller::{connect, Association, Refusal, Reply};
 use crate::nvme::fabric::TransportCaps;
+use crate::nvme::port::Arrival;
 use crate::nvme::subsystem::Registry;
 use io_uring::squeue;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
@@ -65,13 +67,32 @@ pub fn connect_data(subnqn: &str, host: &str, cntlid: u16) -> Vec<u8> {
     .encode()
 }
 
+/// Arriving through a TCP listener whose ANA groups are all optimized.
+pub fn arrival() -> Arrival {
+    let l = ListenerConfig::new(config::Transport::Tcp, "127.0.0.1:4420".parse().unwrap());
+    Arrival {
+        ana: Arc::new(AnaStates::new(&l)),
+        local: None,
+    }
+}
+
 pub fn admin_connect(reg: &Arc<Registry>, subnqn: &str, kato: u32) -> Result<Association, Refusal> {
+    admin_connect_through(reg, subnqn, kato, &arrival())
+}
+
+/// An admin Connect that arrived through `arrival`.
+pub fn admin_connect_through(
+    reg: &Arc<Registry>,
+    subnqn: &str,
+    kato: u32,
+    arrival: &Arrival,
+) -> Result<Association, Refusal> {
     connect(
         reg,
         &connect_sqe(0, 0, kato),
         &connect_data(subnqn, HOST, 0xffff),
         CAPS,
-        None,
+        arrival,
     )
 }
 
@@ -81,7 +102,7 @@ pub fn io_connect(reg: &Arc<Registry>, a: &Association, qid: u16) -> Result<Asso
         &connect_sqe(qid, 0, 0),
         &connect_data(&a.ctrl.subsys.nqn, HOST, a.ctrl.cntlid),
         CAPS,
-        None,
+        &arrival(),
     )
 }
 
@@ -99,7 +120,12 @@ pub const CC_ENABLE: u32 = property::CC_EN | 6 << 16 | 4 << 20;
 
 /// An enabled controller of the I/O subsystem with `n` I/O queues granted.
 pub fn enabled(reg: &Arc<Registry>, n: u16) -> Association {
-    let a = admin_connect(reg, config::DEFAULT_NQN, 5000).expect("admin Connect");
+    enabled_through(reg, n, &arrival())
+}
+
+/// An enabled controller, arrived through `arrival`, with `n` I/O queues.
+pub fn enabled_through(reg: &Arc<Registry>, n: u16, arrival: &Arrival) -> Association {
+    let a = admin_connect_through(reg, config::DEFAULT_NQN, 5000, arrival).expect("admin Connect");
     assert_ok(set_cc(&a, CC_ENABLE), "CC.EN = 1");
     let mut sqe = Sqe::new(admin::SET_FEATURES, 3);
     sqe.set_cdw(10, feature::NUM_QUEUES as u32);

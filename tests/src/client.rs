@@ -756,6 +756,7 @@ impl Queue {
         sqe.set_nsid(if lid == DISCOVERY_LOG { 0 } else { 0xffff_ffff });
         LogRequest {
             lid,
+            lsp: 0,
             rae: false,
             len: len as usize,
             offset,

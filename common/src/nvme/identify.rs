@@ -69,6 +69,14 @@ pub struct ControllerId {
     pub elpe: u8,
     /// Keep-alive support: granularity in 100 ms units; 0 = not supported.
     pub kas: u16,
+    /// ANA Transition Time: seconds a group stays in the change state at most.
+    pub anatt: u8,
+    /// ANA capabilities (`ana::anacap`).
+    pub anacap: u8,
+    /// Highest ANA group id.
+    pub anagrpmax: u32,
+    /// Number of ANA group ids the controller supports.
+    pub nanagrpid: u32,
     pub sqes: u8,
     pub cqes: u8,
     /// Maximum outstanding commands per queue.
@@ -117,6 +125,10 @@ impl ControllerId {
         b[261] = self.lpa;
         b[262] = self.elpe;
         put_u16(&mut b, 320, self.kas);
+        b[342] = self.anatt;
+        b[343] = self.anacap;
+        put_u32(&mut b, 344, self.anagrpmax);
+        put_u32(&mut b, 348, self.nanagrpid);
         b[512] = self.sqes;
         b[513] = self.cqes;
         put_u16(&mut b, 514, self.maxcmd);
@@ -154,6 +166,10 @@ impl ControllerId {
             lpa: b[261],
             elpe: b[262],
             kas: get_u16(b, 320),
+            anatt: b[342],
+            anacap: b[343],
+            anagrpmax: get_u32(b, 344),
+            nanagrpid: get_u32(b, 348),
             sqes: b[512],
             cqes: b[513],
             maxcmd: get_u16(b, 514),
@@ -191,6 +207,8 @@ pub struct NamespaceId {
     /// Deallocate logical block features: bits 2:0 say what deallocated
     /// blocks read as (1 = zeroes); bit 3: Write Zeroes may deallocate.
     pub dlfeat: u8,
+    /// The namespace's ANA group (0: it reports none).
+    pub anagrpid: u32,
     /// Namespace attributes (bit 0: write protected).
     pub nsattr: u8,
     pub nguid: [u8; 16],
@@ -210,6 +228,7 @@ impl NamespaceId {
         b[26] = 0; // format 0 in use
         b[30] = self.nmic;
         b[33] = self.dlfeat;
+        put_u32(&mut b, 92, self.anagrpid);
         b[99] = self.nsattr;
         b[104..120].copy_from_slice(&self.nguid);
         b[120..128].copy_from_slice(&self.eui64);
@@ -230,6 +249,7 @@ impl NamespaceId {
             nsfeat: b[24],
             nmic: b[30],
             dlfeat: b[33],
+            anagrpid: get_u32(b, 92),
             nsattr: b[99],
             nguid,
             eui64,
@@ -305,9 +325,19 @@ mod tests {
             ioccsz: 516,
             iorcsz: 1,
             crdt: [1, 10, 100],
+            anatt: 10,
+            anacap: 0x1f,
+            anagrpmax: 128,
+            nanagrpid: 127,
+            mnan: 1024,
             ..Default::default()
         };
         let b = id.encode();
+        // NVMe Base 2.1, Figure 312: ANATT 342, ANACAP 343, ANAGRPMAX
+        // 347:344, NANAGRPID 351:348, MNAN 543:540.
+        assert_eq!((b[342], b[343]), (10, 0x1f));
+        assert_eq!((get_u32(&b, 344), get_u32(&b, 348)), (128, 127));
+        assert_eq!(get_u32(&b, 540), 1024);
         // NVMe Base 2.0, 5.17.2.1 Figure 275: CRDT1..3 at bytes 129:128, 131:130, 133:132.
         assert_eq!(get_u16(&b, 128), 1);
         assert_eq!(get_u16(&b, 132), 100);
@@ -333,10 +363,13 @@ mod tests {
             dlfeat: 9,
             lba_shift: 12,
             nguid: [7; 16],
+            anagrpid: 3,
             ..Default::default()
         };
         let b = ns.encode();
         assert_eq!(b[130], 12);
+        // NVM Command Set 1.1, Figure 114: ANAGRPID at 95:92.
+        assert_eq!(get_u32(&b, 92), 3);
         assert_eq!(NamespaceId::parse(&b), ns);
         assert_eq!(ns.block_size(), 4096);
     }

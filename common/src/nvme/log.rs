@@ -9,6 +9,7 @@ pub mod lid {
     pub const FW_SLOT: u8 = 0x03;
     pub const CHANGED_NS: u8 = 0x04;
     pub const CMD_EFFECTS: u8 = 0x05;
+    pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
 }
 
@@ -16,6 +17,8 @@ pub mod lid {
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct LogRequest {
     pub lid: u8,
+    /// Log Specific Parameter (for the ANA log, bit 0: Return Groups Only).
+    pub lsp: u8,
     /// Retain Asynchronous Event.
     pub rae: bool,
     /// Bytes requested.
@@ -30,6 +33,7 @@ impl LogRequest {
         let numd = ((sqe.cdw(11) as u64 & 0xffff) << 16) | (cdw10 >> 16) as u64;
         LogRequest {
             lid: cdw10 as u8,
+            lsp: (cdw10 >> 8) as u8 & 0xf,
             rae: cdw10 & (1 << 15) != 0,
             len: ((numd + 1) * 4) as usize,
             offset: sqe.cdw(12) as u64 | (sqe.cdw(13) as u64) << 32,
@@ -41,7 +45,10 @@ impl LogRequest {
         let numd = (self.len / 4).saturating_sub(1) as u32;
         sqe.set_cdw(
             10,
-            self.lid as u32 | if self.rae { 1 << 15 } else { 0 } | (numd & 0xffff) << 16,
+            self.lid as u32
+                | (self.lsp as u32 & 0xf) << 8
+                | if self.rae { 1 << 15 } else { 0 }
+                | (numd & 0xffff) << 16,
         );
         sqe.set_cdw(11, numd >> 16);
         sqe.set_cdw(12, self.offset as u32);
@@ -67,6 +74,7 @@ mod tests {
     fn numd_spans_two_dwords() {
         let req = LogRequest {
             lid: lid::DISCOVERY,
+            lsp: 0,
             rae: false,
             len: 0x40000 * 4,
             offset: 1024,

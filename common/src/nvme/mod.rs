@@ -1,6 +1,7 @@
 //! NVMe submission/completion queue entries, opcodes, status codes, SGL
 //! descriptors, Identify structures, log pages and features (NVMe Base 2.0).
 
+pub mod ana;
 pub mod identify;
 mod io_cmd;
 pub mod log;

@@ -21,6 +21,10 @@ const fn specific(sc: u8) -> Status {
     Status { sct: 1, sc }
 }
 
+const fn path(sc: u8) -> Status {
+    Status { sct: SCT_PATH, sc }
+}
+
 /// Status Code Type of path related statuses (ANA and pathing errors).
 const SCT_PATH: u8 = 3;
 
@@ -58,6 +62,13 @@ impl Status {
     pub const CONNECT_INVALID_HOST: Status = specific(0x84);
     pub const INVALID_QUEUE_TYPE: Status = specific(0x85);
     pub const AUTH_REQUIRED: Status = specific(0x91);
+    /// The namespace's ANA group is in Persistent Loss on this path (NVMe
+    /// Base 2.1, Figure 105).
+    pub const ANA_PERSISTENT_LOSS: Status = path(0x01);
+    /// The namespace's ANA group is Inaccessible on this path.
+    pub const ANA_INACCESSIBLE: Status = path(0x02);
+    /// The namespace's ANA group is changing state on this path.
+    pub const ANA_TRANSITION: Status = path(0x03);
 
     /// Decodes a CQE status field (bit 0 is the phase tag and is ignored;
     /// DNR and CRD are read with [`dnr_of`] and [`crd_of`]).
@@ -128,6 +139,9 @@ impl Status {
             (1, 0x84) => "Connect Invalid Host",
             (1, 0x85) => "Invalid Queue Type",
             (1, 0x91) => "Authentication Required",
+            (3, 0x01) => "Asymmetric Access Persistent Loss",
+            (3, 0x02) => "Asymmetric Access Inaccessible",
+            (3, 0x03) => "Asymmetric Access Transition",
             _ => "Unknown Status",
         }
     }
@@ -184,7 +198,9 @@ mod tests {
             Status::TRANSIENT_TRANSPORT_ERROR,
             Status::NAMESPACE_NOT_READY,
             Status::CONTROLLER_BUSY,
-            Status { sct: 3, sc: 0x03 }, // ANA Transition
+            Status::ANA_PERSISTENT_LOSS,
+            Status::ANA_INACCESSIBLE,
+            Status::ANA_TRANSITION,
         ] {
             let f = s.to_field(0);
             assert!(!dnr_of(f), "{s} must leave DNR clear");

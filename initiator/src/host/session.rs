@@ -379,6 +379,7 @@ fn get_log(q: &mut SyncQueue, lid: u8, len: usize, offset: u64) -> Result<Vec<u8
     let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 0);
     LogRequest {
         lid,
+        lsp: 0,
         rae: false,
         len,
         offset,

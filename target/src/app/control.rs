@@ -1,11 +1,13 @@
-//! The control socket: `rdmablk-target reload` and `rdmablk-target status`
-//! talk to the running daemon over a Unix socket that only its owner (root
-//! under systemd) may open. One request per connection, one line; the
-//! answer's last line is `ok` or `error: ...`. One thread answers one
-//! request at a time.
+//! The control socket: `rdmablk-target reload`, `status` and `ana set` talk
+//! to the running daemon over a Unix socket that only its owner (root under
+//! systemd) may open. One request per connection, one line; the answer's
+//! last line is `ok` or `error: ...`. One thread answers one request at a
+//! time.
 
+use crate::app::ana;
 use crate::app::reload::{self, Running};
 use crate::app::report::status;
+use crate::config::AnaState;
 use crate::engine::poller::Shared;
 use std::io::{self, BufRead, BufReader, Read, Write};
 use std::os::unix::fs::PermissionsExt;
@@ -85,9 +87,28 @@ fn answer(
             }
         }
         "status" => status::render(shared, started) + "ok\n",
-        other => format!("error: unknown request {other:?}; send reload or status\n"),
+        other => match other.strip_prefix("ana set ") {
+            Some(args) => ana_set(args, &running.lock().expect("running configuration")),
+            None => format!("error: unknown request {other:?}; send reload, status or ana set\n"),
+        },
     };
     s.write_all(reply.as_bytes())
+}
+
+/// `ana set GROUP STATE [LISTENER]`: the answer to send.
+fn ana_set(args: &str, running: &Running) -> String {
+    let words: Vec<&str> = args.split_whitespace().collect();
+    let parsed = match words[..] {
+        [group, state] | [group, state, _] => group
+            .parse::<u32>()
+            .map_err(|_| format!("{group:?} is not an ANA group id"))
+            .and_then(|g| state.parse::<AnaState>().map(|s| (g, s))),
+        _ => Err("usage: ana set GROUP STATE [LISTENER]".to_string()),
+    };
+    match parsed.and_then(|(g, s)| ana::set(running, g, s, words.get(2).copied())) {
+        Ok(lines) => lines.join("\n") + "\nok\n",
+        Err(e) => format!("error: {e}\n"),
+    }
 }
 
 /// Sends `request` to the daemon at `path` and prints its answer; Ok(true)

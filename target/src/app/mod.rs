@@ -1,7 +1,9 @@
 //! The daemon: serving a configuration (`serve`), applying a new one
-//! (`reload`), the control socket (`control`), systemd's readiness protocol
-//! (`notify`) and the reports (`report`).
+//! (`reload`), setting ANA states by command (`ana`), the control socket
+//! (`control`), systemd's readiness protocol (`notify`) and the reports
+//! (`report`).
 
+pub mod ana;
 pub mod control;
 pub mod notify;
 pub mod reload;

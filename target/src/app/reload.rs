@@ -2,12 +2,14 @@
 //! running one (including opening new backends and binding new listeners)
 //! before anything changes; then its difference is applied, hosts are told
 //! through asynchronous events, and removed namespaces drain and flush.
-//! Connections the change does not concern are untouched.
+//! Connections the change does not concern are untouched. Every kept
+//! listener's ANA states become the file's again (undoing `ana set`).
 
 use crate::config::{
     self, BackendConfig, Config, ConfigError, ListenerConfig, NamespaceConfig, SubsystemConfig,
 };
 use crate::engine::poller::PollerLink;
+use crate::nvme::port::Port;
 use crate::nvme::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
 use crate::transport::{self, ListenerHandle};
 use std::collections::HashMap;
@@ -23,9 +25,39 @@ const NAMESPACE_DRAIN_TIMEOUT: Duration = Duration::from_secs(30);
 pub struct Running {
     pub path: Option<std::path::PathBuf>,
     pub cfg: Config,
-    pub listeners: Vec<(ListenerConfig, ListenerHandle)>,
+    pub listeners: Vec<Listening>,
     pub pollers: Arc<Vec<PollerLink>>,
     pub registry: Arc<Registry>,
+}
+
+/// A running listener: as configured, its port (with its ANA states) and
+/// its thread.
+pub struct Listening {
+    pub cfg: ListenerConfig,
+    pub port: Port,
+    pub handle: ListenerHandle,
+}
+
+impl Listening {
+    /// Starts listener `l` on `port`, handing its connections to `pollers`.
+    pub fn start(
+        l: &ListenerConfig,
+        port: Port,
+        pollers: &Arc<Vec<PollerLink>>,
+        registry: &Arc<Registry>,
+    ) -> Result<Listening, crate::base::error::DaemonError> {
+        let handle = transport::start(&port, pollers, registry)?;
+        Ok(Listening {
+            cfg: l.clone(),
+            port,
+            handle,
+        })
+    }
+
+    /// `transport://address`.
+    pub fn url(&self) -> String {
+        format!("{}://{}", self.cfg.transport, self.cfg.address)
+    }
 }
 
 /// A namespace change of one subsystem.
@@ -35,6 +67,8 @@ enum NsChange {
     /// Grow to this many bytes.
     Grow(Arc<Namespace>, u64),
     ReadOnly(Arc<Namespace>, bool),
+    /// Move to this ANA group.
+    AnaGroup(Arc<Namespace>, u32),
 }
 
 impl NsChange {
@@ -42,6 +76,7 @@ impl NsChange {
         match self {
             NsChange::Add(n) | NsChange::Remove(n) => n.nsid,
             NsChange::Grow(n, _) | NsChange::ReadOnly(n, _) => n.nsid,
+            NsChange::AnaGroup(n, _) => n.nsid,
         }
     }
 }
@@ -55,8 +90,11 @@ struct Plan {
     removed: Vec<Arc<Subsystem>>,
     namespaces: Vec<(Arc<Subsystem>, Vec<NsChange>)>,
     access: Vec<(Arc<Subsystem>, HostAccess)>,
-    new_listeners: Vec<(ListenerConfig, ListenerHandle)>,
+    new_listeners: Vec<Listening>,
+    /// Listeners that go.
     old_listeners: Vec<ListenerConfig>,
+    /// Listeners that stay, as the new configuration has them.
+    kept_listeners: Vec<ListenerConfig>,
 }
 
 fn refuse(key: impl Into<String>, problem: impl Into<String>) -> ConfigError {
@@ -157,17 +195,22 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
         .filter(|s| !new.subsystems.iter().any(|n| n.nqn == s.nqn))
         .cloned()
         .collect();
+    let runs = |l: &ListenerConfig, among: &[ListenerConfig]| {
+        among.iter().any(|o| o.endpoint() == l.endpoint())
+    };
     for (i, l) in new.listeners.iter().enumerate() {
-        if !running.cfg.listeners.contains(l) {
-            match transport::start(l, &running.pollers, registry) {
-                Ok(handle) => plan.new_listeners.push((*l, handle)),
-                Err(e) => {
-                    // Nothing changes: the listeners already started go.
-                    for (_, h) in plan.new_listeners {
-                        h.stop();
-                    }
-                    return Err(refuse(format!("listener[{i}]"), e.to_string()));
+        if runs(l, &running.cfg.listeners) {
+            plan.kept_listeners.push(l.clone());
+            continue;
+        }
+        match Listening::start(l, transport::port(l), &running.pollers, registry) {
+            Ok(started) => plan.new_listeners.push(started),
+            Err(e) => {
+                // Nothing changes: the listeners already started go.
+                for started in plan.new_listeners {
+                    started.handle.stop();
                 }
+                return Err(refuse(format!("listener[{i}]"), e.to_string()));
             }
         }
     }
@@ -175,8 +218,8 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
         .cfg
         .listeners
         .iter()
-        .filter(|l| !new.listeners.contains(l))
-        .copied()
+        .filter(|l| !runs(l, &new.listeners))
+        .cloned()
         .collect();
     Ok(plan)
 }
@@ -221,6 +264,11 @@ fn namespace_changes(
         } else if let Some(grow) = size_change(&nkey, n, &live)? {
             // (An image's size is its own, followed live.)
             changes.push(grow);
+        }
+        if n.ana_group != live.ana_group() {
+            // (Against the live group: a removal and addition above took
+            // the new one already.)
+            changes.push(NsChange::AnaGroup(live.clone(), n.ana_group));
         }
         if n.read_only != o.read_only {
             if !n.read_only && !live.backend.writable() {
@@ -346,14 +394,31 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
                     let what = if *ro { "read-only" } else { "writable" };
                     summary.push(format!("{}: namespace {} {what}", sub.nqn, n.nsid));
                 }
+                NsChange::AnaGroup(n, group) => {
+                    n.set_ana_group(*group);
+                    summary.push(format!(
+                        "{}: namespace {} moved to ANA group {group}",
+                        sub.nqn, n.nsid
+                    ));
+                }
             }
         }
         table.sort_by_key(|n| n.nsid);
         sub.set_namespaces(table);
-        let mut nsids: Vec<u32> = changes.iter().map(NsChange::nsid).collect();
+        let mut nsids: Vec<u32> = changes
+            .iter()
+            .filter(|c| !matches!(c, NsChange::AnaGroup(..)))
+            .map(NsChange::nsid)
+            .collect();
         nsids.dedup();
+        let moved = changes.iter().any(|c| matches!(c, NsChange::AnaGroup(..)));
         for c in sub.live_controllers() {
-            c.namespaces_changed(&nsids);
+            if !nsids.is_empty() {
+                c.namespaces_changed(&nsids);
+            }
+            if moved {
+                c.ana_changed();
+            }
         }
     }
     for (sub, access) in plan.access {
@@ -374,26 +439,39 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
     for nqn in &plan.added {
         summary.push(format!("{nqn}: subsystem added"));
     }
-    let mut listeners: Vec<(ListenerConfig, ListenerHandle)> = Vec::new();
-    for (l, h) in std::mem::take(&mut running.listeners) {
-        if plan.old_listeners.contains(&l) {
-            h.stop();
-            summary.push(format!(
-                "stopped listening on {}://{}",
-                l.transport, l.address
-            ));
-        } else {
-            listeners.push((l, h));
+    let mut listeners: Vec<Listening> = Vec::new();
+    for mut l in std::mem::take(&mut running.listeners) {
+        if plan.old_listeners.contains(&l.cfg) {
+            summary.push(format!("stopped listening on {}", l.url()));
+            l.handle.stop();
+            continue;
         }
+        if let Some(new) = plan
+            .kept_listeners
+            .iter()
+            .find(|k| k.endpoint() == l.cfg.endpoint())
+        {
+            l.cfg = new.clone();
+            let changed = l.port.ana.apply(new);
+            for g in &changed {
+                summary.push(format!(
+                    "ANA group {g} {} on {}",
+                    l.port.ana.state(*g),
+                    l.url()
+                ));
+            }
+            registry.ana_changed(&l.port.ana, &changed);
+        }
+        listeners.push(l);
     }
-    for (l, h) in plan.new_listeners {
-        summary.push(format!("listening on {}://{}", l.transport, l.address));
-        listeners.push((l, h));
+    for l in plan.new_listeners {
+        summary.push(format!("listening on {}", l.url()));
+        listeners.push(l);
     }
     if discovery_changed {
         registry.replace(
             plan.subsystems,
-            listeners.iter().map(|(l, _)| transport::port(l)).collect(),
+            listeners.iter().map(|l| l.port.clone()).collect(),
         );
         for c in registry.discovery.live_controllers() {
             c.discovery_changed();

@@ -3,13 +3,14 @@
 //! reports and the control socket run beside them, and signals reload or
 //! stop it.
 
-use crate::app::reload::{self, Running};
+use crate::app::reload::{self, Listening, Running};
 use crate::app::report::{http, prometheus, stats};
 use crate::app::{control, notify};
 use crate::base::error::{starting, DaemonError};
 use crate::base::metrics::PollerCounters;
 use crate::config::Config;
 use crate::engine::poller::{self, PollerLink, Shared, Transports};
+use crate::nvme::port::Port;
 use crate::nvme::subsystem::Registry;
 use crate::transport;
 use nix::sys::signal::{SigSet, Signal};
@@ -44,8 +45,8 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         })?;
 
     raise_open_files_limit();
-    let ports = cfg.listeners.iter().map(transport::port).collect();
-    let registry = Arc::new(Registry::open(&cfg, ports)?);
+    let ports: Vec<Port> = cfg.listeners.iter().map(transport::port).collect();
+    let registry = Arc::new(Registry::open(&cfg, ports.clone())?);
     registry.start_backends();
     let shared = Arc::new(Shared {
         registry: registry.clone(),
@@ -81,8 +82,8 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
     let pollers = Arc::new(links);
 
     let mut listeners = Vec::new();
-    for l in &cfg.listeners {
-        listeners.push((*l, transport::start(l, &pollers, &registry)?));
+    for (l, port) in cfg.listeners.iter().zip(ports) {
+        listeners.push(Listening::start(l, port, &pollers, &registry)?);
         let any_host = cfg.subsystems.iter().any(|s| s.allow_any_host);
         if any_host && !l.address.ip().is_loopback() {
             tracing::warn!(

@@ -4,8 +4,9 @@
 use super::error::{invalid, ConfigError};
 use super::listener::{parse_socket_addr, parse_transport};
 use super::model::{
-    default_poller_count, BackendConfig, Config, HostAuth, Limits, ListenerConfig, NamespaceConfig,
-    Pollers, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE, MAX_CNTLID,
+    default_poller_count, AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig,
+    NamespaceConfig, Pollers, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE,
+    MAX_ANA_GROUP, MAX_CNTLID,
 };
 use super::nqn::EXAMPLE_NQN;
 use super::private_file;
@@ -16,6 +17,7 @@ use super::raw::{
 use super::rbd;
 use super::validate::{block_size_problem, count_problem, nsid_problem};
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
+use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -171,7 +173,42 @@ fn convert_listener(i: usize, raw: RawListener) -> Result<ListenerConfig, Config
             parse_socket_addr(a).map_err(|p| invalid(format!("{key}.address"), p.to_string()))?
         }
     };
-    Ok(ListenerConfig { transport, address })
+    let ana_groups = raw
+        .ana_groups
+        .iter()
+        .map(|(group, state)| ana_group_state(&key, group, state))
+        .collect::<Result<_, _>>()?;
+    Ok(ListenerConfig {
+        transport,
+        address,
+        ana_groups,
+    })
+}
+
+/// One `ana_groups` entry of listener `key`: a group id and a state a
+/// configuration may give (not the transitional `change`).
+fn ana_group_state(key: &str, group: &str, state: &str) -> Result<(u32, AnaState), ConfigError> {
+    let gkey = format!("{key}.ana_groups.{group}");
+    let id = group
+        .parse::<u32>()
+        .ok()
+        .filter(|g| (1..=MAX_ANA_GROUP).contains(g))
+        .ok_or_else(|| invalid(&gkey, ana_group_problem(group)))?;
+    match state.parse::<AnaState>() {
+        Ok(AnaState::Change) => Err(invalid(
+            gkey,
+            "\"change\" is transitional: it is set with `rdmablk-target ana set GROUP change` \
+             while a group moves, never in the file; give optimized, non-optimized, \
+             inaccessible or persistent-loss",
+        )),
+        Ok(s) => Ok((id, s)),
+        Err(problem) => Err(invalid(gkey, problem)),
+    }
+}
+
+/// What is wrong with an ANA group id out of range.
+pub(super) fn ana_group_problem(group: impl fmt::Display) -> String {
+    format!("ANA group {group} is out of range; use 1 to {MAX_ANA_GROUP}")
 }
 
 fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<SubsystemConfig, ConfigError> {
@@ -446,10 +483,18 @@ fn convert_namespace(
             ))
         }
     };
+    let ana_group = match raw.ana_group {
+        None => 1,
+        Some(g) => u32::try_from(g)
+            .ok()
+            .filter(|g| (1..=MAX_ANA_GROUP).contains(g))
+            .ok_or_else(|| invalid(format!("{key}.ana_group"), ana_group_problem(g)))?,
+    };
     Ok(NamespaceConfig {
         nsid,
         backend,
         block_size,
         read_only: raw.read_only,
+        ana_group,
     })
 }

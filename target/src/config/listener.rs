@@ -10,10 +10,10 @@ const DEFAULT_PORT: u16 = 4420;
 
 /// NVMe/TCP on `127.0.0.1:4420`: the listener when none is given.
 pub(super) fn default_listener() -> ListenerConfig {
-    ListenerConfig {
-        transport: Transport::Tcp,
-        address: SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_PORT),
-    }
+    ListenerConfig::new(
+        Transport::Tcp,
+        SocketAddr::new(IpAddr::V4(Ipv4Addr::LOCALHOST), DEFAULT_PORT),
+    )
 }
 
 /// `tcp` or `rdma`, in any case.
@@ -82,12 +82,12 @@ pub(super) fn port_problem(address: &SocketAddr) -> Option<AddressError> {
 
 /// Indices `(first, duplicate)` of the first repeated (transport, address).
 pub(super) fn find_duplicate_listener(listeners: &[ListenerConfig]) -> Option<(usize, usize)> {
-    let mut seen: HashMap<&ListenerConfig, usize> = HashMap::new();
+    let mut seen = HashMap::new();
     for (i, listener) in listeners.iter().enumerate() {
-        if let Some(&first) = seen.get(listener) {
+        if let Some(&first) = seen.get(&listener.endpoint()) {
             return Some((first, i));
         }
-        seen.insert(listener, i);
+        seen.insert(listener.endpoint(), i);
     }
     None
 }

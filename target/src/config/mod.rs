@@ -31,8 +31,8 @@ mod validate;
 
 pub use error::ConfigError;
 pub use model::{
-    BackendConfig, Config, HostAuth, Limits, ListenerConfig, NamespaceConfig, Pollers,
-    SubsystemConfig, Transport, MAX_CNTLID,
+    AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig, NamespaceConfig, Pollers,
+    SubsystemConfig, Transport, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::DEFAULT_NQN;
 pub use quick::{from_quick_args, QuickArgs};
@@ -126,6 +126,7 @@ pub fn embedded_default() -> Config {
                 },
                 block_size: DEFAULT_BLOCK_SIZE,
                 read_only: false,
+                ana_group: 1,
             }],
             cntlids: 1..=MAX_CNTLID,
         }],

@@ -2,6 +2,7 @@
 
 use super::rbd::RbdImage;
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
+use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -15,6 +16,10 @@ pub(super) const DEFAULT_BLOCK_SIZE: u32 = 512;
 /// Highest controller id of the dynamic controller model (NVMe Base 2.1,
 /// 3.1.1: FFF0h and up are reserved).
 pub const MAX_CNTLID: u16 = 0xffef;
+/// Highest namespace id (and Identify NN, MNAN): as nvmet.
+pub const MAX_NSID: u32 = 1024;
+/// Highest ANA group id (Identify ANAGRPMAX, NANAGRPID): as nvmet.
+pub const MAX_ANA_GROUP: u32 = 128;
 
 /// A complete, validated target configuration.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -94,13 +99,44 @@ pub struct Pollers {
 }
 
 /// One listening address (`[[listener]]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct ListenerConfig {
     /// Fabric transport.
     pub transport: Transport,
     /// IP address and port to listen on.
     pub address: SocketAddr,
+    /// ANA states this listener reports, by ANA group (`ana_groups`);
+    /// groups not named are optimized. Never the transitional `change`.
+    pub ana_groups: BTreeMap<u32, AnaState>,
 }
+
+impl ListenerConfig {
+    /// A listener on `address` with every ANA group optimized.
+    pub fn new(transport: Transport, address: SocketAddr) -> Self {
+        ListenerConfig {
+            transport,
+            address,
+            ana_groups: BTreeMap::new(),
+        }
+    }
+
+    /// What identifies the listener: a reload keeps a listener whose
+    /// transport and address stay, whatever its ANA states.
+    pub fn endpoint(&self) -> (Transport, SocketAddr) {
+        (self.transport, self.address)
+    }
+
+    /// The state it reports for ANA group `group`.
+    pub fn ana_state(&self, group: u32) -> AnaState {
+        self.ana_groups
+            .get(&group)
+            .copied()
+            .unwrap_or(AnaState::Optimized)
+    }
+}
+
+/// An ANA group's state on a path.
+pub use rdmablk_common::nvme::ana::AnaState;
 
 /// NVMe-oF transport of a listener: the one type host and target share.
 pub use rdmablk_common::fabrics::Transport;
@@ -150,6 +186,8 @@ pub struct NamespaceConfig {
     pub block_size: u32,
     /// Reject writes.
     pub read_only: bool,
+    /// Its ANA group, 1 to [`MAX_ANA_GROUP`] (`ana_group`, default 1).
+    pub ana_group: u32,
 }
 
 /// Storage behind a namespace.

@@ -138,6 +138,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
                 backend,
                 block_size,
                 read_only: false,
+                ana_group: 1,
             }],
             cntlids: 1..=MAX_CNTLID,
         }],
@@ -165,7 +166,7 @@ pub fn parse_listen_url(s: &str) -> Result<ListenerConfig, ConfigError> {
         ));
     };
     let address = parse_socket_addr(rest).map_err(|p| invalid(KEY, format!("in {s:?}: {p}")))?;
-    Ok(ListenerConfig { transport, address })
+    Ok(ListenerConfig::new(transport, address))
 }
 
 /// A `--memory` or `--null` size: units parsed, a multiple of the block size.

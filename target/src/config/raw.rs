@@ -5,6 +5,7 @@ use super::error::{invalid, ConfigError};
 use rdmablk_common::units;
 use serde::de::{self, Deserializer, Visitor};
 use serde::Deserialize;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -61,6 +62,9 @@ pub(super) struct RawMetrics {
 pub(super) struct RawListener {
     pub(super) transport: Option<String>,
     pub(super) address: Option<String>,
+    /// ANA group id (a TOML key is a string) to state name.
+    #[serde(default)]
+    pub(super) ana_groups: BTreeMap<String, String>,
 }
 
 /// One `[[subsystem]]` table.
@@ -104,6 +108,7 @@ pub(super) struct RawNamespace {
     pub(super) block_size: Option<i64>,
     #[serde(default)]
     pub(super) read_only: bool,
+    pub(super) ana_group: Option<i64>,
     pub(super) pool: Option<String>,
     pub(super) image: Option<String>,
     pub(super) rbd_namespace: Option<String>,

@@ -5,7 +5,7 @@ use super::error::{invalid, ConfigError};
 use super::listener::{find_duplicate_listener, port_problem};
 use super::model::{
     BackendConfig, Config, Limits, ListenerConfig, NamespaceConfig, Pollers, SubsystemConfig,
-    Transport, DEFAULT_ARENA_BYTES, MAX_POLLERS,
+    Transport, DEFAULT_ARENA_BYTES, MAX_NSID, MAX_POLLERS,
 };
 use super::nqn::{check_subsystem_nqn, validate_nqn, EXAMPLE_NQN};
 use super::rbd::{self, RbdImage};
@@ -16,7 +16,6 @@ use std::net::SocketAddr;
 
 const MIN_ARENA_BYTES: u64 = 4 << 20;
 const ARENA_ALIGN_BYTES: u64 = 4 << 10;
-const MAX_NSID: u32 = 1024;
 const BLOCK_SIZES: [u32; 2] = [512, 4096];
 
 impl Config {

@@ -10,12 +10,12 @@ use crate::engine::binding::{self, end_association, Binding};
 use crate::engine::poller::{Io, Token};
 use crate::nvme::command::{self, Command, Connected, Entries, Progress, State, Work};
 use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::nvme::port::Arrival;
 use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
 use std::collections::VecDeque;
-use std::net::IpAddr;
 use std::time::Instant;
 
 mod upkeep;
@@ -34,8 +34,9 @@ pub trait Wire {
     /// What the transport serves; capsules are checked against it.
     fn caps(&self) -> TransportCaps;
 
-    /// The local address the host reached, when the transport knows it.
-    fn local_addr(&self) -> Option<IpAddr>;
+    /// Where the host reached the target (its listener's ANA states, the
+    /// local address).
+    fn arrival(&self) -> &Arrival;
 
     /// Entries the transport connection was made for, when it was: a
     /// Connect may not ask for more (NVMe/RDMA's HSQSIZE sizes the queue
@@ -512,7 +513,7 @@ impl Queue {
                 }
                 _ => {
                     if let Connected::Yes(a) =
-                        cmd.connect(io.registry, io.arena, w.caps(), w.local_addr(), &self.peer)
+                        cmd.connect(io.registry, io.arena, w.caps(), w.arrival(), &self.peer)
                     {
                         self.qid = a.qid;
                         self.bind.connected(a, io);

@@ -10,6 +10,7 @@ use crate::nvme::controller::{
 };
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::io_cmd::{self, IoKind, IoRequest};
+use crate::nvme::port::Arrival;
 use crate::nvme::subsystem::Registry;
 use rdmablk_common::fabrics::{fctype, CONNECT_ATR, CONNECT_DATA_LEN};
 use rdmablk_common::mem::{Arena, ArenaBuf};
@@ -117,6 +118,7 @@ pub fn plan(
         Some(a) if a.qid == 0 => Work::Admin,
         Some(a) => Work::Io(io_cmd::decode(
             |nsid| a.namespace(nsid),
+            a.ctrl.ana(),
             sqe,
             sgl_len,
             a.ctrl.caps().max_transfer(),
@@ -237,12 +239,12 @@ impl Command {
         registry: &Arc<Registry>,
         arena: &Arena,
         caps: TransportCaps,
-        local: Option<std::net::IpAddr>,
+        arrival: &Arrival,
         peer: &str,
     ) -> Connected {
         let mut data = [0u8; CONNECT_DATA_LEN];
         let data = self.copy_data(arena, &mut data);
-        match controller::connect(registry, &self.sqe, data, caps, local) {
+        match controller::connect(registry, &self.sqe, data, caps, arrival) {
             Ok(a) => {
                 self.dw0 = a.ctrl.cntlid as u32;
                 if a.auth_required {

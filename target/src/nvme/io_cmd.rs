@@ -2,6 +2,7 @@
 //! namespace, before any data moves. Transport independent.
 
 use crate::base::metrics::Op;
+use crate::nvme::ana::AnaStates;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::{nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
@@ -72,12 +73,14 @@ impl IoRequest {
     }
 }
 
-/// Decodes an I/O command; `namespace` finds a namespace by id, and
-/// `sgl_len` is the length the data pointer describes. The namespace's
-/// metrics slot of `poller` counts it: as started, or as refused when it
-/// names a namespace but fails a check.
+/// Decodes an I/O command; `namespace` finds a namespace by id, `ana` are
+/// the ANA states of the path the command came through, and `sgl_len` is
+/// the length the data pointer describes. The namespace's metrics slot of
+/// `poller` counts it: as started, or as refused when it names a namespace
+/// but fails a check.
 pub fn decode(
     namespace: impl FnOnce(u32) -> Option<Arc<Namespace>>,
+    ana: &AnaStates,
     sqe: &Sqe,
     sgl_len: u32,
     max_transfer: usize,
@@ -93,7 +96,14 @@ pub fn decode(
     }
     let ns = namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?;
     let counters = ns.metrics.of(poller);
-    match check(&ns, sqe, sgl_len, max_transfer) {
+    // As nvmet, the path first: a group not usable here refuses every
+    // command on its namespaces with a path status, DNR clear, so that the
+    // host sends it down another path (NVMe Base 2.1, 8.1.3.3 to 8.1.3.5).
+    let checked = match ana.io_status(ns.ana_group()) {
+        Some(path) => Err(path),
+        None => check(&ns, sqe, sgl_len, max_transfer),
+    };
+    match checked {
         Ok((kind, offset, len)) => {
             counters.start();
             Ok(IoRequest {

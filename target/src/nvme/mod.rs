@@ -1,10 +1,12 @@
 //! NVMe semantics, whatever the transport: what a transport offers the
-//! controllers and where it listens (`fabric`, `port`), namespaces,
+//! controllers and where it listens (`fabric`, `port`), the ANA states each
+//! listener reports (`ana`), namespaces,
 //! subsystems and the registry with the discovery log (`subsystem`),
 //! controllers (`controller`: Connect, Fabrics and admin commands),
 //! DH-HMAC-CHAP (`auth`), I/O command decoding (`io_cmd`), and a command's
 //! life from its capsule to its response (`command`).
 
+pub mod ana;
 pub mod auth;
 pub mod command;
 pub mod controller;

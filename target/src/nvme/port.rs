@@ -1,12 +1,15 @@
-//! Ports: where a transport listens, and what the discovery log reports of
-//! it. A transport's [`Profile`] says what it is; the registry keeps the
-//! ports of the running listeners.
+//! Ports: where a transport listens, the ANA states it reports, and what
+//! the discovery log reports of it. A transport's [`Profile`] says what it
+//! is; the registry keeps the ports of the running listeners; a queue knows
+//! its [`Arrival`].
 
 use crate::config;
+use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
 use rdmablk_common::ring::Op;
 use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
 
 /// What a transport is, as controllers and discovery see it.
 pub struct Profile {
@@ -21,11 +24,21 @@ pub struct Profile {
     pub tsas: [u8; 32],
 }
 
-/// A listening address and the transport serving it.
-#[derive(Clone, Copy)]
+/// A listening address, the transport serving it and the ANA states it
+/// reports (kept by a reload that keeps the listener).
+#[derive(Clone)]
 pub struct Port {
     pub addr: SocketAddr,
     pub profile: &'static Profile,
+    pub ana: Arc<AnaStates>,
+}
+
+/// Where a queue reached the target: its listener's ANA states, and the
+/// local address the host connected to, when the transport knows it.
+#[derive(Clone)]
+pub struct Arrival {
+    pub ana: Arc<AnaStates>,
+    pub local: Option<IpAddr>,
 }
 
 /// TREQ of every entry, as nvmet: no secure channel requirement stated,

@@ -8,13 +8,14 @@ use crate::base::error::DaemonError;
 use crate::base::ids::{self, NamespaceIds};
 use crate::base::metrics::NsMetrics;
 use crate::config::{self, BackendConfig, Config, NamespaceConfig, SubsystemConfig};
+use crate::nvme::ana::AnaStates;
 use crate::nvme::controller::Controller;
 use crate::nvme::port::Port;
 use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
 /// An exported namespace.
@@ -26,6 +27,8 @@ pub struct Namespace {
     blocks: AtomicU64,
     /// Writes refused (flipped by a reload).
     read_only: AtomicBool,
+    /// Its ANA group (a reload may move it).
+    ana_group: AtomicU32,
     pub backend: Backend,
     /// NGUID and UUID, stable across restarts: set when the namespace is
     /// made, or when its RBD image opens (they derive from the image's id).
@@ -51,6 +54,16 @@ impl Namespace {
 
     pub fn set_read_only(&self, read_only: bool) {
         self.read_only.store(read_only, Ordering::Release);
+    }
+
+    /// Its ANA group.
+    #[inline]
+    pub fn ana_group(&self) -> u32 {
+        self.ana_group.load(Ordering::Acquire)
+    }
+
+    pub fn set_ana_group(&self, group: u32) {
+        self.ana_group.store(group, Ordering::Release);
     }
 
     /// Makes `bytes` (a whole number of blocks, not less than now) the
@@ -232,11 +245,6 @@ impl Subsystem {
         self.namespace(nsid).filter(|n| n.is_active())
     }
 
-    /// Highest namespace id (Identify NN).
-    pub fn max_nsid(&self) -> u32 {
-        self.namespaces().iter().map(|n| n.nsid).max().unwrap_or(0)
-    }
-
     /// Whether any namespace has a volatile write cache.
     pub fn volatile_cache(&self) -> bool {
         self.namespaces().iter().any(|n| n.backend.volatile_cache())
@@ -385,6 +393,25 @@ impl Registry {
         self.genctr.fetch_add(1, Ordering::AcqRel);
     }
 
+    /// Groups `groups` changed state on the listener whose states are `ana`:
+    /// the controllers that came through it and whose subsystem has a
+    /// namespace in one of them get an Asymmetric Namespace Access Change
+    /// notice.
+    pub fn ana_changed(&self, ana: &Arc<AnaStates>, groups: &[u32]) {
+        for s in self.subsystems() {
+            if !s
+                .namespaces()
+                .iter()
+                .any(|n| groups.contains(&n.ana_group()))
+            {
+                continue;
+            }
+            for c in s.live_controllers().iter().filter(|c| c.reports(ana)) {
+                c.ana_changed();
+            }
+        }
+    }
+
     /// The subsystem (or the discovery subsystem) with this NQN.
     pub fn find(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == DISCOVERY_NQN {
@@ -481,6 +508,7 @@ pub fn open_namespace(
                 block_size: n.block_size,
                 blocks: AtomicU64::new(0),
                 read_only: AtomicBool::new(n.read_only),
+                ana_group: AtomicU32::new(n.ana_group),
                 backend: Backend::Rbd(Box::new(backend)),
                 ids: OnceLock::new(),
                 metrics: NsMetrics::new(pollers),
@@ -520,6 +548,7 @@ pub fn open_namespace(
         block_size: n.block_size,
         blocks: AtomicU64::new(blocks),
         read_only: AtomicBool::new(n.read_only),
+        ana_group: AtomicU32::new(n.ana_group),
         backend,
         ids: OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid))),
         metrics: NsMetrics::new(pollers),

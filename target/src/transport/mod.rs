@@ -15,6 +15,7 @@ pub mod tcp;
 use crate::base::error::DaemonError;
 use crate::config;
 use crate::engine::poller::{Endpoint, PollerLink};
+use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::{Port, Profile};
 use crate::nvme::subsystem::Registry;
@@ -40,6 +41,8 @@ pub const fn base_caps_with(sgl: u32, transport: &'static str) -> TransportCaps 
 /// Where a listener hands what it accepts: endpoint `ep` of the pollers.
 pub struct Listen {
     pub addr: SocketAddr,
+    /// The ANA states its connections' controllers report.
+    pub ana: Arc<AnaStates>,
     pub ep: u8,
     pub pollers: Arc<Vec<PollerLink>>,
     pub registry: Arc<Registry>,
@@ -72,21 +75,22 @@ impl ListenerHandle {
     }
 }
 
-/// Starts listener `l`, handing its connections to `pollers`.
+/// Starts listening on `port`, handing its connections to `pollers`.
 pub fn start(
-    l: &config::ListenerConfig,
+    port: &Port,
     pollers: &Arc<Vec<PollerLink>>,
     registry: &Arc<Registry>,
 ) -> Result<ListenerHandle, DaemonError> {
-    let (ep, transport) = of(l.transport);
+    let (ep, transport) = of(port.profile.kind);
     let handle = transport.listen(Listen {
-        addr: l.address,
+        addr: port.addr,
+        ana: port.ana.clone(),
         ep,
         pollers: pollers.clone(),
         registry: registry.clone(),
         stop: Arc::new(AtomicBool::new(false)),
     })?;
-    tracing::info!("listening on {}://{}", l.transport, l.address);
+    tracing::info!("listening on {}://{}", port.profile.kind, port.addr);
     Ok(handle)
 }
 
@@ -122,11 +126,13 @@ pub fn endpoints(poller: usize) -> Vec<Box<dyn Endpoint>> {
         .collect()
 }
 
-/// The port of listener `l`: its address and its transport's profile.
+/// The port of listener `l`: its address, its transport's profile and
+/// the ANA states it is configured with.
 pub fn port(l: &config::ListenerConfig) -> Port {
     Port {
         addr: l.address,
         profile: of(l.transport).1.profile(),
+        ana: Arc::new(AnaStates::new(l)),
     }
 }
 

@@ -4,7 +4,7 @@
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::units::format_size;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -46,6 +46,10 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         .map(|p| format!("{}://{}", p.profile.kind, p.addr))
         .collect();
     let _ = writeln!(out, "listening: {}", listening.join(", "));
+    let groups: BTreeSet<u32> = namespaces.iter().flatten().map(|n| n.ana_group()).collect();
+    for (p, url) in r.ports().iter().zip(&listening) {
+        let _ = writeln!(out, "  ANA groups on {url}: {}", p.ana.describe(&groups));
+    }
     for (s, (nss, before)) in subsystems.iter().zip(namespaces.iter().zip(&before)) {
         let access = s.access();
         let who = if access.allow_any_host {
@@ -60,7 +64,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
             let bw = (b1 - b0) as f64 / secs;
             let _ = writeln!(
                 out,
-                "  namespace {}: {} on {}, {}: {iops:.0} IOPS, {}/s, {} in flight",
+                "  namespace {}: {} on {}, {}, ANA group {}: {iops:.0} IOPS, {}/s, {} in flight",
                 n.nsid,
                 format_size(n.blocks() * n.block_size as u64),
                 n.backend.describe(),
@@ -69,6 +73,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                     (true, true) => "read-only",
                     (true, false) => "read-write",
                 },
+                n.ana_group(),
                 format_size(bw as u64),
                 n.metrics.in_flight()
             );

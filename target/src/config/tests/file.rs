@@ -17,10 +17,10 @@ fn example_parses() {
     let config = parse(EXAMPLE).expect("shipped example must be valid");
     assert_eq!(
         config.listeners,
-        vec![ListenerConfig {
-            transport: Transport::Tcp,
-            address: "0.0.0.0:4420".parse().unwrap(),
-        }]
+        vec![ListenerConfig::new(
+            Transport::Tcp,
+            "0.0.0.0:4420".parse().unwrap()
+        )]
     );
     assert_eq!(config.pollers.arena_bytes, 64 << 20);
     assert!(!config.pollers.busy_poll);
@@ -93,6 +93,7 @@ fn embedded_default_is_valid() {
             backend: BackendConfig::Memory { size: 1 << 30 },
             block_size: 512,
             read_only: false,
+            ana_group: 1,
         }]
     );
     assert_eq!(config.pollers, Pollers::default());

@@ -43,14 +43,8 @@ fn quick_file_over_rdma_with_nqn() {
     assert_eq!(
         config.listeners,
         vec![
-            ListenerConfig {
-                transport: Transport::Rdma,
-                address: "10.0.0.1:4420".parse().unwrap(),
-            },
-            ListenerConfig {
-                transport: Transport::Tcp,
-                address: "[::1]:4421".parse().unwrap(),
-            },
+            ListenerConfig::new(Transport::Rdma, "10.0.0.1:4420".parse().unwrap()),
+            ListenerConfig::new(Transport::Tcp, "[::1]:4421".parse().unwrap()),
         ]
     );
     let subsystem = &config.subsystems[0];
@@ -66,6 +60,7 @@ fn quick_file_over_rdma_with_nqn() {
             },
             block_size: 4096,
             read_only: false,
+            ana_group: 1,
         }]
     );
 }

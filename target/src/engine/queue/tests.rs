@@ -19,6 +19,7 @@ struct FakeWire {
     /// (slot, response, data returned before it).
     responses: Vec<(Option<u16>, Cqe, Option<Vec<u8>>)>,
     sends: SendWatch,
+    arrival: Arrival,
 }
 
 impl FakeWire {
@@ -28,6 +29,7 @@ impl FakeWire {
             fetched: Vec::new(),
             responses: Vec::new(),
             sends: SendWatch::default(),
+            arrival: arrival(),
         }
     }
 
@@ -44,8 +46,8 @@ impl Wire for FakeWire {
         self.caps
     }
 
-    fn local_addr(&self) -> Option<IpAddr> {
-        None
+    fn arrival(&self) -> &Arrival {
+        &self.arrival
     }
 
     fn fetch(&mut self, slot: u16, cmd: &mut Command, _io: &mut Io) {

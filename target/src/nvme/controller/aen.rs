@@ -10,6 +10,8 @@ use std::collections::{BTreeSet, VecDeque};
 
 /// Namespace Attribute Notices (NVMe Base 2.1, Figure 201, bit 8).
 pub const NS_ATTR: u32 = 1 << 8;
+/// Asymmetric Namespace Access Change Notices (bit 11).
+pub const ANA_CHANGE: u32 = 1 << 11;
 /// Discovery Log Page Change Notices (bit 31; discovery controllers).
 pub const DISCOVERY: u32 = 1 << 31;
 /// Asynchronous Event Type Notice (NVMe Base 2.1, Figure 150).
@@ -17,6 +19,9 @@ const NOTICE: u32 = 2;
 /// Notice: Namespace Attribute Changed (information 00h), Changed
 /// Namespace List (04h).
 pub const NS_ATTR_DW0: u32 = NOTICE | 0x04 << 16;
+/// Notice: Asymmetric Namespace Access Change (information 03h), ANA log
+/// (0Ch).
+pub const ANA_CHANGE_DW0: u32 = NOTICE | 0x03 << 8 | 0x0c << 16;
 /// Notice: Discovery Log Page Change, Discovery log (70h).
 pub const DISCOVERY_DW0: u32 = NOTICE | 0xf0 << 8 | 0x70 << 16;
 
@@ -51,6 +56,14 @@ impl Controller {
         let mut st = self.state.lock().expect("controller state");
         st.events.changed_ns.extend(nsids);
         self.raise(&mut st, NS_ATTR, NS_ATTR_DW0);
+    }
+
+    /// The ANA log page this controller reads changed (a group's state on
+    /// its listener, or a namespace's group): Asymmetric Namespace Access
+    /// Change.
+    pub fn ana_changed(&self) {
+        let mut st = self.state.lock().expect("controller state");
+        self.raise(&mut st, ANA_CHANGE, ANA_CHANGE_DW0);
     }
 
     /// The discovery log changed (a reload): Discovery Log Page Change.

@@ -9,6 +9,7 @@ use crate::base::admission::Permit;
 use crate::config::Limits;
 use crate::nvme::auth::{self, QueueAuth};
 use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::nvme::port::Arrival;
 use crate::nvme::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
 use rdmablk_common::auth::message;
 use rdmablk_common::fabrics::{
@@ -17,7 +18,6 @@ use rdmablk_common::fabrics::{
 use rdmablk_common::nvme::{property, Sqe, Status};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -134,12 +134,12 @@ pub fn connect(
     sqe: &Sqe,
     data: &[u8],
     caps: TransportCaps,
-    local: Option<IpAddr>,
+    arrival: &Arrival,
 ) -> Result<Association, Refusal> {
     let cmd = ConnectCmd::from_sqe(sqe);
     let (d, subsys) = admit_host(registry, &cmd, data)?;
     if cmd.qid == 0 {
-        connect_admin(registry, &cmd, d, subsys, caps, local)
+        connect_admin(registry, &cmd, d, subsys, caps, arrival)
     } else {
         connect_io(registry, &cmd, &d, &subsys, caps)
     }
@@ -210,7 +210,7 @@ fn connect_admin(
     d: ConnectData,
     subsys: Arc<Subsystem>,
     caps: TransportCaps,
-    local: Option<IpAddr>,
+    arrival: &Arrival,
 ) -> Result<Association, Refusal> {
     check_queue_size(cmd, "admin", ADMIN_QUEUE_SIZE)?;
     if d.cntlid != 0xffff {
@@ -245,7 +245,7 @@ fn connect_admin(
         hostid: d.hostid,
         registry: registry.clone(),
         caps,
-        local,
+        arrival: arrival.clone(),
         kato_ms: AtomicU32::new(kato),
         buffers: Arc::default(),
         _host: host,

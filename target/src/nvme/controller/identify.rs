@@ -3,6 +3,8 @@
 
 use super::fabrics::KAS;
 use super::{aen, Controller, Reply, CRDT, MAX_AERS, VERSION};
+use crate::config::{MAX_ANA_GROUP, MAX_NSID};
+use crate::nvme::ana::{ANACAP, ANATT_SECS};
 use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
 use rdmablk_common::nvme::identify::{
     cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId,
@@ -33,6 +35,7 @@ impl Controller {
                         nsfeat: 0,
                         nmic: 1,
                         dlfeat: 1 | 1 << 3,
+                        anagrpid: ns.ana_group(),
                         nsattr: ns.read_only() as u8,
                         nguid: ns.ids().nguid,
                         eui64: [0; 8],
@@ -40,9 +43,7 @@ impl Controller {
                     }
                     .encode(),
                 ),
-                None if nsid != 0 && nsid <= self.subsys.max_nsid() => {
-                    Reply::data(vec![0; IDENTIFY_LEN])
-                }
+                None if nsid != 0 && nsid <= MAX_NSID => Reply::data(vec![0; IDENTIFY_LEN]),
                 None => Reply::status(Status::INVALID_NAMESPACE),
             },
             cns::ACTIVE_NS_LIST if nsid < NSID_RESERVED => Reply::data(encode_ns_list(
@@ -72,13 +73,18 @@ impl Controller {
             serial: self.subsys.serial.clone(),
             model: "rdmablk".into(),
             firmware: env!("CARGO_PKG_VERSION").into(),
-            // Multiple controllers per subsystem.
-            cmic: if disc { 0 } else { 1 << 1 },
+            // Multiple controllers per subsystem (bit 1), ANA reporting
+            // (bit 3).
+            cmic: if disc { 0 } else { 1 << 1 | 1 << 3 },
             mdts: self.caps.mdts,
             cntlid: self.cntlid,
             ver: VERSION,
             // Exactly the notices implemented (NVMe Base 2.1, Figure 312).
-            oaes: if disc { aen::DISCOVERY } else { aen::NS_ATTR },
+            oaes: if disc {
+                aen::DISCOVERY
+            } else {
+                aen::NS_ATTR | aen::ANA_CHANGE
+            },
             cntrltype: if disc {
                 cntrltype::DISCOVERY
             } else {
@@ -92,6 +98,11 @@ impl Controller {
             lpa: 1 << 2,
             elpe: 0,
             kas: KAS,
+            // ANA: reported by NVM subsystems only.
+            anatt: if disc { 0 } else { ANATT_SECS },
+            anacap: if disc { 0 } else { ANACAP },
+            anagrpmax: if disc { 0 } else { MAX_ANA_GROUP },
+            nanagrpid: if disc { 0 } else { MAX_ANA_GROUP },
             sqes: 0x66,
             cqes: 0x44,
             maxcmd: if disc {
@@ -99,7 +110,11 @@ impl Controller {
             } else {
                 self.caps.max_queue_entries
             },
-            nn: self.subsys.max_nsid(),
+            // As nvmet: namespace ids up to 1024, each of which may be
+            // attached. MNAN sizes the ANA log the host reads (header,
+            // NANAGRPID descriptors, MNAN namespace ids: 8 KiB), and must be
+            // at most NN or the Linux host turns ANA off.
+            nn: if disc { 0 } else { MAX_NSID },
             oncs: if disc {
                 0
             } else {
@@ -107,7 +122,7 @@ impl Controller {
             },
             vwc: self.subsys.volatile_cache() as u8,
             sgls: self.caps.sgls,
-            mnan: 0,
+            mnan: if disc { 0 } else { MAX_NSID },
             subnqn: self.subsys.nqn.clone(),
             ioccsz: self.caps.ioccsz(),
             iorcsz: 1,

@@ -1,11 +1,13 @@
 //! Get Log Page: the discovery log (discovery controllers), and Error
 //! Information, SMART / Health Information, Firmware Slot Information,
-//! Changed Namespace List and Commands Supported and Effects (I/O
-//! controllers).
+//! Changed Namespace List, Commands Supported and Effects and Asymmetric
+//! Namespace Access (I/O controllers).
 
 use super::{aen, Controller, Reply};
+use rdmablk_common::nvme::ana;
 use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::{admin, nvm, Sqe, Status, FABRICS_OPCODE};
+use std::collections::BTreeMap;
 
 /// Namespaces the Changed Namespace List holds; beyond, it says "more than
 /// that" with FFFFFFFFh as its only entry (NVMe Base 2.1, 5.16.1.5).
@@ -23,7 +25,8 @@ impl Controller {
                 if !req.rae {
                     self.acknowledge(aen::DISCOVERY);
                 }
-                self.registry.discovery_log(&self.hostnqn, self.local)
+                self.registry
+                    .discovery_log(&self.hostnqn, self.arrival.local)
             }
             _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
             lid::ERROR => vec![0; 64],
@@ -36,6 +39,7 @@ impl Controller {
             }
             lid::CHANGED_NS => self.changed_ns_log(req.rae),
             lid::CMD_EFFECTS => effects_log(),
+            lid::ANA => self.ana_log(req.lsp & ana::LSP_RGO != 0, req.rae),
             _ => return Reply::status(Status::INVALID_LOG_PAGE),
         };
         // NVMe Base 2.0, 5.16: an offset past the end of the log is an
@@ -65,6 +69,29 @@ impl Controller {
             ev.masked &= !aen::NS_ATTR;
         }
         b
+    }
+}
+
+impl Controller {
+    /// The ANA log page (NVMe Base 2.1, 5.1.12.1.13) as this controller's
+    /// listener reports it: each group with active namespaces in the
+    /// subsystem, their namespaces unless Return Groups Only. A read with
+    /// RAE clear acknowledges Asymmetric Namespace Access Change.
+    fn ana_log(&self, rgo: bool, rae: bool) -> Vec<u8> {
+        let mut groups: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
+        for ns in self.subsys.namespaces().iter().filter(|n| n.is_active()) {
+            groups.entry(ns.ana_group()).or_default().push(ns.nsid);
+        }
+        // Ascending within a group: the Linux host walks them in step with
+        // its own namespace list.
+        for nsids in groups.values_mut() {
+            nsids.sort_unstable();
+        }
+        let log = self.arrival.ana.log(&groups, rgo);
+        if !rae {
+            self.acknowledge(aen::ANA_CHANGE);
+        }
+        log.encode()
     }
 }
 

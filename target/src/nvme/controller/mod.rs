@@ -23,12 +23,13 @@ pub use transfer::{admin_transfer_len, fabrics_transfer_len, TransferLen};
 
 use crate::base::admission::{Gauge, Permit};
 use crate::base::offload::Job;
+use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::TransportCaps;
+use crate::nvme::port::Arrival;
 use crate::nvme::subsystem::{Registry, Subsystem};
 use aen::Events;
 use rdmablk_common::nvme::Status;
 use std::collections::HashMap;
-use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
@@ -51,9 +52,10 @@ pub struct Controller {
     pub hostid: [u8; 16],
     registry: Arc<Registry>,
     caps: TransportCaps,
-    /// Where the admin queue reached this target (for discovery entries of
-    /// wildcard listeners), when the transport knows.
-    local: Option<IpAddr>,
+    /// Where the admin queue reached this target: the listener's ANA states
+    /// (which this controller reports), the local address (for discovery
+    /// entries of wildcard listeners).
+    arrival: Arrival,
     /// Keep-alive timeout in ms; 0 disables it.
     kato_ms: AtomicU32,
     /// Arena bytes all queues of the association hold (its budget's gauge).
@@ -145,6 +147,17 @@ impl Controller {
     /// What the transport of the admin queue serves.
     pub fn caps(&self) -> TransportCaps {
         self.caps
+    }
+
+    /// The ANA states of the listener the controller came through.
+    #[inline]
+    pub fn ana(&self) -> &AnaStates {
+        &self.arrival.ana
+    }
+
+    /// Whether the controller came through the listener whose states are `ana`.
+    pub fn reports(&self, ana: &Arc<AnaStates>) -> bool {
+        Arc::ptr_eq(&self.arrival.ana, ana)
     }
 
     /// Queues connected to the controller: its admin queue and I/O queues.

@@ -156,6 +156,7 @@ fn log_page_offsets() {
         let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 10);
         LogRequest {
             lid: lid::SMART,
+            lsp: 0,
             rae: false,
             len,
             offset,
@@ -219,7 +220,7 @@ fn limits_answer_controller_busy() {
             &connect_sqe(0, 0, 5000),
             &connect_data(config::DEFAULT_NQN, "nqn.2026-11.io.rdmablk:other", 0xffff),
             CAPS,
-            None,
+            &arrival(),
         )
     };
     let a = enabled(&reg, 1);

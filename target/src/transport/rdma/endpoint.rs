@@ -10,6 +10,7 @@ use super::{Phase, RECV_BIT};
 use crate::engine::binding::Binding;
 use crate::engine::poller::{Endpoint, Io, Token};
 use crate::engine::queue::{self, Queue};
+use crate::nvme::port::Arrival;
 use rdmablk_common::nvme::{Sqe, SQE_LEN};
 use rdmablk_common::rdma::private_data::{encode_reject, ConnectReply, RejectStatus};
 use rdmablk_common::rdma::{CmChannel, CmEventKind, CmId, Completion, ConnParam, Device, QpConfig};
@@ -220,8 +221,11 @@ impl RdmaEndpoint {
             idx as u32,
             inc.req.qid,
         );
-        let local = id.local().map(|a| a.ip());
-        let wire = RdmaWire::new(id, local, lkey, idx as u32, depth, read_credits);
+        let arrival = Arrival {
+            ana: inc.ana,
+            local: id.local().map(|a| a.ip()),
+        };
+        let wire = RdmaWire::new(id, arrival, lkey, idx as u32, depth, read_credits);
         self.conns[idx] = Some(Box::new(RdmaQueue {
             q,
             w: wire,

@@ -3,11 +3,13 @@
 use super::PROFILE;
 use crate::base::admission::Permit;
 use crate::base::error::{starting, DaemonError};
+use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
 use crate::transport::Listen;
 use rdmablk_common::rdma::private_data::{encode_reject, ConnectRequest, RejectStatus};
 use rdmablk_common::rdma::{CmChannel, CmId, NewId};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Pending connect requests the listener queues.
@@ -21,6 +23,8 @@ pub(super) struct Incoming {
     pub(super) host_responder_resources: u8,
     /// Its place among connections waiting for their Connect.
     pub(super) pending: Permit,
+    /// The ANA states of the listener that took it.
+    pub(super) ana: Arc<AnaStates>,
 }
 
 /// Checks a connect request's queue sizes against what we serve.
@@ -46,6 +50,7 @@ fn check_request(private_data: &[u8]) -> Result<ConnectRequest, RejectStatus> {
 pub(super) fn listen(l: Listen) -> Result<(), DaemonError> {
     let Listen {
         addr,
+        ana,
         ep,
         pollers,
         registry,
@@ -112,6 +117,7 @@ pub(super) fn listen(l: Listen) -> Result<(), DaemonError> {
                             req,
                             host_responder_resources: ev.responder_resources,
                             pending,
+                            ana: ana.clone(),
                         };
                         pollers[next % pollers.len()].adopt(ep, Box::new(inc));
                         next += 1;

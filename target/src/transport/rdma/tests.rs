@@ -92,7 +92,7 @@ impl Fixture {
     /// Queue `qid` with `credits` RDMA READs, established.
     fn new(rig: Rig, qid: u16, credits: u8) -> Fixture {
         let q = Queue::new(Binding::new(rig.pending()), "unit".into(), 1, 3, qid);
-        let mut w = RdmaWire::new(FakeQp::default(), None, LKEY, 3, 32, credits);
+        let mut w = RdmaWire::new(FakeQp::default(), arrival(), LKEY, 3, 32, credits);
         w.phase = Phase::Live;
         Fixture {
             rig,

@@ -7,11 +7,11 @@ use crate::engine::poller::Io;
 use crate::engine::queue::{Response, SendWatch, Wire};
 use crate::nvme::command::Command;
 use crate::nvme::fabric::TransportCaps;
+use crate::nvme::port::Arrival;
 use rdmablk_common::nvme::Sgl;
 use rdmablk_common::rdma::{CmId, SendOp, SendWr, Sge};
 use std::collections::VecDeque;
 use std::io;
-use std::net::IpAddr;
 use std::time::Instant;
 
 /// Where a queue's work requests go: its queue pair, or a recorder in
@@ -55,8 +55,8 @@ struct PendingRead {
 /// A queue pair, as the state machine uses it.
 pub(super) struct RdmaWire<P> {
     pub(super) qp: P,
-    /// The address the host reached.
-    local: Option<IpAddr>,
+    /// Where the host reached the target.
+    arrival: Arrival,
     /// Local key of the poller's arena on the queue's device.
     lkey: u32,
     idx: u32,
@@ -84,8 +84,8 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
         PROFILE.caps
     }
 
-    fn local_addr(&self) -> Option<IpAddr> {
-        self.local
+    fn arrival(&self) -> &Arrival {
+        &self.arrival
     }
 
     fn queue_entries(&self) -> Option<u16> {
@@ -203,11 +203,12 @@ impl<P: QueuePair> Wire for RdmaWire<P> {
 }
 
 impl<P: QueuePair> RdmaWire<P> {
-    /// The wire of queue `idx` on `qp` (reached at `local`), whose arena key
-    /// is `lkey` and which may have `read_credits` RDMA READs outstanding.
+    /// The wire of queue `idx` on `qp` (reached through `arrival`), whose
+    /// arena key is `lkey` and which may have `read_credits` RDMA READs
+    /// outstanding.
     pub(super) fn new(
         qp: P,
-        local: Option<IpAddr>,
+        arrival: Arrival,
         lkey: u32,
         idx: u32,
         entries: u16,
@@ -215,7 +216,7 @@ impl<P: QueuePair> RdmaWire<P> {
     ) -> RdmaWire<P> {
         RdmaWire {
             qp,
-            local,
+            arrival,
             lkey,
             idx,
             entries,

@@ -7,6 +7,7 @@ use super::{Phase, NO_SLOT, RECV, SEND};
 use crate::engine::binding::Binding;
 use crate::engine::poller::{Io, Token};
 use crate::engine::queue::{Queue, Wire};
+use crate::nvme::port::Arrival;
 use io_uring::opcode;
 use std::time::Duration;
 
@@ -27,10 +28,13 @@ impl TcpQueue {
     /// for their Connect.
     pub(super) fn new(c: Accepted, ep: u8, idx: u32) -> std::io::Result<Self> {
         let _ = c.sock.set_nodelay(true);
-        let local = c.sock.local_addr().ok().map(|a| a.ip());
+        let arrival = Arrival {
+            ana: c.ana,
+            local: c.sock.local_addr().ok().map(|a| a.ip()),
+        };
         Ok(TcpQueue {
             q: Queue::new(Binding::new(c.pending), c.peer.to_string(), ep, idx, 0),
-            w: TcpWire::new(c.sock, local, ep, idx)?,
+            w: TcpWire::new(c.sock, arrival, ep, idx)?,
         })
     }
 

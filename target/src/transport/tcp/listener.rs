@@ -1,9 +1,11 @@
 //! Accepting NVMe/TCP connections and handing them to the pollers.
 
 use crate::base::admission::Permit;
+use crate::nvme::ana::AnaStates;
 use crate::transport::Listen;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;
+use std::sync::Arc;
 use std::time::Duration;
 
 /// A connection accepted, on its way to a poller.
@@ -12,6 +14,8 @@ pub(super) struct Accepted {
     pub(super) peer: SocketAddr,
     /// Its place among connections waiting for their Connect.
     pub(super) pending: Permit,
+    /// The ANA states of the listener that accepted it.
+    pub(super) ana: Arc<AnaStates>,
 }
 
 /// Accepts connections on `listener` until `l.stop`, handing them to the
@@ -34,6 +38,7 @@ pub(super) fn accept_loop(listener: TcpListener, l: Listen) {
                     sock,
                     peer,
                     pending,
+                    ana: l.ana.clone(),
                 };
                 l.pollers[next % l.pollers.len()].adopt(l.ep, Box::new(conn));
                 next += 1;

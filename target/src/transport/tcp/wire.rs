@@ -6,11 +6,12 @@ use crate::engine::poller::{Io, Token};
 use crate::engine::queue::{Queue, Response, SendWatch, Wire};
 use crate::nvme::command::Command;
 use crate::nvme::fabric::TransportCaps;
+use crate::nvme::port::Arrival;
 use io_uring::{opcode, types};
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
 use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
 use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
-use std::net::{IpAddr, Shutdown, TcpStream};
+use std::net::{Shutdown, TcpStream};
 use std::os::unix::io::AsRawFd;
 use std::time::Instant;
 
@@ -23,8 +24,8 @@ const RX_BUF: usize = 32 << 10;
 /// The byte stream of a connection, as the state machine uses it.
 pub(super) struct TcpWire {
     sock: TcpStream,
-    /// The address the host reached.
-    local: Option<IpAddr>,
+    /// Where the host reached the target.
+    arrival: Arrival,
     ep: u8,
     idx: u32,
     pub(super) phase: Phase,
@@ -97,8 +98,8 @@ impl Wire for TcpWire {
         PROFILE.caps
     }
 
-    fn local_addr(&self) -> Option<IpAddr> {
-        self.local
+    fn arrival(&self) -> &Arrival {
+        &self.arrival
     }
 
     /// One R2T of at most MAXH2CDATA at a time: hosts that predate
@@ -204,16 +205,16 @@ impl Wire for TcpWire {
 
 impl TcpWire {
     /// The wire of connection `idx` of endpoint `ep` on `sock` (reached
-    /// at `local`), waiting for its ICReq.
+    /// through `arrival`), waiting for its ICReq.
     pub(super) fn new(
         sock: TcpStream,
-        local: Option<IpAddr>,
+        arrival: Arrival,
         ep: u8,
         idx: u32,
     ) -> std::io::Result<TcpWire> {
         Ok(TcpWire {
             sock,
-            local,
+            arrival,
             ep,
             idx,
             phase: Phase::Handshake,
