@@ -202,7 +202,13 @@ fn ana_group_state(key: &str, group: &str, state: &str) -> Result<(u32, AnaState
              inaccessible or persistent-loss",
         )),
         Ok(s) => Ok((id, s)),
-        Err(problem) => Err(invalid(gkey, problem)),
+        Err(_) => Err(invalid(
+            gkey,
+            format!(
+                "{state:?} is not an ANA state; use optimized, non-optimized, inaccessible \
+                 or persistent-loss"
+            ),
+        )),
     }
 }
 

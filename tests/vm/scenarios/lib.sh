@@ -169,3 +169,97 @@ auth_config() {
   } > "$1"
   chmod 600 "$1"
 }
+
+# Two gateways (ANA scenarios). gw_conf NAME URL STATE CNTLID_MIN
+# CNTLID_MAX: /tmp/gw-NAME.toml, a gateway listening on URL
+# (transport://addr:port) that exports /tmp/ana.img as namespace 1 (ANA
+# group 1, reported STATE) of $ANA_NQN, with controller ids from its range.
+gw_conf() {
+  {
+    printf '[[listener]]\ntransport = "%s"\naddress = "%s"\n' "${2%%://*}" "${2#*://}"
+    printf 'ana_groups = { 1 = "%s" }\n\n' "$3"
+    printf '[[subsystem]]\nnqn = "%s"\nallow_any_host = true\n' "$ANA_NQN"
+    printf 'cntlid_min = %s\ncntlid_max = %s\n' "$4" "$5"
+    printf '  [[subsystem.namespace]]\n  backend = "file"\n  path = "/tmp/ana.img"\n'
+  } > "/tmp/gw-$1.toml"
+}
+
+# gw_start NAME: starts gateway NAME (its log /tmp/gw-NAME.log, control
+# socket /tmp/gw-NAME.sock); sets GW_PID_NAME.
+gw_start() {
+  start_target "/tmp/gw-$1.log" --config "/tmp/gw-$1.toml" --control "/tmp/gw-$1.sock"
+  eval "GW_PID_$1=$TARGET_PID"
+}
+
+# gw PORT: what the kernel host says of the path through the controller
+# connected to port PORT: "CTRL_STATE ANA_STATE" (e.g. "live optimized").
+gw() {
+  for c in /sys/class/nvme/nvme*; do
+    grep -q "trsvcid=$1" "$c/address" 2>/dev/null || continue
+    echo "$(cat "$c/state") $(cat "$c"/nvme*c*n1/ana_state 2>/dev/null)"
+    return 0
+  done
+  echo "no controller"
+}
+
+# gw_is PORT WANT: whether `gw PORT` says WANT.
+gw_is() { [ "$(gw "$1")" = "$2" ]; }
+
+# gw_wait SECONDS PORT WANT WHY: waits until the path through PORT is WANT.
+gw_wait() {
+  wait_for "$1" gw_is "$2" "$3" || fail "$4: the path through port $2 is '$(gw "$2")' after $1 s, not '$3'"
+  say "$4: port $2 is $3"
+}
+
+# fio_passes DEV: in the background, O_DIRECT 4 KiB random-write passes
+# over 16 MiB of DEV, each verified (CRC32C, as it goes and at its end),
+# until /tmp/fio.stop exists; /tmp/fio.passes counts the passes done,
+# /tmp/fio.failed names a failed one. Sets FIO_PID.
+fio_passes() {
+  rm -f /tmp/fio.stop /tmp/fio.failed; echo 0 > /tmp/fio.passes
+  (
+    n=0
+    while [ ! -f /tmp/fio.stop ]; do
+      /usr/bin/fio --name=pass --filename="$1" --ioengine=io_uring --direct=1 --rw=randwrite \
+        --bs=4k --iodepth=16 --size=16M --verify=crc32c --verify_backlog=512 --verify_fatal=1 \
+        --do_verify=1 --eta=never --output="/tmp/fio-pass.log" ||
+        { cp /tmp/fio-pass.log /tmp/fio-failed.log; echo "pass $n" > /tmp/fio.failed; exit 1; }
+      grep -q "err= *[1-9]" /tmp/fio-pass.log && { cp /tmp/fio-pass.log /tmp/fio-failed.log; echo "pass $n" > /tmp/fio.failed; exit 1; }
+      n=$((n + 1)); echo $n > /tmp/fio.passes
+    done
+  ) &
+  FIO_PID=$!
+}
+
+# fio_more N WHY: waits (60 s at most) until N more fio passes have
+# completed than now, failing on a failed pass.
+fio_more() {
+  want=$(( $(cat /tmp/fio.passes) + $1 ))
+  wait_for 60 sh -c "[ -f /tmp/fio.failed ] || [ \$(cat /tmp/fio.passes) -ge $want ]"
+  [ -f /tmp/fio.failed ] && { tail -30 /tmp/fio-failed.log; fail "fio $(cat /tmp/fio.failed) failed: $2"; }
+  [ "$(cat /tmp/fio.passes)" -ge "$want" ] || fail "fio made no progress within 60 s: $2"
+  say "fio: $(cat /tmp/fio.passes) verified passes ($2)"
+}
+
+# gw_kill_and_restart_a PORT: SIGKILL of gateway A (on PORT, optimized),
+# I/O going on through the other path, A started again 10 s later and its
+# path back to live optimized, fio passes completing throughout.
+gw_kill_and_restart_a() {
+  kill -KILL "$GW_PID_a"; wait "$GW_PID_a" 2>/dev/null
+  say "gateway A killed"
+  gw_wait 10 "$1" "connecting optimized" "A dead"
+  fio_more 1 "A dead, I/O on the other path"
+  sleep 10
+  mv /tmp/gw-a.log /tmp/gw-a-first.log
+  gw_start a
+  gw_wait 30 "$1" "live optimized" "A restarted"
+  fio_more 1 "A back"
+}
+
+# fio_stop: ends the passes; none may have failed.
+fio_stop() {
+  touch /tmp/fio.stop
+  wait "$FIO_PID"
+  [ -f /tmp/fio.failed ] && { tail -30 /tmp/fio-failed.log; fail "fio $(cat /tmp/fio.failed) failed"; }
+  say "fio: $(cat /tmp/fio.passes) passes verified, no I/O error"
+}

@@ -6,8 +6,8 @@ use crate::config::listener::default_listener;
 use crate::config::model::MAX_POLLERS;
 use crate::config::nqn::validate_nqn;
 use crate::config::{
-    embedded_default, holds_inline_secrets, load, parse, BackendConfig, ConfigError, Limits,
-    ListenerConfig, NamespaceConfig, Pollers, Transport, DEFAULT_NQN,
+    embedded_default, holds_inline_secrets, load, parse, AnaState, BackendConfig, ConfigError,
+    Limits, ListenerConfig, NamespaceConfig, Pollers, Transport, DEFAULT_NQN, MAX_CNTLID,
 };
 use rdmablk_common::auth::Secret;
 use std::path::PathBuf;
@@ -224,4 +224,65 @@ fn load_reads_the_file_and_names_it_on_error() {
         err.to_string().contains(&missing.display().to_string()),
         "{err}"
     );
+}
+
+/// The two gateway examples export one subsystem: the same NQN, hosts and
+/// namespaces (nsid, storage, ANA group), disjoint controller ids, and each
+/// the optimized path for the group the other reports non-optimized.
+#[test]
+fn gateway_examples_pair_up() {
+    let a = parse(include_str!("../../../../config/gateway-a.toml")).expect("gateway-a.toml");
+    let b = parse(include_str!("../../../../config/gateway-b.toml")).expect("gateway-b.toml");
+    let (sa, sb) = (&a.subsystems[..], &b.subsystems[..]);
+    assert_eq!((sa.len(), sb.len()), (1, 1));
+    let (sa, sb) = (&sa[0], &sb[0]);
+    assert_eq!(sa.nqn, sb.nqn);
+    assert!(!sa.allow_any_host && !sb.allow_any_host);
+    assert!(!sa.hosts.is_empty());
+    assert_eq!(sa.hosts, sb.hosts);
+    assert_eq!(
+        sa.namespaces, sb.namespaces,
+        "nsid, storage, ana_group alike"
+    );
+    let groups: Vec<(u32, u32)> = sa
+        .namespaces
+        .iter()
+        .map(|n| (n.nsid, n.ana_group))
+        .collect();
+    assert_eq!(groups, [(1, 1), (2, 2)]);
+    for ns in &sa.namespaces {
+        assert!(
+            matches!(
+                ns.backend,
+                BackendConfig::File {
+                    create_size: None,
+                    ..
+                }
+            ),
+            "shared storage is never created: {:?}",
+            ns.backend
+        );
+    }
+    assert!(
+        sa.cntlids.end() < sb.cntlids.start(),
+        "disjoint controller ids: {:?} and {:?}",
+        sa.cntlids,
+        sb.cntlids
+    );
+    assert_eq!(*sb.cntlids.end(), MAX_CNTLID);
+
+    assert_eq!((a.listeners.len(), b.listeners.len()), (1, 1));
+    let (la, lb) = (&a.listeners[0], &b.listeners[0]);
+    assert_ne!(la.address, lb.address);
+    use AnaState::{NonOptimized, Optimized};
+    assert_eq!(
+        (la.ana_state(1), la.ana_state(2)),
+        (Optimized, NonOptimized)
+    );
+    assert_eq!(
+        (lb.ana_state(1), lb.ana_state(2)),
+        (NonOptimized, Optimized)
+    );
+    assert_eq!(la.ana_groups.len(), 2);
+    assert_eq!(lb.ana_groups.len(), 2);
 }

@@ -1,7 +1,8 @@
 //! `[[listener]]` and `[metrics]` addresses.
 
 use super::{assert_invalid, minimal};
-use crate::config::{parse, ConfigError, Transport};
+use crate::config::{parse, AnaState, ConfigError, Transport};
+use std::collections::BTreeMap;
 
 /// `[metrics] listen`: an address with a port, not an NVMe/TCP
 /// listener's; without it (or the table), no endpoint.
@@ -97,4 +98,77 @@ fn listener_rules() {
             part,
         );
     }
+}
+
+/// `ana_groups` on a listener: group id to state; groups not named are
+/// optimized.
+#[test]
+fn ana_groups_rules() {
+    let listener = |groups: &str| {
+        minimal(
+            "",
+            &format!(
+                "[[listener]]\ntransport = \"tcp\"\naddress = \"10.0.0.1:4420\"\n\
+                 ana_groups = {{ {groups} }}"
+            ),
+        )
+    };
+    let config = parse(&listener(
+        "1 = \"optimized\", 2 = \"non-optimized\", 3 = \"inaccessible\", \
+         128 = \"persistent-loss\"",
+    ))
+    .expect("valid");
+    let l = &config.listeners[1];
+    assert_eq!(
+        l.ana_groups,
+        BTreeMap::from([
+            (1, AnaState::Optimized),
+            (2, AnaState::NonOptimized),
+            (3, AnaState::Inaccessible),
+            (128, AnaState::PersistentLoss),
+        ])
+    );
+    assert_eq!(l.ana_state(2), AnaState::NonOptimized);
+    assert_eq!(l.ana_state(4), AnaState::Optimized, "unnamed: optimized");
+    let plain = &config.listeners[0];
+    assert!(plain.ana_groups.is_empty());
+    assert_eq!(plain.ana_state(1), AnaState::Optimized);
+    assert_eq!(plain.ana_state(2), AnaState::Optimized);
+
+    for (groups, key, part) in [
+        (
+            "1 = \"standby\"",
+            "ana_groups.1",
+            "\"standby\" is not an ANA state",
+        ),
+        ("0 = \"optimized\"", "ana_groups.0", "use 1 to 128"),
+        ("129 = \"optimized\"", "ana_groups.129", "use 1 to 128"),
+        ("-1 = \"optimized\"", "ana_groups.-1", "use 1 to 128"),
+        (
+            "primary = \"optimized\"",
+            "ana_groups.primary",
+            "use 1 to 128",
+        ),
+        ("2 = \"change\"", "ana_groups.2", "transitional"),
+        ("2 = \"change\"", "ana_groups.2", "ana set GROUP change"),
+    ] {
+        assert_invalid(&listener(groups), &format!("listener[1].{key}"), part);
+    }
+    // A state is a name, not a number.
+    assert!(matches!(
+        parse(&listener("1 = 1")),
+        Err(ConfigError::Syntax(_))
+    ));
+}
+
+/// A listener is its transport and address: other ANA states do not make
+/// it another one.
+#[test]
+fn ana_groups_do_not_tell_listeners_apart() {
+    let text = minimal(
+        "",
+        "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:4420\"\n\
+         ana_groups = { 1 = \"non-optimized\", 2 = \"inaccessible\" }",
+    );
+    assert_invalid(&text, "listener[1]", "duplicates listener[0]");
 }

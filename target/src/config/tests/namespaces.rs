@@ -1,7 +1,7 @@
 //! `[[subsystem.namespace]]` tables.
 
 use super::{assert_invalid, minimal};
-use crate::config::parse;
+use crate::config::{parse, ConfigError};
 
 #[test]
 fn namespace_rules() {
@@ -99,4 +99,33 @@ fn duplicate_nsids_are_rejected() {
         "subsystem[0].namespace[1].nsid",
         "already used",
     );
+}
+
+/// `ana_group`: 1 unless given, 1 to 128.
+#[test]
+fn ana_group_rules() {
+    let config = parse(&minimal(
+        "",
+        "[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\nana_group = 2\n\
+         [[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\nana_group = 128",
+    ))
+    .expect("valid");
+    let groups: Vec<u32> = config.subsystems[0]
+        .namespaces
+        .iter()
+        .map(|ns| ns.ana_group)
+        .collect();
+    assert_eq!(groups, [1, 2, 128]);
+
+    for group in ["0", "129", "-1"] {
+        assert_invalid(
+            &minimal(&format!("ana_group = {group}"), ""),
+            "subsystem[0].namespace[0].ana_group",
+            &format!("ANA group {group} is out of range; use 1 to 128"),
+        );
+    }
+    assert!(matches!(
+        parse(&minimal("ana_group = \"2\"", "")),
+        Err(ConfigError::Syntax(_))
+    ));
 }

@@ -1,7 +1,8 @@
 //! The daemon, `rdmablk-target`: NVMe/TCP, the letter of the specifications,
-//! authentication, limits, live reconfiguration, metrics, `--check`, hostile
+//! ANA, authentication, limits, live reconfiguration, metrics, `--check`, hostile
 //! hosts, and RBD namespaces (against a Ceph cluster, `#[ignore]`d without).
 
+mod ana;
 mod auth;
 mod check;
 mod fuzz;

@@ -24,17 +24,18 @@ const NS_ATTR_CHANGED: u32 = 0x0004_0002;
 const DISCOVERY_CHANGED: u32 = 0x0070_f002;
 /// Async Event Configuration bits (NVMe Base 2.1, Figure 201).
 const AEC_NS_ATTR: u32 = 1 << 8;
+pub(super) const AEC_ANA_CHANGE: u32 = 1 << 11;
 const AEC_DISCOVERY: u32 = 1 << 31;
 
 /// A daemon started from a configuration file, with a control socket.
-struct Daemon {
-    t: Target,
+pub(super) struct Daemon {
+    pub(super) t: Target,
     sock: PathBuf,
     _dir: TempDir,
 }
 
 impl Daemon {
-    fn start(toml: &str) -> Daemon {
+    pub(super) fn start(toml: &str) -> Daemon {
         let dir = TempDir::new("reload");
         let sock = dir.join("control.sock");
         let t =
@@ -43,18 +44,20 @@ impl Daemon {
     }
 
     /// Rewrites the configuration file (`{port}` as at the start).
-    fn write(&self, toml: &str) {
+    pub(super) fn write(&self, toml: &str) {
         let text = toml.replace("{port}", &self.t.port().to_string());
         std::fs::write(self.t.dir().join("target.toml"), text).or_panic("writing the config");
     }
 
-    /// Runs `rdmablk-target ACTION --control SOCK`: (success, stdout, stderr).
-    fn run(&self, action: &str) -> (bool, String, String) {
+    /// Runs `rdmablk-target ACTION --control SOCK` (ACTION: words, as
+    /// `["ana", "set", "1", "optimized"]`): (success, stdout, stderr).
+    pub(super) fn run(&self, action: &[&str]) -> (bool, String, String) {
         let out = Command::new(bin_path("rdmablk-target"))
-            .args([action, "--control"])
+            .args(action)
+            .arg("--control")
             .arg(&self.sock)
             .output()
-            .or_panic(format_args!("running rdmablk-target {action}"));
+            .or_panic(format_args!("running rdmablk-target {action:?}"));
         (
             out.status.success(),
             String::from_utf8_lossy(&out.stdout).into_owned(),
@@ -63,9 +66,9 @@ impl Daemon {
     }
 
     /// Writes `toml` and reloads it, which must succeed; returns its report.
-    fn reload(&self, toml: &str) -> String {
+    pub(super) fn reload(&self, toml: &str) -> String {
         self.write(toml);
-        let (ok, out, err) = self.run("reload");
+        let (ok, out, err) = self.run(&["reload"]);
         assert!(ok, "reload refused: {err}\n{out}\n{}", self.t.log_tail());
         out
     }
@@ -86,7 +89,7 @@ fn memory_ns(nsid: u32, size: &str) -> String {
     )
 }
 
-fn quiet() -> Opts {
+pub(super) fn quiet() -> Opts {
     Opts {
         kato_ms: 0,
         auto_keep_alive: false,
@@ -94,7 +97,7 @@ fn quiet() -> Opts {
     }
 }
 
-fn submit_aer(c: &Controller) -> u16 {
+pub(super) fn submit_aer(c: &Controller) -> u16 {
     c.admin()
         .submit(Sqe::new(admin::ASYNC_EVENT, 0), None, 0)
         .or_panic("submitting an AER")
@@ -124,7 +127,11 @@ fn namespaces_come_grow_and_go_with_asynchronous_events() {
     let one = memory_ns(1, "64MiB");
     let d = Daemon::start(&config(&one, ""));
     let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
-    assert_eq!(c.id.oaes, AEC_NS_ATTR, "OAES lists what is implemented");
+    assert_eq!(
+        c.id.oaes,
+        AEC_NS_ATTR | AEC_ANA_CHANGE,
+        "OAES lists what is implemented"
+    );
     c.admin()
         .set_features(feature::ASYNC_EVENT, AEC_NS_ATTR)
         .or_panic("Async Event Configuration");
@@ -205,14 +212,14 @@ fn a_refused_reload_names_the_key_and_changes_nothing() {
         ),
     ] {
         d.write(&toml);
-        let (ok, _, err) = d.run("reload");
+        let (ok, _, err) = d.run(&["reload"]);
         assert!(!ok, "reload of a configuration with a bad {key} succeeded");
         assert!(err.contains(key), "the refusal does not name {key}: {err}");
     }
     // I/O goes on, on the running configuration.
     assert!(c.io[0].read(1, 0, 8, 512).or_panic("read after refusals") == data);
     assert_eq!(active_namespaces(&c), vec![1]);
-    let (ok, status, _) = d.run("status");
+    let (ok, status, _) = d.run(&["status"]);
     assert!(ok, "status failed");
     assert!(
         status.contains(&format!("subsystem {DEFAULT_NQN} (any host)"))
