@@ -266,8 +266,8 @@ fn namespace_changes(
             changes.push(grow);
         }
         if n.ana_group != live.ana_group() {
-            // (Against the live group: a removal and addition above took
-            // the new one already.)
+            // (A namespace opened again below gets its group from the
+            // configuration; this moves the one that stays.)
             changes.push(NsChange::AnaGroup(live.clone(), n.ana_group));
         }
         if n.read_only != o.read_only {

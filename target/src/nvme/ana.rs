@@ -139,14 +139,13 @@ impl AnaStates {
         }
     }
 
-    /// The states of groups `groups` and of every group not optimized, for
-    /// `status`: "1 optimized, 2 inaccessible".
-    pub fn describe(&self, groups: &BTreeSet<u32>) -> String {
+    /// The states of groups `groups` and of every group not optimized, by
+    /// group: what the reports show.
+    pub fn shown(&self, groups: &BTreeSet<u32>) -> Vec<(u32, AnaState)> {
         (1..=MAX_ANA_GROUP)
-            .filter(|g| groups.contains(g) || self.state(*g) != AnaState::Optimized)
-            .map(|g| format!("{g} {}", self.state(g)))
-            .collect::<Vec<_>>()
-            .join(", ")
+            .map(|g| (g, self.state(g)))
+            .filter(|(g, s)| groups.contains(g) || *s != AnaState::Optimized)
+            .collect()
     }
 }
 

@@ -5,7 +5,7 @@ use crate::base::metrics::{BUCKETS, LATENCY_BOUNDS_US, OPS};
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::Status;
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -79,6 +79,22 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                 .collect::<Vec<_>>()
         })
         .collect();
+    family(
+        &mut out,
+        "rdmablk_ana_state",
+        "gauge",
+        "1 for the ANA state each listener reports for an ANA group (groups with namespaces, and groups not optimized).",
+    );
+    let groups: BTreeSet<u32> = namespaces.iter().map(|(_, n)| n.ana_group()).collect();
+    for p in r.ports() {
+        let url = label(&format!("{}://{}", p.profile.kind, p.addr));
+        for (g, s) in p.ana.shown(&groups) {
+            let _ = writeln!(
+                out,
+                "rdmablk_ana_state{{listener=\"{url}\",group=\"{g}\",state=\"{s}\"}} 1"
+            );
+        }
+    }
     let ns_labels =
         |nqn: &str, n: &Namespace| format!("subsystem=\"{}\",nsid=\"{}\"", label(nqn), n.nsid);
     family(

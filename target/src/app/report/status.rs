@@ -48,7 +48,13 @@ pub fn render(shared: &Shared, started: Instant) -> String {
     let _ = writeln!(out, "listening: {}", listening.join(", "));
     let groups: BTreeSet<u32> = namespaces.iter().flatten().map(|n| n.ana_group()).collect();
     for (p, url) in r.ports().iter().zip(&listening) {
-        let _ = writeln!(out, "  ANA groups on {url}: {}", p.ana.describe(&groups));
+        let states: Vec<String> = p
+            .ana
+            .shown(&groups)
+            .iter()
+            .map(|(g, s)| format!("{g} {s}"))
+            .collect();
+        let _ = writeln!(out, "  ANA groups on {url}: {}", states.join(", "));
     }
     for (s, (nss, before)) in subsystems.iter().zip(namespaces.iter().zip(&before)) {
         let access = s.access();

@@ -190,6 +190,11 @@ fn counters_match_the_io_bench_did() {
         "bench has left, its controllers should be gone:\n{text}"
     );
     assert!(value(&s, "rdmablk_poller_busy_seconds_total{poller=\"0\"}") > 0.0);
+    let ana = format!(
+        "rdmablk_ana_state{{listener=\"tcp://{}\",group=\"1\",state=\"optimized\"}}",
+        t.addr()
+    );
+    assert_eq!(value(&s, &ana), 1.0, "the namespace's ANA group");
     promtool_is_content(&text);
 }
 
