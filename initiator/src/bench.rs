@@ -436,7 +436,7 @@ impl Bench {
             self.fill_arena(cx.arena, &buf, bs, first_lba);
         }
         let parts = bs.div_ceil(self.job.max_transfer);
-        let needed = parts.min(cx.queue.free_slots());
+        let needed = parts.min(cx.paths.free_slots());
         if needed < parts {
             cx.arena.free(buf);
             return false;
@@ -456,7 +456,7 @@ impl Bench {
             let ptr = cx.arena.addr(&buf, off);
             // SAFETY: the arena buffer stays allocated until every part of
             // this I/O has completed (freed in `finish`).
-            let ok = unsafe { cx.queue.submit(sqe, ptr, len, !write, slot as u64) };
+            let ok = unsafe { cx.paths.submit(sqe, ptr, len, !write, slot as u64) };
             debug_assert!(ok, "free slots were checked");
         }
         if self.job.verify {

@@ -6,7 +6,7 @@ use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
 use rdmablk::frontend::nbd::{self, Listen};
 use rdmablk::frontend::ublk;
 use rdmablk::host::engine::Engine;
-use rdmablk::host::{HostError, Params, Session, Transport};
+use rdmablk::host::{Attachment, HostError, Params, Paths, Session, Transport};
 use rdmablk::hostid;
 use rdmablk_common::auth::host::HostSecrets;
 use rdmablk_common::auth::Secret;
@@ -120,6 +120,16 @@ struct Subsys {
 struct ConnectArgs {
     #[command(flatten)]
     subsys: Subsys,
+    /// One more path to the same subsystem (multipath), e.g. another gateway
+    /// or the same target over another transport: tcp://ADDR:PORT or
+    /// rdma://ADDR:PORT (repeatable; -t/-a/-s give the first path). The
+    /// namespace must report the same identifiers on every path. I/O goes
+    /// to the ANA-optimized paths (the one with the fewest commands
+    /// outstanding), to non-optimized ones only when no optimized path is
+    /// live, and moves to another path, without an error, when a path dies
+    /// or its state changes.
+    #[arg(long = "path", value_name = "TRANSPORT://ADDR:PORT")]
+    paths: Vec<String>,
     /// Serve the namespace as an NBD export: unix:PATH or tcp:HOST:PORT.
     #[arg(
         long,
@@ -335,22 +345,47 @@ fn print_entry(i: usize, e: &DiscoveryEntry) {
     println!("traddr:  {}", e.traddr);
 }
 
-/// Connects and picks the namespace to use.
-fn open(s: &Subsys, io_queues: u16) -> Result<(Session, rdmablk::host::NamespaceInfo), HostError> {
-    let p = match &s.nqn {
+/// Connects every path (the first from `s`, then `extra`: TRANSPORT://ADDR:PORT
+/// each) and picks the namespace to use.
+fn open(s: &Subsys, extra: &[String], io_queues: u16) -> Result<Attachment, HostError> {
+    let first = match &s.nqn {
         Some(nqn) => params(&s.target, nqn, s.keep_alive_tmo, s.queue_size, io_queues)
             .map_err(HostError::Protocol)?,
         None => discovered(s, io_queues)?,
     };
-    let session = Session::connect(&p)?;
-    let nsid = match s.nsid {
-        Some(n) => n,
-        None => *session.namespaces()?.first().ok_or_else(|| {
-            HostError::Protocol(format!("subsystem {} has no namespaces", p.subnqn))
-        })?,
-    };
-    let ns = session.namespace(nsid)?;
-    Ok((session, ns))
+    let mut paths = vec![first.clone()];
+    for url in extra {
+        paths.push(path_params(&first, url).map_err(HostError::Protocol)?);
+    }
+    Attachment::open(&paths, s.nsid)
+}
+
+/// The parameters of another path to `first`'s subsystem: `url` is
+/// TRANSPORT://ADDR:PORT.
+fn path_params(first: &Params, url: &str) -> Result<Params, String> {
+    let bad = |why: String| format!("--path {url}: {why}; use tcp://ADDR:PORT or rdma://ADDR:PORT");
+    let (scheme, rest) = url
+        .split_once("://")
+        .ok_or_else(|| bad("no transport".into()))?;
+    let transport: Transport = scheme.parse().map_err(|e| bad(format!("{e}")))?;
+    let addr = rest
+        .to_socket_addrs()
+        .map_err(|e| bad(e.to_string()))?
+        .next()
+        .ok_or_else(|| bad("no address".into()))?;
+    if transport == Transport::Rdma && (first.digests.header || first.digests.data) {
+        return Err(bad(
+            "digests (-g/-G) are an NVMe/TCP feature; NVMe/RDMA has none".into(),
+        ));
+    }
+    if first.addr == addr && first.transport == transport {
+        return Err(bad("it is the first path again".into()));
+    }
+    Ok(Params {
+        transport,
+        addr,
+        ..first.clone()
+    })
 }
 
 /// The parameters of the one NVMe subsystem the discovery log at the
@@ -426,20 +461,18 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
             return Err("--queue-depth 0: use at least 1".into());
         }
     }
-    let (session, ns) = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
+    let att = open(&c.subsys, &c.paths, c.nr_io_queues).map_err(|e| e.to_string())?;
     let ctrl_loss_tmo = Duration::from_secs(c.ctrl_loss_tmo);
     match &c.nbd {
         Some(listen) => nbd::serve(
-            session,
-            ns,
+            att,
             listen,
             c.nr_io_queues,
             ctrl_loss_tmo,
             c.nbd_max_clients,
         )?,
         None => ublk::serve(
-            session,
-            ns,
+            att,
             ublk::UblkOptions {
                 id: c.ublk_id,
                 queues: c.nr_io_queues,
@@ -460,7 +493,13 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     if b.queues == 0 {
         return Err("--queues 0: use at least 1".into());
     }
-    let (session, ns) = open(&b.subsys, b.queues).map_err(|e| e.to_string())?;
+    let att = open(&b.subsys, &[], b.queues).map_err(|e| e.to_string())?;
+    let ns = att.ns;
+    let session = att
+        .sessions
+        .into_iter()
+        .next()
+        .expect("an attachment has a path");
     let block = ns.block_size as usize;
     if bs == 0 || !bs.is_multiple_of(block) || bs > rdmablk_common::mem::MAX_BUF {
         return Err(format!(
@@ -506,7 +545,8 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
             run_id,
         };
         let arena = (qd * bs.next_power_of_two().max(4096) + (8 << 20)).next_multiple_of(4 << 20);
-        let engine = Engine::new(queue, arena, Duration::from_millis(100))
+        let paths = Paths::new(vec![(queue, Arc::default())]);
+        let engine = Engine::new(paths, arena, Duration::from_millis(100))
             .map_err(|e| e.to_string())?
             .with_busy_poll(b.busy_poll);
         let progress = progress.clone();

@@ -307,6 +307,55 @@ pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
     b
 }
 
+/// The identifiers a namespace identification descriptor list gives (and
+/// the EUI-64 and NGUID fields of Identify Namespace, which carry the same).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NamespaceIdentifiers {
+    pub eui64: Option<[u8; 8]>,
+    pub nguid: Option<[u8; 16]>,
+    pub uuid: Option<[u8; 16]>,
+}
+
+impl NamespaceIdentifiers {
+    /// Decodes a descriptor list (NVMe Base 2.1, 5.1.13.2.3), up to its
+    /// first zero-length descriptor.
+    pub fn parse(b: &[u8]) -> NamespaceIdentifiers {
+        let mut ids = NamespaceIdentifiers::default();
+        let mut at = 0;
+        while at + 4 <= b.len() {
+            let (kind, len) = (b[at], b[at + 1] as usize);
+            let Some(id) = b.get(at + 4..at + 4 + len).filter(|_| len > 0) else {
+                break;
+            };
+            match kind {
+                nidt::EUI64 => ids.eui64 = id.try_into().ok(),
+                nidt::NGUID => ids.nguid = id.try_into().ok(),
+                nidt::UUID => ids.uuid = id.try_into().ok(),
+                _ => {}
+            }
+            at += 4 + len;
+        }
+        ids
+    }
+
+    /// Takes Identify Namespace's NGUID and EUI-64 where the list gave none
+    /// (all-zero fields say none).
+    pub fn with(mut self, id: &NamespaceId) -> NamespaceIdentifiers {
+        if self.nguid.is_none() && id.nguid != [0; 16] {
+            self.nguid = Some(id.nguid);
+        }
+        if self.eui64.is_none() && id.eui64 != [0; 8] {
+            self.eui64 = Some(id.eui64);
+        }
+        self
+    }
+
+    /// Whether it names the namespace at all.
+    pub fn any(&self) -> bool {
+        self.eui64.is_some() || self.nguid.is_some() || self.uuid.is_some()
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -351,6 +400,24 @@ mod tests {
         assert_eq!(get_u32(&b, 1792), 516);
         assert_eq!(ControllerId::parse(&b), id);
         assert_eq!(id.max_transfer(), Some(1 << 20));
+    }
+
+    #[test]
+    fn descriptor_list_round_trip() {
+        let b = encode_ns_descriptors(&[1; 16], &[2; 16]);
+        let ids = NamespaceIdentifiers::parse(&b);
+        assert_eq!(
+            (ids.nguid, ids.uuid, ids.eui64),
+            (Some([1; 16]), Some([2; 16]), None)
+        );
+        let id = NamespaceId {
+            eui64: [3; 8],
+            nguid: [9; 16],
+            ..Default::default()
+        };
+        let both = ids.with(&id);
+        assert_eq!((both.nguid, both.eui64), (Some([1; 16]), Some([3; 8])));
+        assert!(!NamespaceIdentifiers::parse(&[0; 64]).any());
     }
 
     #[test]

@@ -1,20 +1,30 @@
 //! What every front-end does around its engines: one engine thread per I/O
-//! queue, and a coordinator that waits for SIGINT/SIGTERM while keeping the
-//! association alive (a lost one is re-established with backoff, engines
-//! get new queues, until ctrl-loss-tmo runs out).
+//! queue index (each with a queue on every path), and a coordinator that
+//! waits for SIGINT/SIGTERM while keeping every path alive: a lost
+//! association is re-established with backoff (engines get new queues on
+//! that path) until ctrl-loss-tmo runs out for it, and each path's ANA
+//! state is read from its controller (every second, and at once after a
+//! path status) for the engines to follow. The front-end gives up only when
+//! no path has been usable for ctrl-loss-tmo.
 
-use crate::host::engine::{Driver, Engine, Reconnect, Waker};
-use crate::host::{IoQueue, NamespaceInfo, Params, Session};
+use crate::host::attach::difference;
+use crate::host::engine::{Driver, Engine, Lost, Reconnect, Replacement, Waker};
+use crate::host::{Attachment, NamespaceInfo, Params, PathState, Paths, Session};
+use rdmablk_common::nvme::ana::AnaState;
+use rdmablk_common::nvme::identify::NamespaceIdentifiers;
 use std::sync::mpsc::{self, Receiver, Sender};
+use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_millis(100);
+/// How often each path's ANA state is read (besides after a path status).
+const ANA_POLL: Duration = Duration::from_secs(1);
 
 /// What the coordinator keeps of each engine.
 struct EngineLink {
-    replace: Sender<(u64, IoQueue)>,
+    replace: Sender<Replacement>,
     waker: Waker,
 }
 
@@ -22,15 +32,15 @@ struct EngineLink {
 pub struct Engines {
     links: Vec<EngineLink>,
     threads: Vec<JoinHandle<Result<(), String>>>,
-    lost: Receiver<(usize, u64)>,
+    lost: Receiver<Lost>,
 }
 
 impl Engines {
-    /// Opens I/O queues 1..=`n` of `session` and runs one engine thread
-    /// (named `name-Q`, arena of `arena_bytes`) per queue with the driver
-    /// `make(queue index, engine waker)` builds.
+    /// Opens I/O queues 1..=`n` on every path of `keeper` and runs one
+    /// engine thread (named `name-Q`, arena of `arena_bytes`) per queue
+    /// index with the driver `make(queue index, engine waker)` builds.
     pub fn spawn<D, F>(
-        session: &Session,
+        keeper: &Keeper,
         n: u16,
         arena_bytes: usize,
         name: &str,
@@ -44,11 +54,19 @@ impl Engines {
         let mut links = Vec::new();
         let mut threads = Vec::new();
         for q in 0..n as usize {
-            let queue = session
-                .open_io_queue(q as u16 + 1)
-                .map_err(|e| e.to_string())?;
+            let mut queues = Vec::new();
+            for p in &keeper.paths {
+                let session = p
+                    .session
+                    .as_ref()
+                    .expect("every path is connected at start");
+                let queue = session
+                    .open_io_queue(q as u16 + 1)
+                    .map_err(|e| format!("{}: {e}", p.params.addr))?;
+                queues.push((queue, p.state.clone()));
+            }
             let (replace, replacements) = mpsc::channel();
-            let engine = Engine::new(queue, arena_bytes, TICK)
+            let engine = Engine::new(Paths::new(queues), arena_bytes, TICK)
                 .map_err(|e| format!("I/O engine: {e}"))?
                 .with_reconnect(Reconnect {
                     index: q,
@@ -97,49 +115,88 @@ impl Engines {
 
 /// What [`Keeper::watch`] ended with.
 pub struct Watched {
-    /// Ok on SIGINT/SIGTERM; Err when an engine ended on its own or the
-    /// association stayed lost past ctrl-loss-tmo.
+    /// Ok on SIGINT/SIGTERM; Err when an engine ended on its own or no path
+    /// was usable for ctrl-loss-tmo.
     pub result: Result<(), String>,
-    /// The live association, if there is one (to shut down).
-    pub session: Option<Session>,
+    /// The live associations (to shut down).
+    pub sessions: Vec<Session>,
 }
 
-/// Keeps the association alive: notices its loss (a queue failed, or
-/// keep-alive did) and re-establishes it with backoff.
-pub struct Keeper {
+/// One path as the coordinator keeps it.
+struct PathKeeper {
     params: Params,
     session: Option<Session>,
-    ns: NamespaceInfo,
-    /// Generation of the queues handed to the engines.
+    state: Arc<PathState>,
+    /// Generation of the queues handed to the engines on this path.
     generation: u64,
     lost_since: Option<Instant>,
     next_try: Instant,
     backoff: Duration,
+    /// Reconnecting stopped: lost for longer than ctrl-loss-tmo.
+    abandoned: bool,
+}
+
+impl PathKeeper {
+    /// Whether I/O may go through it now.
+    fn usable(&self) -> bool {
+        self.session.is_some() && self.state.ana().is_usable()
+    }
+}
+
+/// Keeps every path's association alive and its ANA state current.
+pub struct Keeper {
+    paths: Vec<PathKeeper>,
+    ns: NamespaceInfo,
+    ids: NamespaceIdentifiers,
     ctrl_loss_tmo: Duration,
+    /// Since when no path has been usable.
+    unusable_since: Option<Instant>,
+    last_ana: Instant,
 }
 
 impl Keeper {
-    pub fn new(session: Session, ns: NamespaceInfo, ctrl_loss_tmo: Duration) -> Keeper {
-        Keeper {
-            params: session.params().clone(),
-            session: Some(session),
-            ns,
-            generation: 0,
-            lost_since: None,
-            next_try: Instant::now(),
-            backoff: Duration::from_secs(1),
+    /// Keeps the paths of `a`, reading their ANA states first.
+    pub fn new(a: Attachment, ctrl_loss_tmo: Duration) -> Keeper {
+        let now = Instant::now();
+        let mut k = Keeper {
+            paths: a
+                .sessions
+                .into_iter()
+                .map(|s| PathKeeper {
+                    params: s.params().clone(),
+                    session: Some(s),
+                    state: Arc::default(),
+                    generation: 0,
+                    lost_since: None,
+                    next_try: now,
+                    backoff: Duration::from_secs(1),
+                    abandoned: false,
+                })
+                .collect(),
+            ns: a.ns,
+            ids: a.ids,
             ctrl_loss_tmo,
+            unusable_since: None,
+            last_ana: now,
+        };
+        for i in 0..k.paths.len() {
+            k.read_ana(i);
         }
+        k
     }
 
     /// Runs until SIGINT/SIGTERM (logged with `on_signal`), an engine ends
-    /// on its own, or the association stays lost past ctrl-loss-tmo.
-    /// Signals must be blocked in every thread.
+    /// on its own, or no path is usable for ctrl-loss-tmo. Signals must be
+    /// blocked in every thread.
     pub fn watch(mut self, engines: &Engines, on_signal: &str) -> Watched {
         let result = self.watch_until_done(engines, on_signal);
         Watched {
             result,
-            session: self.session.take(),
+            sessions: self
+                .paths
+                .iter_mut()
+                .filter_map(|p| p.session.take())
+                .collect(),
         }
     }
 
@@ -149,7 +206,7 @@ impl Keeper {
         set.add(nix::sys::signal::Signal::SIGTERM);
         let timeout = libc::timespec {
             tv_sec: 0,
-            tv_nsec: 200_000_000,
+            tv_nsec: 100_000_000,
         };
         loop {
             // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
@@ -161,63 +218,106 @@ impl Keeper {
             if engines.threads.iter().any(|t| t.is_finished()) {
                 return Err("an I/O engine ended".into());
             }
-            let mut lost_now = self.session.as_ref().is_some_and(Session::is_lost);
-            while let Ok((engine, generation)) = engines.lost.try_recv() {
-                if generation == self.generation {
-                    tracing::warn!(queue = engine + 1, "I/O queue lost");
-                    lost_now = true;
+            while let Ok((engine, path, generation)) = engines.lost.try_recv() {
+                if self.paths[path].generation == generation && self.paths[path].session.is_some() {
+                    tracing::warn!(queue = engine + 1, path = %self.paths[path].params.addr, "I/O queue lost");
+                    self.lose(path);
                 }
             }
-            if lost_now && self.lost_since.is_none() {
-                tracing::warn!(
-                    "association lost; reconnecting for up to {:?}",
-                    self.ctrl_loss_tmo
-                );
-                self.lost_since = Some(Instant::now());
-                self.next_try = Instant::now();
-                self.backoff = Duration::from_secs(1);
-                // Closing the admin queue ends the old controller on the target.
-                self.session = None;
+            for i in 0..self.paths.len() {
+                if self.paths[i].session.as_ref().is_some_and(Session::is_lost) {
+                    self.lose(i);
+                }
+                self.keep(i, &engines.links);
             }
-            let Some(since) = self.lost_since else {
+            let due = self.last_ana.elapsed() >= ANA_POLL;
+            for i in 0..self.paths.len() {
+                if self.paths[i].state.take_recheck() || due {
+                    self.read_ana(i);
+                }
+            }
+            if due {
+                self.last_ana = Instant::now();
+            }
+            if self.paths.iter().any(PathKeeper::usable) {
+                self.unusable_since = None;
                 continue;
-            };
+            }
+            let since = *self.unusable_since.get_or_insert_with(Instant::now);
             if since.elapsed() > self.ctrl_loss_tmo {
                 return Err(format!(
-                    "the association stayed lost for {:?} (ctrl-loss-tmo)",
+                    "no path was usable for {:?} (ctrl-loss-tmo)",
                     self.ctrl_loss_tmo
                 ));
-            }
-            if Instant::now() >= self.next_try {
-                match self.reconnect(&engines.links) {
-                    Ok(()) => {
-                        tracing::info!(
-                            generation = self.generation,
-                            "association re-established after {:?}",
-                            since.elapsed()
-                        );
-                        self.lost_since = None;
-                    }
-                    Err(e) => {
-                        tracing::warn!("reconnect failed: {e}; next try in {:?}", self.backoff);
-                        self.next_try = Instant::now() + self.backoff;
-                        self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
-                    }
-                }
             }
         }
     }
 
-    /// One attempt: a new association, and a new queue for every engine.
-    fn reconnect(&mut self, engines: &[EngineLink]) -> Result<(), String> {
-        let params = self.params.clone();
-        let session = Session::connect(&params).map_err(|e| e.to_string())?;
+    /// Path `i`'s association is gone: its admin queue closes (which ends
+    /// the controller on the target) and reconnecting starts.
+    fn lose(&mut self, i: usize) {
+        let p = &mut self.paths[i];
+        if p.session.take().is_none() {
+            return;
+        }
+        tracing::warn!(
+            path = %p.params.addr,
+            "association lost; reconnecting for up to {:?}",
+            self.ctrl_loss_tmo
+        );
+        p.lost_since = Some(Instant::now());
+        p.next_try = Instant::now();
+        p.backoff = Duration::from_secs(1);
+    }
+
+    /// Reconnects path `i` when it is lost and its next try is due.
+    fn keep(&mut self, i: usize, engines: &[EngineLink]) {
+        let p = &mut self.paths[i];
+        let Some(since) = p.lost_since else {
+            return;
+        };
+        if p.abandoned || Instant::now() < p.next_try {
+            return;
+        }
+        if since.elapsed() > self.ctrl_loss_tmo {
+            tracing::error!(path = %p.params.addr, "path lost for {:?} (ctrl-loss-tmo): no more reconnecting", self.ctrl_loss_tmo);
+            p.abandoned = true;
+            return;
+        }
+        match self.reconnect(i, engines) {
+            Ok(()) => {
+                let p = &mut self.paths[i];
+                tracing::info!(
+                    path = %p.params.addr,
+                    generation = p.generation,
+                    "association re-established after {:?}",
+                    since.elapsed()
+                );
+                p.lost_since = None;
+                self.read_ana(i);
+            }
+            Err(e) => {
+                let p = &mut self.paths[i];
+                tracing::warn!(path = %p.params.addr, "reconnect failed: {e}; next try in {:?}", p.backoff);
+                p.next_try = Instant::now() + p.backoff;
+                p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
+            }
+        }
+    }
+
+    /// One attempt: a new association on path `i`, the same namespace, and
+    /// a new queue on it for every engine.
+    fn reconnect(&mut self, i: usize, engines: &[EngineLink]) -> Result<(), String> {
+        let p = &mut self.paths[i];
+        let session = Session::connect(&p.params).map_err(|e| e.to_string())?;
         let ns = session.namespace(self.ns.nsid).map_err(|e| e.to_string())?;
-        if ns != self.ns {
-            return Err(format!(
-                "namespace {} changed ({ns:?}, was {:?})",
-                ns.nsid, self.ns
-            ));
+        let ids = session
+            .namespace_ids(self.ns.nsid)
+            .map_err(|e| e.to_string())?;
+        if let Some(why) = difference(&self.ns, &self.ids, &ns, &ids).or_else(|| {
+            (ns.read_only != self.ns.read_only).then(|| "its write protection changed".into())
+        }) {
+            return Err(format!("namespace {} changed: {why}", ns.nsid));
         }
         let mut queues = Vec::new();
         for q in 0..engines.len() {
@@ -227,12 +327,34 @@ impl Keeper {
                     .map_err(|e| e.to_string())?,
             );
         }
-        self.generation += 1;
+        p.generation += 1;
         for (e, q) in engines.iter().zip(queues) {
-            let _ = e.replace.send((self.generation, q));
+            let _ = e.replace.send((i, p.generation, q));
             e.waker.wake();
         }
-        self.session = Some(session);
+        p.session = Some(session);
         Ok(())
+    }
+
+    /// Reads path `i`'s ANA state into what its engines follow.
+    fn read_ana(&mut self, i: usize) {
+        let nsid = self.ns.nsid;
+        let p = &mut self.paths[i];
+        let Some(s) = &p.session else {
+            return;
+        };
+        match s.ana_state(nsid) {
+            Ok(now) => {
+                let before = p.state.ana();
+                p.state.set_ana(now);
+                if now != before {
+                    tracing::info!(path = %p.params.addr, "ANA state {before} -> {now}");
+                }
+            }
+            Err(e) => {
+                tracing::warn!(path = %p.params.addr, "reading the ANA log: {e}");
+                p.state.set_ana(AnaState::Inaccessible);
+            }
+        }
     }
 }

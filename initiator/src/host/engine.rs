@@ -1,7 +1,9 @@
-//! The per-thread event loop of the host: one io_uring carries an I/O
-//! queue's socket and whatever its driver (a front-end or the benchmark)
-//! does, with a registered buffer arena for data. No locks, no runtime.
+//! The per-thread event loop of the host: one io_uring carries the I/O
+//! queues of the engine's paths (one per path to the namespace) and
+//! whatever its driver (a front-end or the benchmark) does, with a
+//! registered buffer arena for data. No locks, no runtime.
 
+use super::paths::Paths;
 use super::{Done, HostError, IoQueue};
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
@@ -23,23 +25,33 @@ const KIND_FRONT: u64 = 3;
 const KIND_TICK: u64 = 4;
 const KIND_WAKE: u64 = 5;
 const KIND_CANCEL: u64 = 6;
-/// Queue operations carry the low bits of their queue's generation: a late
-/// completion of a replaced queue's operation is recognized and dropped.
+/// Queue operations carry their path (bits 32 to 47) and the low bits of
+/// their queue's generation: a late completion of a replaced queue's
+/// operation is recognized and dropped.
 const GENERATION_MASK: u64 = 0xffff_ffff;
+const PATH_SHIFT: u64 = 32;
+const PATH_MASK: u64 = 0xffff;
+
+/// The user data of path `path`'s operation of kind `kind` in generation
+/// `generation`.
+fn queue_ud(kind: u64, path: usize, generation: u64) -> u64 {
+    kind << 56 | (path as u64 & PATH_MASK) << PATH_SHIFT | generation & GENERATION_MASK
+}
 
 /// What a driver may use while handling an event.
 pub struct Cx<'a> {
     pub arena: &'a mut Arena,
-    pub queue: &'a mut IoQueue,
+    /// The namespace's I/O queues, one per path.
+    pub paths: &'a mut Paths,
     sq: Submissions<'a>,
     now: Option<Instant>,
 }
 
 impl<'a> Cx<'a> {
-    fn new(arena: &'a mut Arena, queue: &'a mut IoQueue, sq: Submissions<'a>) -> Self {
+    fn new(arena: &'a mut Arena, paths: &'a mut Paths, sq: Submissions<'a>) -> Self {
         Cx {
             arena,
-            queue,
+            paths,
             sq,
             now: None,
         }
@@ -87,52 +99,45 @@ pub trait Driver {
 /// Wakes an engine from another thread.
 pub use rdmablk_common::ring::Wakeup as Waker;
 
-/// How an engine whose queue died gets a new one: it reports the loss
-/// (engine index, generation of the lost queue) and waits for a replacement
-/// (generation, queue); the other side wakes it through its [`Waker`].
+/// A lost queue: (engine index, path, generation of the lost queue).
+pub type Lost = (usize, usize, u64);
+/// A replacement queue: (path, generation, queue).
+pub type Replacement = (usize, u64, IoQueue);
+
+/// How an engine whose queue on a path died gets a new one: it reports the
+/// loss and waits for a replacement; the other side wakes it through its
+/// [`Waker`].
 pub struct Reconnect {
     pub index: usize,
-    pub lost: Sender<(usize, u64)>,
-    pub replacements: Receiver<(u64, IoQueue)>,
+    pub lost: Sender<Lost>,
+    pub replacements: Receiver<Replacement>,
 }
 
-/// One engine: ring, arena and I/O queue.
+/// One engine: ring, arena and the I/O queues of its paths.
 pub struct Engine {
     /// Declared before the ring: a queue's memory registration goes before
     /// the arena.
-    queue: IoQueue,
+    paths: Paths,
     ring: Ring,
     wakeup: Waker,
     tick: types::Timespec,
     reconnect: Option<Reconnect>,
-    /// Generation of the current queue, and whether its loss was reported.
-    generation: u64,
-    reported: bool,
-    /// A replacement waiting for the old queue's operations to drain.
-    next_queue: Option<(u64, IoQueue)>,
     /// Spin on the ring instead of sleeping in it.
     busy_poll: bool,
 }
 
 impl Engine {
     /// Builds an engine with an arena of `arena_bytes` registered with the ring.
-    pub fn new(
-        mut queue: IoQueue,
-        arena_bytes: usize,
-        tick: Duration,
-    ) -> Result<Engine, HostError> {
+    pub fn new(mut paths: Paths, arena_bytes: usize, tick: Duration) -> Result<Engine, HostError> {
         let ring = Ring::new(RING_ENTRIES, arena_bytes, &RING_OPS)?;
-        // SAFETY: the engine owns both and drops the queue first.
-        unsafe { queue.register_arena(&ring.arena) }?;
+        // SAFETY: the engine owns both and drops the paths first.
+        unsafe { paths.register_arena(&ring.arena) }?;
         Ok(Engine {
             ring,
-            queue,
+            paths,
             wakeup: Waker::new()?,
             tick: types::Timespec::from(tick),
             reconnect: None,
-            generation: 0,
-            reported: false,
-            next_queue: None,
             busy_poll: false,
         })
     }
@@ -141,7 +146,7 @@ impl Engine {
     /// than sleeping until one arrives: lower latency, one busy core.
     pub fn with_busy_poll(mut self, on: bool) -> Engine {
         self.busy_poll = on;
-        self.queue.set_busy_poll(on);
+        self.paths.set_busy_poll(on);
         self
     }
 
@@ -151,56 +156,47 @@ impl Engine {
         self
     }
 
-    /// Swaps in a replacement queue once the old one is idle in the ring;
-    /// reports a loss once. Returns the error ending the run, if any.
+    /// Takes replacement queues; swaps them in once the old ones are idle
+    /// in the ring; reports each loss once. Returns the error ending the
+    /// run, if any: without reconnection, when every path is lost.
     fn handle_loss(&mut self, driver: &dyn Driver) -> Option<String> {
-        if self.next_queue.is_none() {
-            if let Some(r) = &self.reconnect {
-                if let Ok(q) = r.replacements.try_recv() {
-                    self.next_queue = Some(q);
-                }
+        if let Some(r) = &self.reconnect {
+            while let Ok((path, generation, q)) = r.replacements.try_recv() {
+                self.paths.replace(path, generation, q);
             }
         }
-        if self.next_queue.is_some() && self.queue.failed().is_none() {
-            self.queue.fail("replaced by a new association".into());
+        let (ring, reconnect) = (&mut self.ring, &self.reconnect);
+        let mut cancels = Vec::new();
+        // SAFETY: the engine owns both and drops the paths first.
+        let settled = unsafe {
+            self.paths.settle_losses(
+                &ring.arena,
+                self.busy_poll,
+                |path, generation| {
+                    if let Some(r) = reconnect {
+                        let _ = r.lost.send((r.index, path, generation));
+                    }
+                },
+                |path, old| cancels.push((path, old)),
+            )
+        };
+        if let Err(e) = settled {
+            return Some(e);
         }
-        let why = self.queue.failed()?.to_string();
-        // The failed commands' completions go to the driver first.
-        if self.queue.ops_in_flight() || self.queue.has_done() {
-            return None;
-        }
-        if let Some((generation, q)) = self.next_queue.take() {
-            // The old queue (and its memory registration) goes first; its
-            // polls that may still be in the ring are cancelled.
-            drop(std::mem::replace(&mut self.queue, q));
-            self.queue.set_busy_poll(self.busy_poll);
-            let old = self.generation & GENERATION_MASK;
+        for (path, old) in cancels {
+            // The replaced queue's polls that may still be in the ring.
             for kind in [KIND_RECV, KIND_SEND] {
-                let cancel = opcode::AsyncCancel::new(kind << 56 | old)
+                let cancel = opcode::AsyncCancel::new(queue_ud(kind, path, old))
                     .build()
                     .user_data(KIND_CANCEL << 56);
                 // SAFETY: a cancellation names its target by user data and
                 // points at no memory.
-                unsafe { self.ring.submissions().push(cancel) };
+                unsafe { ring.submissions().push(cancel) };
             }
-            // SAFETY: the engine owns both and drops the queue first.
-            if let Err(e) = unsafe { self.queue.register_arena(&self.ring.arena) } {
-                return Some(format!("the new I/O queue cannot use the arena: {e}"));
-            }
-            tracing::info!(generation, "I/O queue replaced");
-            self.generation = generation;
-            self.reported = false;
-            return None;
         }
         match &self.reconnect {
-            Some(r) => {
-                if !self.reported {
-                    self.reported = true;
-                    let _ = r.lost.send((r.index, self.generation));
-                }
-                None
-            }
-            None if driver.ops_in_flight() == 0 => Some(why),
+            Some(_) => None,
+            None if driver.ops_in_flight() == 0 => self.paths.all_lost(),
             None => None,
         }
     }
@@ -223,7 +219,7 @@ impl Engine {
             if news {
                 self.settle(driver, &mut finished, &mut done);
             }
-            if finished && self.queue.idle() && driver.ops_in_flight() == 0 {
+            if finished && self.paths.idle() && driver.ops_in_flight() == 0 {
                 return Ok(());
             }
             if let Some(why) = self.handle_loss(driver) {
@@ -244,20 +240,23 @@ impl Engine {
             events.clear();
             self.ring.reap(&mut events);
             news = !events.is_empty() || !self.busy_poll;
-            if self.busy_poll && self.queue.poll_direct() {
+            if self.busy_poll && self.paths.poll_direct() {
                 news = true;
             }
             for &(ud, res) in &events {
                 let (arena, sq) = self.ring.arena_and_submissions();
-                let mut cx = Cx::new(arena, &mut self.queue, sq);
+                let mut cx = Cx::new(arena, &mut self.paths, sq);
+                let path = (ud >> PATH_SHIFT & PATH_MASK) as usize;
+                let current = |cx: &Cx| {
+                    path < cx.paths.len()
+                        && ud & GENERATION_MASK == cx.paths.generation(path) & GENERATION_MASK
+                };
                 match ud >> 56 {
-                    KIND_RECV | KIND_SEND
-                        if ud & GENERATION_MASK != self.generation & GENERATION_MASK =>
-                    {
+                    KIND_RECV | KIND_SEND if !current(&cx) => {
                         // An operation of a replaced queue.
                     }
-                    KIND_RECV => cx.queue.on_receive_done(res),
-                    KIND_SEND => cx.queue.on_send_done(res),
+                    KIND_RECV => cx.paths.on_receive_done(path, res),
+                    KIND_SEND => cx.paths.on_send_done(path, res),
                     KIND_FRONT => driver.on_op(ud as u32, res, &mut cx),
                     KIND_TICK => driver.on_tick(&mut cx),
                     KIND_WAKE => {
@@ -280,17 +279,17 @@ impl Engine {
     fn settle(&mut self, driver: &mut dyn Driver, finished: &mut bool, done: &mut Vec<Done>) {
         loop {
             let (arena, sq) = self.ring.arena_and_submissions();
-            let mut cx = Cx::new(arena, &mut self.queue, sq);
+            let mut cx = Cx::new(arena, &mut self.paths, sq);
             if !*finished {
                 *finished = !driver.pump(&mut cx);
             }
-            let generation = self.generation & GENERATION_MASK;
-            cx.queue.pump(
-                &mut cx.sq,
-                KIND_RECV << 56 | generation,
-                KIND_SEND << 56 | generation,
-            );
-            cx.queue.take_done(done);
+            cx.paths.pump(&mut cx.sq, |path, generation| {
+                (
+                    queue_ud(KIND_RECV, path, generation),
+                    queue_ud(KIND_SEND, path, generation),
+                )
+            });
+            cx.paths.take_done(done);
             if done.is_empty() {
                 return;
             }

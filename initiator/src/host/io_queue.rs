@@ -1,6 +1,7 @@
 //! An I/O queue over either transport, as the engines drive it; commands
 //! that fail with a status the host may retry are submitted again here,
-//! after the delay the controller asks for, before the front-end sees them.
+//! after the delay the controller asks for, before the front-end sees them
+//! (path statuses excepted: those go to another path, `paths`).
 
 use super::rdma::RdmaQueue;
 use super::tcp::TcpQueue;
@@ -13,6 +14,8 @@ use std::time::{Duration, Instant};
 
 /// Times one command is submitted again after a retryable failure.
 const MAX_RETRIES: u8 = 5;
+/// Status Code Type of path related statuses.
+const SCT_PATH: u8 = 3;
 
 /// A finished command: the caller's tag and the completion entry.
 #[derive(Clone, Copy, Debug)]
@@ -179,7 +182,8 @@ impl IoQueue {
     /// a status the host may retry (NVMe Base 2.1, 4.2.3.1: DNR clear) is
     /// submitted again after the Command Retry Delay its completion selects
     /// (CRD, CRDT1..3), at most `MAX_RETRIES` times, unless the queue failed
-    /// (the front-end then resubmits on a new queue).
+    /// (the front-end then resubmits on a new queue) or the status is a path
+    /// status (another path takes it).
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
         out.append(&mut self.failed_waiting);
         match &mut self.link {
@@ -196,7 +200,11 @@ impl IoQueue {
                 .and_then(Option::take)
                 .filter(|c| c.tag == d.tag);
             let st = d.cqe.status();
-            let retry = live && !st.is_success() && st.is_retryable() && !dnr_of(d.cqe.status);
+            let retry = live
+                && !st.is_success()
+                && st.is_retryable()
+                && st.sct != SCT_PATH
+                && !dnr_of(d.cqe.status);
             match cmd {
                 Some(mut c) if retry && c.retries < MAX_RETRIES => {
                     c.retries += 1;

@@ -2,17 +2,21 @@
 //! keep-alive, shutdown) and I/O queues. Transport independent above the
 //! queue level; NVMe/TCP and NVMe/RDMA below it.
 
+pub mod attach;
 mod auth;
 pub mod block;
 pub mod engine;
 mod io_queue;
+pub mod paths;
 pub mod rdma;
 mod session;
 mod sync_queue;
 pub mod tcp;
 mod tcp_sync;
 
+pub use attach::Attachment;
 pub use io_queue::{Done, IoQueue, Link};
+pub use paths::{PathState, Paths};
 /// The fabric under NVMe (the CLI's `-t tcp|rdma`).
 pub use rdmablk_common::fabrics::Transport;
 pub use session::{NamespaceInfo, QueueLimits, Session};

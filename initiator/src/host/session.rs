@@ -7,7 +7,10 @@ use rdmablk_common::fabrics::discovery::{self, DiscoveryEntry};
 use rdmablk_common::fabrics::{
     cattr, ConnectCmd, ConnectData, PropertyCmd, CONNECT_ATR, DISCOVERY_NQN, SQHD_FLOW_DISABLED,
 };
-use rdmablk_common::nvme::identify::{cns, parse_ns_list, ControllerId, NamespaceId, IDENTIFY_LEN};
+use rdmablk_common::nvme::ana::{self, AnaLog, AnaState};
+use rdmablk_common::nvme::identify::{
+    cns, parse_ns_list, ControllerId, NamespaceId, NamespaceIdentifiers, IDENTIFY_LEN,
+};
 use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::{admin, feature, property, Sqe, Status, HOST_BEHAVIOR_LEN};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -315,6 +318,55 @@ impl Session {
             read_only: id.nsattr & 1 != 0,
             deallocate_zeroes: id.dlfeat & 7 == 1,
         })
+    }
+
+    /// The identifiers the controller reports for namespace `nsid` (the
+    /// descriptor list, completed by Identify Namespace).
+    pub fn namespace_ids(&self, nsid: u32) -> Result<NamespaceIdentifiers, HostError> {
+        let mut q = self.admin.lock().expect("admin queue");
+        let id = NamespaceId::parse(&identify(&mut q, cns::NAMESPACE, nsid)?);
+        let list = identify(&mut q, cns::NS_DESCRIPTORS, nsid)
+            .map(|b| NamespaceIdentifiers::parse(&b))
+            .unwrap_or_default();
+        Ok(list.with(&id))
+    }
+
+    /// Whether the controller reports Asymmetric Namespace Access (CMIC
+    /// bit 3).
+    pub fn reports_ana(&self) -> bool {
+        self.ctrl.cmic & 1 << 3 != 0
+    }
+
+    /// The ANA state of namespace `nsid` through this controller: that of
+    /// its group (Identify Namespace ANAGRPID) in the ANA log page, read
+    /// with Return Groups Only; optimized when the controller reports no
+    /// ANA.
+    pub fn ana_state(&self, nsid: u32) -> Result<AnaState, HostError> {
+        if !self.reports_ana() {
+            return Ok(AnaState::Optimized);
+        }
+        let mut q = self.admin.lock().expect("admin queue");
+        let group = NamespaceId::parse(&identify(&mut q, cns::NAMESPACE, nsid)?).anagrpid;
+        let groups = self.ctrl.nanagrpid.clamp(1, 1024) as usize;
+        let len = (ana::HEADER_LEN + groups * ana::DESCRIPTOR_LEN).min(self.max_transfer());
+        let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 0);
+        sqe.set_nsid(0xffff_ffff);
+        LogRequest {
+            lid: lid::ANA,
+            lsp: ana::LSP_RGO,
+            rae: false,
+            len,
+            offset: 0,
+        }
+        .to_sqe(&mut sqe);
+        let page = q.exec_ok("Get Log Page (ANA)", sqe, &[], len)?.1;
+        let log = AnaLog::parse(&page)
+            .ok_or_else(|| HostError::Protocol("the ANA log page does not parse".into()))?;
+        Ok(log
+            .groups
+            .iter()
+            .find(|g| g.grpid == group)
+            .map_or(AnaState::Inaccessible, |g| g.state))
     }
 
     /// Connects I/O queue `qid`, ready for an engine.

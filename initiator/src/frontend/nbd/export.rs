@@ -8,7 +8,7 @@ use super::handshake::Export;
 use super::proto::flags;
 use crate::frontend::keeper::{Engines, Keeper};
 use crate::host::engine::Waker;
-use crate::host::{NamespaceInfo, Session};
+use crate::host::Attachment;
 use rdmablk_common::nvme::identify::oncs;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
@@ -127,32 +127,34 @@ impl Accept for Listener {
     }
 }
 
-/// The transmission flags this export supports for a namespace.
-fn export_flags(session: &Session) -> u16 {
+/// The transmission flags this export supports for a namespace whose
+/// paths support the optional commands `oncs`.
+fn export_flags(oncs: u16) -> u16 {
     let mut f = flags::SEND_FLUSH | flags::SEND_FUA | flags::CAN_MULTI_CONN;
-    if session.ctrl.oncs & oncs::DSM != 0 {
+    if oncs & oncs::DSM != 0 {
         f |= flags::SEND_TRIM;
     }
-    if session.ctrl.oncs & oncs::WRITE_ZEROES != 0 {
+    if oncs & oncs::WRITE_ZEROES != 0 {
         f |= flags::SEND_WRITE_ZEROES;
     }
     f
 }
 
-/// Serves namespace `ns` of `session` at `listen` until SIGINT/SIGTERM. A
-/// lost association is re-established with backoff, I/O waiting meanwhile,
-/// until `ctrl_loss_tmo` runs out; then waiting I/O fails and this returns an
+/// Serves the namespace of `att` at `listen` until SIGINT/SIGTERM, over
+/// all its paths. A lost association is re-established with backoff, I/O
+/// going on through the other paths or waiting, until no path has been
+/// usable for `ctrl_loss_tmo`; then waiting I/O fails and this returns an
 /// error. Signals must be blocked in all threads (the caller blocks them
 /// before connecting).
 pub fn serve(
-    session: Session,
-    ns: NamespaceInfo,
+    att: Attachment,
     listen: &Listen,
     queues: u16,
     ctrl_loss_tmo: Duration,
     max_clients: usize,
 ) -> Result<(), String> {
-    let subnqn = session.params().subnqn.clone();
+    let ns = att.ns;
+    let subnqn = att.subnqn().to_string();
     let export = Export {
         name: subnqn.clone(),
         description: format!("rdmablk: namespace {} of {subnqn}", ns.nsid),
@@ -161,19 +163,20 @@ pub fn serve(
         preferred_block: ns.block_size.max(512),
         max_block: MAX_BLOCK,
         read_only: ns.read_only,
-        flags: export_flags(&session),
+        flags: export_flags(att.oncs()),
     };
     let info = ExportInfo {
         ns,
         max_block: MAX_BLOCK,
-        max_transfer: session.max_transfer(),
+        max_transfer: att.max_transfer(),
     };
     let stop = Arc::new(AtomicBool::new(false));
     let give_up = Arc::new(AtomicBool::new(false));
     let mut clients: Vec<(Sender<NewClient>, Waker)> = Vec::new();
-    let n = session.io_queues.min(queues).max(1);
-    let arena = (session.queue_size as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
-    let engines = Engines::spawn(&session, n, arena, "nbd", |_, waker| {
+    let n = att.io_queues().min(queues).max(1);
+    let arena = (att.queue_size() as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
+    let keeper = Keeper::new(att, ctrl_loss_tmo);
+    let engines = Engines::spawn(&keeper, n, arena, "nbd", |_, waker| {
         let (tx, rx) = mpsc::channel();
         clients.push((tx, waker));
         Ok(NbdDriver::new(info, rx, stop.clone(), give_up.clone()))
@@ -200,8 +203,7 @@ pub fn serve(
             .map_err(|e| e.to_string())?
     };
 
-    let outcome = Keeper::new(session, ns, ctrl_loss_tmo).watch(&engines, "closing the NBD export");
-    let session = outcome.session;
+    let outcome = keeper.watch(&engines, "closing the NBD export");
     if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);
     }
@@ -214,7 +216,7 @@ pub fn serve(
     if let Listen::Unix(p) = listen {
         let _ = std::fs::remove_file(p);
     }
-    if let Some(s) = session {
+    for s in outcome.sessions {
         if let Err(e) = s.shutdown() {
             tracing::warn!("controller shutdown: {e}");
         }

@@ -200,7 +200,7 @@ impl UblkDriver {
 
     /// Issues the NVMe commands of queued requests while slots are free.
     fn submit_queued(&mut self, cx: &mut Cx) {
-        while cx.queue.free_slots() > 0 {
+        while cx.paths.free_slots() > 0 {
             let Some(tag) = self.queued.pop_front() else {
                 return;
             };
@@ -226,7 +226,7 @@ impl UblkDriver {
             let sqe = block::sqe(op, ns.nsid, lba, blocks, flag);
             // SAFETY: the tag's arena buffer is left alone until the command
             // completes (the tag is in the Nvme state until then).
-            if unsafe { cx.queue.submit(sqe, ptr, len, to_host, tag as u64) } {
+            if unsafe { cx.paths.submit(sqe, ptr, len, to_host, tag as u64) } {
                 t.state = State::Nvme;
                 t.attempts += 1;
             } else {
@@ -240,7 +240,7 @@ impl UblkDriver {
     /// Whether waiting I/O is failed rather than kept for a new queue.
     fn abandon(&self, cx: &Cx) -> bool {
         self.s.give_up.load(Ordering::Acquire)
-            || self.s.stop.load(Ordering::Acquire) && cx.queue.failed().is_some()
+            || self.s.stop.load(Ordering::Acquire) && cx.paths.failed().is_some()
     }
 
     fn fail_queued(&mut self, cx: &mut Cx) {

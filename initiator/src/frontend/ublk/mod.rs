@@ -8,7 +8,7 @@
 mod driver;
 
 use super::keeper::{Engines, Keeper};
-use crate::host::{NamespaceInfo, Session};
+use crate::host::{Attachment, NamespaceInfo};
 use driver::{QueueSetup, UblkDriver};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
@@ -130,13 +130,15 @@ fn set_params(d: &mut UblkDev, ns: &NamespaceInfo, max_io: usize, oncs_bits: u16
     }
 }
 
-/// Serves namespace `ns` of `session` as /dev/ublkbN until SIGINT/SIGTERM,
-/// then deletes the device. A lost association is re-established as for
-/// NBD; once ctrl-loss-tmo runs out, waiting I/O fails and this errors.
-/// Signals must be blocked in every thread.
-pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), String> {
+/// Serves the namespace of `att` as /dev/ublkbN until SIGINT/SIGTERM, over
+/// all its paths, then deletes the device. A lost association is
+/// re-established as for NBD; once no path has been usable for
+/// ctrl-loss-tmo, waiting I/O fails and this errors. Signals must be
+/// blocked in every thread.
+pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
     check_available()?;
-    let max_io = session
+    let ns = att.ns;
+    let max_io = att
         .max_transfer()
         .min(MAX_IO)
         .max(ns.block_size as usize)
@@ -145,10 +147,8 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
         Some(id) => matches!(existing(id)?, Existing::Recover),
         None => false,
     };
-    let queues = session.io_queues.min(o.queues).max(1);
-    let depth = o
-        .depth
-        .clamp(1, session.queue_size.saturating_sub(1).max(1));
+    let queues = att.io_queues().min(o.queues).max(1);
+    let depth = o.depth.clamp(1, att.queue_size().saturating_sub(1).max(1));
     let flags = sys::UBLK_F_USER_RECOVERY
         | sys::UBLK_F_USER_RECOVERY_REISSUE
         | sys::UBLK_F_CMD_IOCTL_ENCODE;
@@ -174,20 +174,21 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
         info.queue_depth,
         info.max_io_buf_bytes as usize,
     );
-    if max_io > session.max_transfer() {
+    if max_io > att.max_transfer() {
         return Err(format!(
             "ublk device {} takes {max_io}-byte requests; this target's largest transfer is {} bytes",
             info.dev_id,
-            session.max_transfer()
+            att.max_transfer()
         ));
     }
-    if queues > session.io_queues {
+    if queues > att.io_queues() {
         return Err(format!(
             "ublk device {} has {queues} queues; the target grants only {} I/O queues",
-            info.dev_id, session.io_queues
+            info.dev_id,
+            att.io_queues()
         ));
     }
-    let oncs_bits = session.ctrl.oncs;
+    let oncs_bits = att.oncs();
     let dev = UblkDev::new(
         "rdmablk".into(),
         |d| {
@@ -202,7 +203,8 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let arena = (depth as usize * max_io).next_multiple_of(4 << 20) + (4 << 20);
-    let engines = Engines::spawn(&session, queues, arena, "ublk", |q, _| {
+    let keeper = Keeper::new(att, o.ctrl_loss_tmo);
+    let engines = Engines::spawn(&keeper, queues, arena, "ublk", |q, _| {
         UblkDriver::new(QueueSetup {
             cdev,
             q_id: q as u16,
@@ -235,8 +237,7 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
     let _ = std::io::stdout().flush();
     tracing::info!(device = %path, size = ns.size_bytes(), queues, depth, max_io, recovered = recover, "ublk device ready");
 
-    let outcome =
-        Keeper::new(session, ns, o.ctrl_loss_tmo).watch(&engines, "removing the ublk device");
+    let outcome = keeper.watch(&engines, "removing the ublk device");
     if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);
     }
@@ -254,7 +255,7 @@ pub fn serve(session: Session, ns: NamespaceInfo, o: UblkOptions) -> Result<(), 
         Err(e) => tracing::warn!("ublk delete: {e}"),
         Ok(_) => tracing::info!(device = %path, "ublk device removed"),
     }
-    if let Some(s) = outcome.session {
+    for s in outcome.sessions {
         if let Err(e) = s.shutdown() {
             tracing::warn!("controller shutdown: {e}");
         }

@@ -1,6 +1,8 @@
 //! The host, `rdmablk`: its NBD front-end against clients we did not write,
-//! the NBD export's resource model, and `connect --ublk` without ublk.
+//! the NBD export's resource model, multipath over two gateways, and
+//! `connect --ublk` without ublk.
 
+mod multipath;
 mod nbd;
 mod nbd_export;
 mod ublk_unavailable;

@@ -75,7 +75,7 @@ impl NbdDriver {
                 self.reply(ci, ri, cx);
                 continue;
             }
-            if cx.queue.failed().is_some() {
+            if cx.paths.failed().is_some() {
                 if !self.give_up.load(Ordering::Acquire) {
                     return; // wait for the association to come back
                 }
@@ -101,7 +101,7 @@ impl NbdDriver {
                 let req = c.reqs[ri].as_mut().expect("request");
                 req.buf = Some(b);
             }
-            let free = cx.queue.free_slots();
+            let free = cx.paths.free_slots();
             let req = self.clients[ci]
                 .as_mut()
                 .and_then(|c| c.reqs[ri].as_mut())
@@ -143,7 +143,7 @@ impl NbdDriver {
                 let sqe = block::sqe(cmd.opcode, nsid, lba, blocks, cmd.fua_or_deallocate);
                 // SAFETY: the buffers live in the arena until the request is
                 // finished, which waits for every command's completion.
-                let ok = unsafe { cx.queue.submit(sqe, ptr, bytes, to_host, tag(ci, ri)) };
+                let ok = unsafe { cx.paths.submit(sqe, ptr, bytes, to_host, tag(ci, ri)) };
                 debug_assert!(ok, "free slots were checked");
             }
         }

@@ -1,0 +1,168 @@
+//! rdmablk's own multipath against two rdmablk-target gateways on loopback
+//! that export one backing file under one NQN (gateway A optimized, B
+//! non-optimized): `rdmablk connect --nbd --path` keeps fio's verified I/O
+//! going, without an error, while A is killed with SIGKILL and restarted,
+//! and while the gateways' ANA states are swapped by reload.
+
+use rdmablk_tests::names::DEFAULT_NQN;
+use rdmablk_tests::tools::fio;
+use rdmablk_tests::{bin_path, free_port, NbdExport, Target, TempDir};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+/// One gateway: its configuration file and control socket, and the daemon.
+struct Gateway {
+    toml: PathBuf,
+    sock: PathBuf,
+    port: u16,
+    t: Option<Target>,
+}
+
+impl Gateway {
+    /// Writes gateway `name`'s configuration (on `port`, reporting ANA
+    /// group 1 `state`, controller ids from `cntlids`) and starts it.
+    fn start(
+        dir: &Path,
+        name: &str,
+        port: u16,
+        file: &Path,
+        state: &str,
+        cntlids: (u16, u16),
+    ) -> Gateway {
+        let mut g = Gateway {
+            toml: dir.join(format!("{name}.toml")),
+            sock: dir.join(format!("{name}.sock")),
+            port,
+            t: None,
+        };
+        g.configure(file, state, cntlids);
+        g.run();
+        g
+    }
+
+    fn configure(&self, file: &Path, state: &str, (min, max): (u16, u16)) {
+        let text = format!(
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{}\"\n\
+             ana_groups = {{ 1 = \"{state}\" }}\n\
+             [[subsystem]]\nnqn = \"{DEFAULT_NQN}\"\nallow_any_host = true\n\
+             cntlid_min = {min}\ncntlid_max = {max}\n\
+             [[subsystem.namespace]]\nbackend = \"file\"\npath = \"{}\"\n",
+            self.port,
+            file.display()
+        );
+        std::fs::write(&self.toml, text).expect("writing a gateway's configuration");
+    }
+
+    fn run(&mut self) {
+        let (toml, sock) = (
+            self.toml.display().to_string(),
+            self.sock.display().to_string(),
+        );
+        self.t = Some(Target::start(&["--config", &toml, "--control", &sock]));
+    }
+
+    fn reload(&self) {
+        let out = Command::new(bin_path("rdmablk-target"))
+            .args(["reload", "--control"])
+            .arg(&self.sock)
+            .output()
+            .expect("rdmablk-target reload");
+        assert!(
+            out.status.success(),
+            "reload: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+}
+
+/// Waits up to 10 s for `line` in the export's log.
+fn logged(e: &NbdExport, line: &str) {
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !e.report().contains(line) {
+        assert!(
+            Instant::now() < deadline,
+            "no {line:?} in the log\n{}",
+            e.report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
+    let _machine = crate::alone();
+    let dir = TempDir::new("multipath");
+    let file = dir.join("shared.img");
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(64 << 20))
+        .expect("the shared backing file");
+    let (pa, pb) = (free_port(), free_port());
+    let mut a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
+    let b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
+    let path_b = format!("tcp://127.0.0.1:{pb}");
+    let e = NbdExport::start(pa, DEFAULT_NQN, &["--path", &path_b, "-l", "30"]);
+
+    // fio writes the 64 MiB at 2000 IOPS (about 8 s), then reads it all
+    // back and verifies it, while the paths change under it.
+    let uri = e.uri().to_string();
+    let fio_run = std::thread::spawn(move || {
+        fio(
+            &uri,
+            &[
+                "--name=multipath",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=16",
+                "--size=64M",
+                "--rate_iops=2000",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+            ],
+        )
+    });
+    std::thread::sleep(Duration::from_millis(1500));
+    a.t.as_mut().expect("A runs").kill();
+    logged(&e, "association lost");
+    std::thread::sleep(Duration::from_secs(1));
+    a.run();
+    logged(&e, "association re-established");
+    // Swapped: B optimized, A non-optimized.
+    b.configure(&file, "optimized", (101, 200));
+    b.reload();
+    a.configure(&file, "non-optimized", (1, 100));
+    a.reload();
+    logged(&e, "ANA state non-optimized -> optimized");
+    logged(&e, "ANA state optimized -> non-optimized");
+
+    let (r, v) = fio_run.join().expect("fio thread");
+    let job = &v["jobs"][0];
+    assert!(
+        r.status.success() && job["error"] == 0,
+        "fio failed across the path changes (job error {})\n{}\n{}",
+        job["error"],
+        r.report(),
+        e.report()
+    );
+    assert_eq!(
+        job["write"]["io_bytes"].as_u64(),
+        Some(64 << 20),
+        "{}",
+        r.report()
+    );
+    assert_eq!(
+        job["read"]["io_bytes"].as_u64(),
+        Some(64 << 20),
+        "verified\n{}",
+        r.report()
+    );
+    // The swap happened while fio wrote: its writes went to B, then back.
+    let log = e.report();
+    let swapped = log
+        .find("ANA state non-optimized -> optimized")
+        .expect("logged");
+    assert!(
+        log[swapped..].contains("NBD client disconnected"),
+        "fio ended before the states were swapped\n{log}"
+    );
+}
