@@ -3,10 +3,10 @@
 
 use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
+use rdmablk::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
 use rdmablk::frontend::nbd::{self, Listen};
 use rdmablk::frontend::ublk;
-use rdmablk::host::engine::Engine;
-use rdmablk::host::{Attachment, HostError, Params, Paths, Session, Transport};
+use rdmablk::host::{Attachment, HostError, Params, Session, Transport};
 use rdmablk::hostid;
 use rdmablk_common::auth::host::HostSecrets;
 use rdmablk_common::auth::Secret;
@@ -114,12 +114,6 @@ struct Subsys {
     /// Keep-alive timeout in seconds (0 disables keep-alive).
     #[arg(short = 'k', long = "keep-alive-tmo", default_value_t = 5)]
     keep_alive_tmo: u32,
-}
-
-#[derive(Args)]
-struct ConnectArgs {
-    #[command(flatten)]
-    subsys: Subsys,
     /// One more path to the same subsystem (multipath), e.g. another gateway
     /// or the same target over another transport: tcp://ADDR:PORT or
     /// rdma://ADDR:PORT (repeatable; -t/-a/-s give the first path). The
@@ -130,6 +124,12 @@ struct ConnectArgs {
     /// or its state changes.
     #[arg(long = "path", value_name = "TRANSPORT://ADDR:PORT")]
     paths: Vec<String>,
+}
+
+#[derive(Args)]
+struct ConnectArgs {
+    #[command(flatten)]
+    subsys: Subsys,
     /// Serve the namespace as an NBD export: unix:PATH or tcp:HOST:PORT.
     #[arg(
         long,
@@ -198,6 +198,10 @@ struct BenchArgs {
     /// fully busy (as SPDK's perf does); pin it with taskset.
     #[arg(long)]
     busy_poll: bool,
+    /// Seconds without a usable path (all lost or none ANA-usable) before
+    /// the run fails; meanwhile lost paths are reconnected and I/O waits.
+    #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 10)]
+    ctrl_loss_tmo: u64,
 }
 
 fn main() -> ExitCode {
@@ -345,16 +349,16 @@ fn print_entry(i: usize, e: &DiscoveryEntry) {
     println!("traddr:  {}", e.traddr);
 }
 
-/// Connects every path (the first from `s`, then `extra`: TRANSPORT://ADDR:PORT
-/// each) and picks the namespace to use.
-fn open(s: &Subsys, extra: &[String], io_queues: u16) -> Result<Attachment, HostError> {
+/// Connects every path (the first from -t/-a/-s, then each --path) and
+/// picks the namespace to use.
+fn open(s: &Subsys, io_queues: u16) -> Result<Attachment, HostError> {
     let first = match &s.nqn {
         Some(nqn) => params(&s.target, nqn, s.keep_alive_tmo, s.queue_size, io_queues)
             .map_err(HostError::Protocol)?,
         None => discovered(s, io_queues)?,
     };
     let mut paths = vec![first.clone()];
-    for url in extra {
+    for url in &s.paths {
         paths.push(path_params(&first, url).map_err(HostError::Protocol)?);
     }
     Attachment::open(&paths, s.nsid)
@@ -461,7 +465,7 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
             return Err("--queue-depth 0: use at least 1".into());
         }
     }
-    let att = open(&c.subsys, &c.paths, c.nr_io_queues).map_err(|e| e.to_string())?;
+    let att = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
     let ctrl_loss_tmo = Duration::from_secs(c.ctrl_loss_tmo);
     match &c.nbd {
         Some(listen) => nbd::serve(
@@ -493,13 +497,8 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     if b.queues == 0 {
         return Err("--queues 0: use at least 1".into());
     }
-    let att = open(&b.subsys, &[], b.queues).map_err(|e| e.to_string())?;
+    let att = open(&b.subsys, b.queues).map_err(|e| e.to_string())?;
     let ns = att.ns;
-    let session = att
-        .sessions
-        .into_iter()
-        .next()
-        .expect("an attachment has a path");
     let block = ns.block_size as usize;
     if bs == 0 || !bs.is_multiple_of(block) || bs > rdmablk_common::mem::MAX_BUF {
         return Err(format!(
@@ -511,7 +510,7 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     if b.verify && ns.read_only {
         return Err("--verify writes, but the namespace is read-only".into());
     }
-    let queues = session.io_queues.min(b.queues) as u64;
+    let queues = att.io_queues().min(b.queues) as u64;
     let units_total = ns.size_bytes() / bs as u64;
     if units_total < queues {
         return Err(format!(
@@ -526,12 +525,17 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     let progress = Arc::new(Progress::default());
     spawn_signal_watch(progress.clone());
     let cpu_before = rdmablk_common::usage::process_cpu();
-    let mut threads = Vec::new();
-    for q in 0..queues {
-        let queue = session
-            .open_io_queue(q as u16 + 1)
-            .map_err(|e| e.to_string())?;
-        let qd = b.qd.min(session.queue_size as usize - 1).max(1);
+    let qd = b.qd.min(att.queue_size() as usize - 1).max(1);
+    let max_transfer = att.max_transfer();
+    let keeper = Keeper::new(att, Duration::from_secs(b.ctrl_loss_tmo));
+    let spec = EngineSpec {
+        queues: queues as u16,
+        arena_bytes: (qd * bs.next_power_of_two().max(4096) + (8 << 20)).next_multiple_of(4 << 20),
+        name: "bench",
+        busy_poll: b.busy_poll,
+    };
+    let engines = Engines::spawn(&keeper, spec, |q, _| {
+        let q = q as u64;
         let job = Job {
             pattern: b.rw,
             bs,
@@ -541,63 +545,41 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
             ns,
             first_unit: q * per_queue,
             units: per_queue,
-            max_transfer: session.max_transfer(),
+            max_transfer,
             run_id,
         };
-        let arena = (qd * bs.next_power_of_two().max(4096) + (8 << 20)).next_multiple_of(4 << 20);
-        let paths = Paths::new(vec![(queue, Arc::default())]);
-        let engine = Engine::new(paths, arena, Duration::from_millis(100))
-            .map_err(|e| e.to_string())?
-            .with_busy_poll(b.busy_poll);
-        let progress = progress.clone();
-        threads.push(
-            std::thread::Builder::new()
-                .name(format!("bench-{}", q + 1))
-                .spawn(move || {
-                    let mut bench =
-                        Bench::new(job, progress, run_id ^ (q + 1).wrapping_mul(0x9e37_79b9));
-                    let r = engine.run(&mut bench);
-                    (r, bench.stats, bench.problems)
-                })
-                .map_err(|e| e.to_string())?,
-        );
+        Ok(Bench::new(
+            job,
+            progress.clone(),
+            run_id ^ (q + 1).wrapping_mul(0x9e37_79b9),
+        ))
+    })?;
+    let done = std::sync::atomic::AtomicBool::new(false);
+    let watched = std::thread::scope(|s| {
+        s.spawn(|| print_progress(&progress, &done));
+        let w = keeper.watch(&engines, Until::EnginesDone);
+        done.store(true, Ordering::Release);
+        w
+    });
+    if let Err(e) = &watched.result {
+        // No path for ctrl-loss-tmo: the drivers end with what ran.
+        progress.stop.store(true, Ordering::Relaxed);
+        engines.wake_all();
+        eprintln!("rdmablk: {e}");
     }
-    let start = Instant::now();
-    let mut last = (0u64, 0u64);
-    while threads.iter().any(|t| !t.is_finished()) {
-        std::thread::sleep(Duration::from_millis(200));
-        if start.elapsed().as_millis() / 1000 != (start.elapsed().as_millis() - 200) / 1000 {
-            let ios =
-                progress.reads.load(Ordering::Relaxed) + progress.writes.load(Ordering::Relaxed);
-            let bytes = progress.bytes.load(Ordering::Relaxed);
-            eprint!(
-                "\r[{:>4.0}s] {:>10.0} IOPS {:>9.1} MiB/s  errors {}   ",
-                start.elapsed().as_secs_f64(),
-                (ios - last.0) as f64,
-                (bytes - last.1) as f64 / (1 << 20) as f64,
-                progress.errors.load(Ordering::Relaxed)
-            );
-            last = (ios, bytes);
-        }
-    }
-    eprintln!();
+    let (failure, benches) = engines.join();
     let mut total = Stats::default();
-    let mut failure = None;
-    for t in threads {
-        let (r, stats, problems) = t
-            .join()
-            .map_err(|_| "a benchmark thread panicked".to_string())?;
-        total.merge(&stats);
-        for p in problems {
+    for bench in benches {
+        total.merge(&bench.stats);
+        for p in bench.problems {
             eprintln!("rdmablk: {p}");
-        }
-        if let Err(e) = r {
-            failure = Some(e);
         }
     }
     total.cpu = rdmablk_common::usage::process_cpu().saturating_sub(cpu_before);
-    if let Err(e) = session.shutdown() {
-        tracing::warn!("controller shutdown: {e}");
+    for s in watched.sessions {
+        if let Err(e) = s.shutdown() {
+            tracing::warn!("controller shutdown: {e}");
+        }
     }
     if b.subsys.target.data_digest || b.subsys.target.hdr_digest {
         tracing::debug!("digests were on");
@@ -607,7 +589,7 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     } else {
         print!("{}", bench::to_text(&total));
     }
-    if let Some(e) = failure {
+    if let Some(e) = failure.or(watched.result.err()) {
         eprintln!("rdmablk: I/O queue failed: {e}");
         return Ok(ExitCode::FAILURE);
     }
@@ -620,6 +602,32 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
         return Ok(ExitCode::FAILURE);
     }
     Ok(ExitCode::SUCCESS)
+}
+
+/// Prints IOPS, bandwidth and errors every second until `done`.
+fn print_progress(progress: &Progress, done: &std::sync::atomic::AtomicBool) {
+    let start = Instant::now();
+    let mut last = (0u64, 0u64);
+    let mut shown = 0;
+    while !done.load(Ordering::Acquire) {
+        std::thread::sleep(Duration::from_millis(100));
+        let secs = start.elapsed().as_secs();
+        if secs == shown {
+            continue;
+        }
+        shown = secs;
+        let ios = progress.reads.load(Ordering::Relaxed) + progress.writes.load(Ordering::Relaxed);
+        let bytes = progress.bytes.load(Ordering::Relaxed);
+        eprint!(
+            "\r[{:>4.0}s] {:>10.0} IOPS {:>9.1} MiB/s  errors {}   ",
+            start.elapsed().as_secs_f64(),
+            (ios - last.0) as f64,
+            (bytes - last.1) as f64 / (1 << 20) as f64,
+            progress.errors.load(Ordering::Relaxed)
+        );
+        last = (ios, bytes);
+    }
+    eprintln!();
 }
 
 fn now_nanos() -> u64 {

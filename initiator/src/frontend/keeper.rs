@@ -28,28 +28,39 @@ struct EngineLink {
     waker: Waker,
 }
 
-/// The engine threads of a front-end.
-pub struct Engines {
+/// How many engines to run and how.
+pub struct EngineSpec<'a> {
+    /// Engines (I/O queue indices 1..=queues).
+    pub queues: u16,
+    /// Each engine's arena.
+    pub arena_bytes: usize,
+    /// Threads are named `name-Q`.
+    pub name: &'a str,
+    /// Spin on the rings instead of sleeping in them.
+    pub busy_poll: bool,
+}
+
+/// The engine threads of a front-end, each returning its driver.
+pub struct Engines<D> {
     links: Vec<EngineLink>,
-    threads: Vec<JoinHandle<Result<(), String>>>,
+    threads: Vec<JoinHandle<(Result<(), String>, D)>>,
     lost: Receiver<Lost>,
 }
 
-impl Engines {
-    /// Opens I/O queues 1..=`n` on every path of `keeper` and runs one
-    /// engine thread (named `name-Q`, arena of `arena_bytes`) per queue
-    /// index with the driver `make(queue index, engine waker)` builds.
-    pub fn spawn<D, F>(
-        keeper: &Keeper,
-        n: u16,
-        arena_bytes: usize,
-        name: &str,
-        mut make: F,
-    ) -> Result<Engines, String>
+impl<D: Driver + Send + 'static> Engines<D> {
+    /// Opens an I/O queue for each engine on every path of `keeper` and runs
+    /// the engines of `spec`, each with the driver `make(queue index, engine
+    /// waker)` builds.
+    pub fn spawn<F>(keeper: &Keeper, spec: EngineSpec, mut make: F) -> Result<Engines<D>, String>
     where
-        D: Driver + Send + 'static,
         F: FnMut(usize, Waker) -> Result<D, String>,
     {
+        let EngineSpec {
+            queues: n,
+            arena_bytes,
+            name,
+            busy_poll,
+        } = spec;
         let (lost_tx, lost) = mpsc::channel();
         let mut links = Vec::new();
         let mut threads = Vec::new();
@@ -68,6 +79,7 @@ impl Engines {
             let (replace, replacements) = mpsc::channel();
             let engine = Engine::new(Paths::new(queues), arena_bytes, TICK)
                 .map_err(|e| format!("I/O engine: {e}"))?
+                .with_busy_poll(busy_poll)
                 .with_reconnect(Reconnect {
                     index: q,
                     lost: lost_tx.clone(),
@@ -81,7 +93,7 @@ impl Engines {
             threads.push(
                 std::thread::Builder::new()
                     .name(format!("{name}-{}", q + 1))
-                    .spawn(move || engine.run(&mut driver))
+                    .spawn(move || (engine.run(&mut driver), driver))
                     .map_err(|e| e.to_string())?,
             );
         }
@@ -99,18 +111,40 @@ impl Engines {
         }
     }
 
-    /// Waits for every engine; the first error, if any.
-    pub fn join(self) -> Option<String> {
+    /// Waits for every engine: the first error, if any, and the drivers.
+    pub fn join(self) -> (Option<String>, Vec<D>) {
         let mut failure = None;
+        let mut drivers = Vec::new();
         for t in self.threads {
             match t.join() {
-                Ok(Err(e)) => failure = failure.or(Some(e)),
+                Ok((r, d)) => {
+                    if let Err(e) = r {
+                        failure = failure.or(Some(e));
+                    }
+                    drivers.push(d);
+                }
                 Err(_) => failure = failure.or(Some("an engine thread panicked".into())),
-                Ok(Ok(())) => {}
             }
         }
-        failure
+        (failure, drivers)
     }
+
+    fn any_finished(&self) -> bool {
+        self.threads.iter().any(|t| t.is_finished())
+    }
+
+    fn all_finished(&self) -> bool {
+        self.threads.iter().all(|t| t.is_finished())
+    }
+}
+
+/// When [`Keeper::watch`] ends.
+pub enum Until<'a> {
+    /// At SIGINT or SIGTERM (logged with this text); an engine that ends
+    /// before is an error. Signals must be blocked in every thread.
+    Signal(&'a str),
+    /// When every engine has ended (signals are someone else's).
+    EnginesDone,
 }
 
 /// What [`Keeper::watch`] ended with.
@@ -185,11 +219,14 @@ impl Keeper {
         k
     }
 
-    /// Runs until SIGINT/SIGTERM (logged with `on_signal`), an engine ends
-    /// on its own, or no path is usable for ctrl-loss-tmo. Signals must be
-    /// blocked in every thread.
-    pub fn watch(mut self, engines: &Engines, on_signal: &str) -> Watched {
-        let result = self.watch_until_done(engines, on_signal);
+    /// Runs until `until`, or until no path has been usable for
+    /// ctrl-loss-tmo.
+    pub fn watch<D: Driver + Send + 'static>(
+        mut self,
+        engines: &Engines<D>,
+        until: Until,
+    ) -> Watched {
+        let result = self.watch_until_done(engines, until);
         Watched {
             result,
             sessions: self
@@ -200,7 +237,11 @@ impl Keeper {
         }
     }
 
-    fn watch_until_done(&mut self, engines: &Engines, on_signal: &str) -> Result<(), String> {
+    fn watch_until_done<D: Driver + Send + 'static>(
+        &mut self,
+        engines: &Engines<D>,
+        until: Until,
+    ) -> Result<(), String> {
         let mut set = nix::sys::signal::SigSet::empty();
         set.add(nix::sys::signal::Signal::SIGINT);
         set.add(nix::sys::signal::Signal::SIGTERM);
@@ -209,14 +250,26 @@ impl Keeper {
             tv_nsec: 100_000_000,
         };
         loop {
-            // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
-            let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
-            if sig > 0 {
-                tracing::info!("signal {sig}: {on_signal}");
-                return Ok(());
-            }
-            if engines.threads.iter().any(|t| t.is_finished()) {
-                return Err("an I/O engine ended".into());
+            match until {
+                Until::Signal(on_signal) => {
+                    // SAFETY: sigtimedwait reads the signal set and the
+                    // timeout, both valid.
+                    let sig =
+                        unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
+                    if sig > 0 {
+                        tracing::info!("signal {sig}: {on_signal}");
+                        return Ok(());
+                    }
+                    if engines.any_finished() {
+                        return Err("an I/O engine ended".into());
+                    }
+                }
+                Until::EnginesDone => {
+                    if engines.all_finished() {
+                        return Ok(());
+                    }
+                    std::thread::sleep(Duration::from_millis(100));
+                }
             }
             while let Ok((engine, path, generation)) = engines.lost.try_recv() {
                 if self.paths[path].generation == generation && self.paths[path].session.is_some() {

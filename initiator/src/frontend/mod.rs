@@ -1,5 +1,5 @@
 //! Front-ends that expose a connected namespace locally.
 
-mod keeper;
+pub mod keeper;
 pub mod nbd;
 pub mod ublk;

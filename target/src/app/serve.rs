@@ -81,6 +81,20 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         .unzip();
     let pollers = Arc::new(links);
 
+    // Before the listeners: once a host can connect, the metrics answer.
+    if let Some(addr) = cfg.metrics {
+        let listener = std::net::TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
+            url: format!("http://{addr}/metrics"),
+            source,
+            hint: "",
+        })?;
+        let shared = shared.clone();
+        std::thread::Builder::new()
+            .name("metrics".into())
+            .spawn(move || http::serve(listener, || prometheus::render(&shared, started)))
+            .map_err(starting("the metrics endpoint"))?;
+        tracing::info!("metrics on http://{addr}/metrics");
+    }
     let mut listeners = Vec::new();
     for (l, port) in cfg.listeners.iter().zip(ports) {
         listeners.push(Listening::start(l, port, &pollers, &registry)?);
@@ -110,19 +124,6 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
             l.address.port(),
             cfg.subsystems[0].nqn
         );
-    }
-    if let Some(addr) = cfg.metrics {
-        let listener = std::net::TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
-            url: format!("http://{addr}/metrics"),
-            source,
-            hint: "",
-        })?;
-        let shared = shared.clone();
-        std::thread::Builder::new()
-            .name("metrics".into())
-            .spawn(move || http::serve(listener, || prometheus::render(&shared, started)))
-            .map_err(starting("the metrics endpoint"))?;
-        tracing::info!("metrics on http://{addr}/metrics");
     }
     let running = Arc::new(Mutex::new(Running {
         path: daemon.config_path,

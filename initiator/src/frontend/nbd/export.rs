@@ -6,7 +6,7 @@ use super::greeter::{set_nonblocking, Accept, Greeter};
 use super::handoff::NewClient;
 use super::handshake::Export;
 use super::proto::flags;
-use crate::frontend::keeper::{Engines, Keeper};
+use crate::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
 use crate::host::engine::Waker;
 use crate::host::Attachment;
 use rdmablk_common::nvme::identify::oncs;
@@ -176,7 +176,13 @@ pub fn serve(
     let n = att.io_queues().min(queues).max(1);
     let arena = (att.queue_size() as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
     let keeper = Keeper::new(att, ctrl_loss_tmo);
-    let engines = Engines::spawn(&keeper, n, arena, "nbd", |_, waker| {
+    let spec = EngineSpec {
+        queues: n,
+        arena_bytes: arena,
+        name: "nbd",
+        busy_poll: false,
+    };
+    let engines = Engines::spawn(&keeper, spec, |_, waker| {
         let (tx, rx) = mpsc::channel();
         clients.push((tx, waker));
         Ok(NbdDriver::new(info, rx, stop.clone(), give_up.clone()))
@@ -203,7 +209,7 @@ pub fn serve(
             .map_err(|e| e.to_string())?
     };
 
-    let outcome = keeper.watch(&engines, "closing the NBD export");
+    let outcome = keeper.watch(&engines, Until::Signal("closing the NBD export"));
     if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);
     }
@@ -212,7 +218,7 @@ pub fn serve(
     // SAFETY: shutting down our own listening socket wakes the greeter's poll.
     unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
     let _ = acceptor.join();
-    let failure = outcome.result.err().or(engines.join());
+    let failure = outcome.result.err().or(engines.join().0);
     if let Listen::Unix(p) = listen {
         let _ = std::fs::remove_file(p);
     }

@@ -7,7 +7,7 @@
 
 mod driver;
 
-use super::keeper::{Engines, Keeper};
+use super::keeper::{EngineSpec, Engines, Keeper, Until};
 use crate::host::{Attachment, NamespaceInfo};
 use driver::{QueueSetup, UblkDriver};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
@@ -204,7 +204,13 @@ pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
     let (ready_tx, ready_rx) = mpsc::channel();
     let arena = (depth as usize * max_io).next_multiple_of(4 << 20) + (4 << 20);
     let keeper = Keeper::new(att, o.ctrl_loss_tmo);
-    let engines = Engines::spawn(&keeper, queues, arena, "ublk", |q, _| {
+    let spec = EngineSpec {
+        queues,
+        arena_bytes: arena,
+        name: "ublk",
+        busy_poll: false,
+    };
+    let engines = Engines::spawn(&keeper, spec, |q, _| {
         UblkDriver::new(QueueSetup {
             cdev,
             q_id: q as u16,
@@ -237,7 +243,7 @@ pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
     let _ = std::io::stdout().flush();
     tracing::info!(device = %path, size = ns.size_bytes(), queues, depth, max_io, recovered = recover, "ublk device ready");
 
-    let outcome = keeper.watch(&engines, "removing the ublk device");
+    let outcome = keeper.watch(&engines, Until::Signal("removing the ublk device"));
     if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);
     }
@@ -248,7 +254,7 @@ pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
     if let Err(e) = ctrl.stop_dev() {
         tracing::warn!("ublk stop: {e}");
     }
-    let failure = outcome.result.err().or(engines.join());
+    let failure = outcome.result.err().or(engines.join().0);
     drop(dev);
     match ctrl.del_dev() {
         Ok(r) if r < 0 => tracing::warn!("ublk delete: {}", std::io::Error::from_raw_os_error(-r)),
