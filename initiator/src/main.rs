@@ -5,6 +5,7 @@ use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
 use rdmablk::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
 use rdmablk::frontend::nbd::{self, Listen};
+use rdmablk::frontend::state;
 use rdmablk::frontend::ublk;
 use rdmablk::host::{Attachment, HostError, Params, Session, Transport};
 use rdmablk::hostid;
@@ -51,6 +52,19 @@ or use /dev/ublkb0 like any disk (mkfs, mount, fio). After a crash, the same com
   rdmablk bench -t tcp -a 127.0.0.1 -s 4420 -n NQN --rw randread --bs 4k --qd 32 --runtime 10s
   rdmablk bench -t tcp -a 127.0.0.1 -s 4420 -n NQN --rw randrw --bs 64k --qd 16 --verify --json")]
     Bench(BenchArgs),
+    /// List the namespaces `rdmablk connect` serves on this machine: each
+    /// with its front-end (NBD URI or ublk device) and its paths, with their
+    /// transport, address, controller id, ANA state and whether they are
+    /// live.
+    #[command(after_help = "Example:\n  rdmablk list\n  rdmablk list --json")]
+    List(ListArgs),
+}
+
+#[derive(Args)]
+struct ListArgs {
+    /// Print the connections as a JSON array.
+    #[arg(long)]
+    json: bool,
 }
 
 /// Where the target is and who we are.
@@ -222,6 +236,7 @@ fn main() -> ExitCode {
         Command::Discover(t) => discover(&t),
         Command::Connect(c) => connect(&c),
         Command::Bench(b) => run_bench(&b),
+        Command::List(l) => list(&l),
     };
     match result {
         Ok(code) => code,
@@ -289,6 +304,19 @@ fn params(
         disable_sqflow: t.disable_sqflow,
         dhchap,
     })
+}
+
+fn list(l: &ListArgs) -> Result<ExitCode, String> {
+    let all = state::list(&state::run_dir());
+    if l.json {
+        println!(
+            "{}",
+            serde_json::to_string_pretty(&all).map_err(|e| e.to_string())?
+        );
+    } else {
+        print!("{}", state::render(&all));
+    }
+    Ok(ExitCode::SUCCESS)
 }
 
 fn discover(t: &Target) -> Result<ExitCode, String> {

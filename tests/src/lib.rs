@@ -746,6 +746,12 @@ impl NbdExport {
         NbdExport::try_start(port, nqn, None, extra).unwrap_or_else(|e| panic!("{e}"))
     }
 
+    /// Like [`NbdExport::start`], with `rdmablk list`'s state in `run_dir`
+    /// (`RDMABLK_RUN_DIR`).
+    pub fn start_in(port: u16, nqn: &str, extra: &[&str], run_dir: &Path) -> NbdExport {
+        NbdExport::spawn(port, nqn, None, extra, Some(run_dir)).unwrap_or_else(|e| panic!("{e}"))
+    }
+
     /// Like [`NbdExport::start`], with `--nbd listen` (e.g. `tcp:127.0.0.1:PORT`)
     /// when given, else a unix socket in the export's temporary directory.
     /// Err (with its output) if the process exits before printing `ready:`.
@@ -754,6 +760,16 @@ impl NbdExport {
         nqn: &str,
         listen: Option<&str>,
         extra: &[&str],
+    ) -> Result<NbdExport, String> {
+        NbdExport::spawn(port, nqn, listen, extra, None)
+    }
+
+    fn spawn(
+        port: u16,
+        nqn: &str,
+        listen: Option<&str>,
+        extra: &[&str],
+        run_dir: Option<&Path>,
     ) -> Result<NbdExport, String> {
         let dir = TempDir::new("nbd");
         let (listen, socket) = match listen {
@@ -765,6 +781,9 @@ impl NbdExport {
         };
         let mut cmd = rdmablk_command("connect", port, nqn);
         cmd.args(["--nbd", &listen]).args(extra);
+        if let Some(d) = run_dir {
+            cmd.env("RDMABLK_RUN_DIR", d);
+        }
         if std::env::var_os("RUST_LOG").is_none() {
             cmd.env("RUST_LOG", "debug");
         }

@@ -7,6 +7,7 @@
 //! path status) for the engines to follow. The front-end gives up only when
 //! no path has been usable for ctrl-loss-tmo.
 
+use super::state::{self, Connection, PathReport, StateFile};
 use crate::host::attach::difference;
 use crate::host::engine::{Driver, Engine, Lost, Reconnect, Replacement, Waker};
 use crate::host::{Attachment, NamespaceInfo, Params, PathState, Paths, Session};
@@ -180,6 +181,8 @@ impl PathKeeper {
 /// Keeps every path's association alive and its ANA state current.
 pub struct Keeper {
     paths: Vec<PathKeeper>,
+    /// What `rdmablk list` shows of this process, once published.
+    published: Option<(StateFile, String)>,
     ns: NamespaceInfo,
     ids: NamespaceIdentifiers,
     ctrl_loss_tmo: Duration,
@@ -207,6 +210,7 @@ impl Keeper {
                     abandoned: false,
                 })
                 .collect(),
+            published: None,
             ns: a.ns,
             ids: a.ids,
             ctrl_loss_tmo,
@@ -217,6 +221,46 @@ impl Keeper {
             k.read_ana(i);
         }
         k
+    }
+
+    /// Shows this connection, served by `frontend`, to `rdmablk list` from
+    /// now on.
+    pub fn publish(&mut self, frontend: &str) {
+        match StateFile::new() {
+            Ok(f) => {
+                self.published = Some((f, frontend.to_string()));
+                self.report();
+            }
+            Err(e) => tracing::warn!(
+                "{}: {e}; rdmablk list will not show this connection",
+                state::run_dir().display()
+            ),
+        }
+    }
+
+    /// Updates what `rdmablk list` shows, when published.
+    fn report(&mut self) {
+        let Some((file, frontend)) = &mut self.published else {
+            return;
+        };
+        let c = Connection {
+            pid: std::process::id(),
+            subnqn: self.paths[0].params.subnqn.clone(),
+            nsid: self.ns.nsid,
+            frontend: frontend.clone(),
+            paths: self
+                .paths
+                .iter()
+                .map(|p| PathReport {
+                    transport: p.params.transport.name().to_string(),
+                    address: p.params.addr.to_string(),
+                    cntlid: p.session.as_ref().map(|s| s.cntlid),
+                    ana: p.state.ana().name().to_string(),
+                    live: p.session.is_some(),
+                })
+                .collect(),
+        };
+        file.update(&c);
     }
 
     /// Runs until `until`, or until no path has been usable for
@@ -292,6 +336,7 @@ impl Keeper {
             if due {
                 self.last_ana = Instant::now();
             }
+            self.report();
             if self.paths.iter().any(PathKeeper::usable) {
                 self.unusable_since = None;
                 continue;

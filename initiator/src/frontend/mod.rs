@@ -2,4 +2,5 @@
 
 pub mod keeper;
 pub mod nbd;
+pub mod state;
 pub mod ublk;

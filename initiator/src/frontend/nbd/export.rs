@@ -175,7 +175,7 @@ pub fn serve(
     let mut clients: Vec<(Sender<NewClient>, Waker)> = Vec::new();
     let n = att.io_queues().min(queues).max(1);
     let arena = (att.queue_size() as usize * (4 << 20)).clamp(16 << 20, 256 << 20);
-    let keeper = Keeper::new(att, ctrl_loss_tmo);
+    let mut keeper = Keeper::new(att, ctrl_loss_tmo);
     let spec = EngineSpec {
         queues: n,
         arena_bytes: arena,
@@ -194,6 +194,7 @@ pub fn serve(
     use std::io::Write;
     let _ = std::io::stdout().flush();
     tracing::info!(export = %listen.uri(), size = ns.size_bytes(), queues = n, max_clients, "NBD export ready");
+    keeper.publish(&listen.uri());
 
     let acceptor = {
         let listener = listener.clone();

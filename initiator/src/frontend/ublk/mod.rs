@@ -203,7 +203,7 @@ pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
     let stop = Arc::new(AtomicBool::new(false));
     let (ready_tx, ready_rx) = mpsc::channel();
     let arena = (depth as usize * max_io).next_multiple_of(4 << 20) + (4 << 20);
-    let keeper = Keeper::new(att, o.ctrl_loss_tmo);
+    let mut keeper = Keeper::new(att, o.ctrl_loss_tmo);
     let spec = EngineSpec {
         queues,
         arena_bytes: arena,
@@ -243,6 +243,7 @@ pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
     let _ = std::io::stdout().flush();
     tracing::info!(device = %path, size = ns.size_bytes(), queues, depth, max_io, recovered = recover, "ublk device ready");
 
+    keeper.publish(&path);
     let outcome = keeper.watch(&engines, Until::Signal("removing the ublk device"));
     if outcome.result.is_err() {
         give_up.store(true, Ordering::Release);

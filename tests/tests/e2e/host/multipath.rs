@@ -2,7 +2,8 @@
 //! that export one backing file under one NQN (gateway A optimized, B
 //! non-optimized): `rdmablk connect --nbd --path` keeps fio's verified I/O
 //! going, without an error, while A is killed with SIGKILL and restarted,
-//! and while the gateways' ANA states are swapped by reload.
+//! and while the gateways' ANA states are swapped by reload; `rdmablk list`
+//! shows the paths change.
 
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::tools::fio;
@@ -101,7 +102,33 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     let mut a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
     let b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
     let path_b = format!("tcp://127.0.0.1:{pb}");
-    let e = NbdExport::start(pa, DEFAULT_NQN, &["--path", &path_b, "-l", "30"]);
+    let run_dir = dir.join("run");
+    let e = NbdExport::start_in(pa, DEFAULT_NQN, &["--path", &path_b, "-l", "30"], &run_dir);
+    let list = || {
+        let out = Command::new(bin_path("rdmablk"))
+            .args(["list", "--json"])
+            .env("RDMABLK_RUN_DIR", &run_dir)
+            .output()
+            .expect("rdmablk list");
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON listing");
+        v[0]["paths"]
+            .as_array()
+            .expect("one connection with paths")
+            .iter()
+            .map(|p| {
+                (
+                    p["ana"].as_str().unwrap_or("").to_string(),
+                    p["live"] == true,
+                )
+            })
+            .collect::<Vec<_>>()
+    };
+    let state = |s: &str, live| (s.to_string(), live);
+    assert_eq!(
+        list(),
+        vec![state("optimized", true), state("non-optimized", true)],
+        "rdmablk list, both gateways up"
+    );
 
     // fio writes the 64 MiB at 2000 IOPS (about 8 s), then reads it all
     // back and verifies it, while the paths change under it.
@@ -124,6 +151,7 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     std::thread::sleep(Duration::from_millis(1500));
     a.t.as_mut().expect("A runs").kill();
     logged(&e, "association lost");
+    assert!(!list()[0].1, "rdmablk list shows A lost: {:?}", list());
     std::thread::sleep(Duration::from_secs(1));
     a.run();
     logged(&e, "association re-established");
@@ -134,6 +162,12 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     a.reload();
     logged(&e, "ANA state non-optimized -> optimized");
     logged(&e, "ANA state optimized -> non-optimized");
+    std::thread::sleep(Duration::from_millis(300));
+    assert_eq!(
+        list(),
+        vec![state("non-optimized", true), state("optimized", true)],
+        "rdmablk list after the swap"
+    );
 
     let (r, v) = fio_run.join().expect("fio thread");
     let job = &v["jobs"][0];
