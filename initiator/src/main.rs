@@ -1,6 +1,8 @@
 //! rdmablk: discover NVMe-oF subsystems, connect a remote namespace and
 //! export it locally, or benchmark it.
 
+mod connect_all;
+
 use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
 use rdmablk::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
@@ -15,6 +17,7 @@ use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, Discover
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -58,6 +61,58 @@ or use /dev/ublkb0 like any disk (mkfs, mount, fio). After a crash, the same com
     /// live.
     #[command(after_help = "Example:\n  rdmablk list\n  rdmablk list --json")]
     List(ListArgs),
+    /// Connect every NVMe subsystem that the discovery controller (-a), or
+    /// each one in /etc/nvme/discovery.conf, lists for this host, with all
+    /// the paths its entries name (one `rdmablk connect` each), and serve
+    /// them until SIGINT/SIGTERM.
+    #[command(after_help = "Examples:
+  rdmablk connect-all -t tcp -a 10.0.0.1 -s 4420 --nbd-dir /run/rdmablk
+  rdmablk connect-all --ublk --ublk-id-base 10       # controllers from /etc/nvme/discovery.conf")]
+    ConnectAll(ConnectAllArgs),
+}
+
+#[derive(Args)]
+struct ConnectAllArgs {
+    /// The discovery controller's transport: tcp or rdma.
+    #[arg(short = 't', long = "transport", default_value = "tcp")]
+    transport: String,
+    /// The discovery controller's address; without it, every controller
+    /// listed in --discovery-conf (nvme-cli's format) is asked.
+    #[arg(short = 'a', long = "traddr")]
+    traddr: Option<String>,
+    /// The discovery controller's port.
+    #[arg(short = 's', long = "trsvcid", default_value_t = 4420)]
+    trsvcid: u16,
+    /// Discovery controllers, one per line (-t, -a, -s, -q, -I), when -a is not given.
+    #[arg(long = "discovery-conf", value_name = "FILE", default_value = connect_all::DISCOVERY_CONF)]
+    discovery_conf: PathBuf,
+    /// Host NQN (default: /etc/nvme/hostnqn, else derived from /etc/machine-id).
+    #[arg(short = 'q', long = "hostnqn")]
+    hostnqn: Option<String>,
+    /// Host identifier, a UUID (default: /etc/nvme/hostid, else derived).
+    #[arg(short = 'I', long = "hostid")]
+    hostid: Option<String>,
+    /// Serve each subsystem as an NBD export, its socket in DIR (the NQN,
+    /// with characters other than letters, digits, - . _ made _, then .sock).
+    #[arg(
+        long,
+        value_name = "DIR",
+        required_unless_present = "ublk",
+        conflicts_with = "ublk"
+    )]
+    nbd_dir: Option<PathBuf>,
+    /// Serve each subsystem as a ublk device, ids from --ublk-id-base up in
+    /// NQN order.
+    #[arg(long)]
+    ublk: bool,
+    #[arg(long, value_name = "N", default_value_t = 0, requires = "ublk")]
+    ublk_id_base: u32,
+    /// I/O queues of each connection.
+    #[arg(short = 'i', long = "nr-io-queues", default_value_t = 1)]
+    nr_io_queues: u16,
+    /// Seconds without a usable path before a connection gives up.
+    #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 600)]
+    ctrl_loss_tmo: u64,
 }
 
 #[derive(Args)]
@@ -237,6 +292,7 @@ fn main() -> ExitCode {
         Command::Connect(c) => connect(&c),
         Command::Bench(b) => run_bench(&b),
         Command::List(l) => list(&l),
+        Command::ConnectAll(a) => connect_all(&a),
     };
     match result {
         Ok(code) => code,
@@ -306,6 +362,52 @@ fn params(
     })
 }
 
+/// The parameters of discovery controller `t`.
+fn discovery_params(t: &Target) -> Result<Params, String> {
+    params(t, "", 0, 32, 1)
+}
+
+fn connect_all(a: &ConnectAllArgs) -> Result<ExitCode, String> {
+    let base = Target {
+        transport: a.transport.clone(),
+        traddr: a.traddr.clone().unwrap_or_default(),
+        trsvcid: a.trsvcid,
+        hostnqn: a.hostnqn.clone(),
+        hostid: a.hostid.clone(),
+        hdr_digest: false,
+        data_digest: false,
+        disable_sqflow: false,
+        dhchap_secret: None,
+        dhchap_ctrl_secret: None,
+    };
+    let controllers = match &a.traddr {
+        Some(_) => vec![base],
+        None => connect_all::read_conf(&a.discovery_conf, &base)?,
+    };
+    let found = connect_all::subsystems(&controllers)?;
+    let frontend = match &a.nbd_dir {
+        Some(dir) => {
+            std::fs::create_dir_all(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+            connect_all::Frontend::NbdDir(dir.clone())
+        }
+        None => connect_all::Frontend::Ublk(a.ublk_id_base),
+    };
+    let common = connect_all::Common {
+        hostnqn: a.hostnqn.as_deref(),
+        hostid: a.hostid.as_deref(),
+        extra: vec![
+            "-i".into(),
+            a.nr_io_queues.to_string(),
+            "-l".into(),
+            a.ctrl_loss_tmo.to_string(),
+        ],
+    };
+    for (nqn, paths) in &found {
+        println!("{nqn}: {}", paths.join(" "));
+    }
+    connect_all::run(&found, &frontend, &common)
+}
+
 fn list(l: &ListArgs) -> Result<ExitCode, String> {
     let all = state::list(&state::run_dir());
     if l.json {
@@ -320,7 +422,7 @@ fn list(l: &ListArgs) -> Result<ExitCode, String> {
 }
 
 fn discover(t: &Target) -> Result<ExitCode, String> {
-    let p = params(t, "", 0, 32, 1)?;
+    let p = discovery_params(t)?;
     let entries = Session::discover(&p).map_err(|e| e.to_string())?;
     println!(
         "\nDiscovery Log Number of Records {}, Generation counter 1",

@@ -3,11 +3,12 @@
 //! non-optimized): `rdmablk connect --nbd --path` keeps fio's verified I/O
 //! going, without an error, while A is killed with SIGKILL and restarted,
 //! and while the gateways' ANA states are swapped by reload; `rdmablk list`
-//! shows the paths change.
+//! shows the paths change. And `rdmablk connect-all`.
 
 use rdmablk_tests::names::DEFAULT_NQN;
+use rdmablk_tests::nbd::NbdClient;
 use rdmablk_tests::tools::fio;
-use rdmablk_tests::{bin_path, free_port, NbdExport, Target, TempDir};
+use rdmablk_tests::{bin_path, free_port, NbdExport, Proc, Rng, Target, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -198,5 +199,80 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     assert!(
         log[swapped..].contains("NBD client disconnected"),
         "fio ended before the states were swapped\n{log}"
+    );
+}
+
+/// `rdmablk connect-all` against a discovery controller listing two
+/// subsystems for this host: both are served (an NBD socket each, which
+/// takes writes that read back), `rdmablk list` shows both, and SIGTERM
+/// ends them all.
+#[test]
+fn connect_all_serves_every_subsystem_listed() {
+    let _machine = crate::shared();
+    let nqns = [
+        "nqn.2026-11.io.rdmablk:all-one",
+        "nqn.2026-11.io.rdmablk:all-two",
+    ];
+    let mut toml =
+        "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n".to_string();
+    for nqn in nqns {
+        toml += &format!(
+            "[[subsystem]]\nnqn = \"{nqn}\"\nallow_any_host = true\n\
+             [[subsystem.namespace]]\nbackend = \"memory\"\nsize = \"8MiB\"\n"
+        );
+    }
+    let t = Target::start_config(&toml);
+    let dir = TempDir::new("connect-all");
+    let (sockets, run_dir) = (dir.join("nbd"), dir.join("run"));
+    let mut cmd = Command::new(bin_path("rdmablk"));
+    cmd.args(["connect-all", "-t", "tcp", "-a", "127.0.0.1", "-s"])
+        .arg(t.port().to_string())
+        .arg("--nbd-dir")
+        .arg(&sockets)
+        .env("RDMABLK_RUN_DIR", &run_dir);
+    let mut p = Proc::spawn("rdmablk connect-all", &mut cmd);
+    let sock = |nqn: &str| sockets.join(format!("{}.sock", nqn.replace(':', "_")));
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !nqns.iter().all(|n| sock(n).exists()) {
+        assert!(
+            Instant::now() < deadline,
+            "no socket for each subsystem\n{}",
+            p.report()
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    for (i, nqn) in nqns.iter().enumerate() {
+        let mut c = NbdClient::connect(&sock(nqn)).unwrap_or_else(|r| panic!("{nqn}: {r:?}"));
+        let data = Rng::new(i as u64 + 7).bytes(4096);
+        c.write(4096, &data).expect("write");
+        assert!(
+            c.read(4096, 4096).expect("read") == data,
+            "{nqn}: read back"
+        );
+    }
+    let out = Command::new(bin_path("rdmablk"))
+        .args(["list", "--json"])
+        .env("RDMABLK_RUN_DIR", &run_dir)
+        .output()
+        .expect("rdmablk list");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("a JSON listing");
+    let mut listed: Vec<&str> = v
+        .as_array()
+        .expect("an array")
+        .iter()
+        .filter_map(|c| c["subnqn"].as_str())
+        .collect();
+    listed.sort_unstable();
+    assert_eq!(listed, nqns, "rdmablk list");
+    p.signal(libc::SIGTERM);
+    let status = p.wait(Duration::from_secs(20));
+    assert!(
+        status.success(),
+        "connect-all after SIGTERM: {status}\n{}",
+        p.report()
+    );
+    assert!(
+        nqns.iter().all(|n| !sock(n).exists()),
+        "sockets left behind"
     );
 }
