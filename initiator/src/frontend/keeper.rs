@@ -162,6 +162,9 @@ struct PathKeeper {
     params: Params,
     session: Option<Session>,
     state: Arc<PathState>,
+    /// The state last read from the controller (engines may have set
+    /// `state` meanwhile, after a path status).
+    known: AnaState,
     /// Generation of the queues handed to the engines on this path.
     generation: u64,
     lost_since: Option<Instant>,
@@ -203,6 +206,7 @@ impl Keeper {
                     params: s.params().clone(),
                     session: Some(s),
                     state: Arc::default(),
+                    known: AnaState::Optimized,
                     generation: 0,
                     lost_since: None,
                     next_try: now,
@@ -443,10 +447,10 @@ impl Keeper {
         };
         match s.ana_state(nsid) {
             Ok(now) => {
-                let before = p.state.ana();
                 p.state.set_ana(now);
-                if now != before {
-                    tracing::info!(path = %p.params.addr, "ANA state {before} -> {now}");
+                if now != p.known {
+                    tracing::info!(path = %p.params.addr, "ANA state {} -> {now}", p.known);
+                    p.known = now;
                 }
             }
             Err(e) => {
