@@ -3,8 +3,8 @@
 //! waits for SIGINT/SIGTERM while keeping every path alive: a lost
 //! association is re-established with backoff (engines get new queues on
 //! that path) until ctrl-loss-tmo runs out for it, and each path's ANA
-//! state is read from its controller (every second, and at once after a
-//! path status) for the engines to follow. The front-end gives up only when
+//! state is read from its controller (at once on an ANA Change notice or
+//! after a path status, and every second) for the engines to follow. The front-end gives up only when
 //! no path has been usable for ctrl-loss-tmo.
 
 use super::state::{self, Connection, PathReport, StateFile};
@@ -333,7 +333,12 @@ impl Keeper {
             }
             let due = self.last_ana.elapsed() >= ANA_POLL;
             for i in 0..self.paths.len() {
-                if self.paths[i].state.take_recheck() || due {
+                let p = &self.paths[i];
+                let notice = p.session.as_ref().is_some_and(Session::take_ana_notice);
+                if notice {
+                    tracing::info!(path = %p.params.addr, "ANA Change notice");
+                }
+                if p.state.take_recheck() || notice || due {
                     self.read_ana(i);
                 }
             }

@@ -20,6 +20,13 @@ use std::time::{Duration, Instant};
 
 /// Admin queue entries requested.
 const ADMIN_SQSIZE: u16 = 32;
+/// Asynchronous Event Configuration bit of ANA Change Notices (NVMe Base
+/// 2.1, Figure 201), also their OAES bit.
+const ANA_CHANGE_NOTICES: u32 = 1 << 11;
+/// Asynchronous event type Notice, and its information Asymmetric Namespace
+/// Access Change (NVMe Base 2.1, Figures 150 and 151).
+const AEN_NOTICE: u32 = 2;
+const AEN_ANA_CHANGE: u8 = 0x03;
 /// How long the controller may take to become ready or to shut down.
 const READY_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -234,6 +241,24 @@ impl Session {
             ((cqe.dw0 & 0xffff).min(cqe.dw0 >> 16) + 1).min(p.io_queues.max(1) as u32) as u16;
         let cap = property_get(&mut q, property::CAP, true)?;
         let mqes = ((cap & 0xffff) as u16).saturating_add(1);
+        if ctrl.cmic & 1 << 3 != 0 && ctrl.oaes & ANA_CHANGE_NOTICES != 0 {
+            // ANA Change notices, through an Asynchronous Event Request kept
+            // outstanding (the ANA log is also read every second).
+            let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+            sqe.set_cdw(10, feature::ASYNC_EVENT as u32);
+            sqe.set_cdw(11, ANA_CHANGE_NOTICES);
+            let armed = q
+                .exec_ok(
+                    "Set Features (Asynchronous Event Configuration)",
+                    sqe,
+                    &[],
+                    0,
+                )
+                .and_then(|_| q.request_event());
+            if let Err(e) = armed {
+                tracing::info!("no ANA Change notices from the controller: {e}");
+            }
+        }
         let queue_size = p.queue_size.min(mqes).min(ctrl.maxcmd.max(2)).max(2);
         let cntlid = ctrl.cntlid;
         let admin = Arc::new(Mutex::new(q));
@@ -367,6 +392,31 @@ impl Session {
             .iter()
             .find(|g| g.grpid == group)
             .map_or(AnaState::Inaccessible, |g| g.state))
+    }
+
+    /// Whether an ANA Change notice arrived since the last call (the
+    /// Asynchronous Event Request is sent again after each event).
+    pub fn take_ana_notice(&self) -> bool {
+        let mut q = self.admin.lock().expect("admin queue");
+        let events = match q.take_events() {
+            Ok(e) => e,
+            Err(e) => {
+                tracing::debug!("asynchronous events: {e}");
+                return false;
+            }
+        };
+        let mut ana = false;
+        for cqe in &events {
+            if !cqe.status().is_success() {
+                // Aborted (a reset) or refused: no more requests.
+                continue;
+            }
+            ana |= cqe.dw0 & 0x7 == AEN_NOTICE && (cqe.dw0 >> 8) as u8 == AEN_ANA_CHANGE;
+            if let Err(e) = q.request_event() {
+                tracing::debug!("asynchronous event request: {e}");
+            }
+        }
+        ana
     }
 
     /// Connects I/O queue `qid`, ready for an engine.

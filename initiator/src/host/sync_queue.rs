@@ -6,7 +6,7 @@ use super::rdma::RdmaQueue;
 use super::tcp_sync::TcpSync;
 use super::{HostError, Params, Transport, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData};
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
+use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe};
 use std::net::SocketAddr;
 
 /// Largest data a blocking command moves (a discovery log of 1024 entries).
@@ -23,7 +23,12 @@ pub struct RdmaSync {
     /// Declared first: the queue (and its registration) goes before `buf`.
     q: RdmaQueue,
     buf: Vec<u8>,
+    /// An Asynchronous Event Request is outstanding.
+    aer: bool,
 }
+
+/// The tag of an NVMe/RDMA queue's Asynchronous Event Request.
+const AER_TAG: u64 = 1;
 
 impl SyncQueue {
     /// Connects queue `qid` of `depth` entries at the transport level
@@ -37,7 +42,7 @@ impl SyncQueue {
                 // SAFETY: `buf` is never reallocated and outlives the queue
                 // (field order of `RdmaSync`).
                 unsafe { q.register(buf.as_mut_ptr(), buf.len()) }?;
-                SyncQueue::Rdma(Box::new(RdmaSync { q, buf }))
+                SyncQueue::Rdma(Box::new(RdmaSync { q, buf, aer: false }))
             }
         })
     }
@@ -88,6 +93,54 @@ impl SyncQueue {
         }
     }
 
+    /// Sends an Asynchronous Event Request that stays outstanding (one at a
+    /// time); its completion comes back through [`SyncQueue::take_events`].
+    pub fn request_event(&mut self) -> Result<(), HostError> {
+        match self {
+            SyncQueue::Tcp(q) => q.request_event(),
+            SyncQueue::Rdma(q) if q.aer => Ok(()),
+            SyncQueue::Rdma(q) => {
+                let sqe = Sqe::new(admin::ASYNC_EVENT, 0);
+                // SAFETY: no data: the command points at no memory.
+                let sent = unsafe { q.q.submit(sqe, std::ptr::null_mut(), 0, false, AER_TAG) };
+                q.aer = sent.is_some();
+                if q.aer {
+                    Ok(())
+                } else {
+                    Err(HostError::Protocol(
+                        "no room for an Asynchronous Event Request".into(),
+                    ))
+                }
+            }
+        }
+    }
+
+    /// Completions of Asynchronous Event Requests received so far, looking
+    /// at what arrived without waiting.
+    pub fn take_events(&mut self) -> Result<Vec<Cqe>, HostError> {
+        match self {
+            SyncQueue::Tcp(q) => q.take_events(),
+            SyncQueue::Rdma(q) => {
+                if let Some(why) = q.q.failed() {
+                    return Err(HostError::Protocol(why.to_string()));
+                }
+                q.q.on_cq_ready();
+                q.q.on_cm_ready();
+                let mut done = Vec::new();
+                q.q.take_done(&mut done);
+                let events: Vec<Cqe> = done
+                    .into_iter()
+                    .filter(|d| d.tag == AER_TAG)
+                    .map(|d| d.cqe)
+                    .collect();
+                if !events.is_empty() {
+                    q.aer = false;
+                }
+                Ok(events)
+            }
+        }
+    }
+
     /// Executes a command and fails unless it succeeds.
     pub fn exec_ok(
         &mut self,
@@ -127,7 +180,7 @@ impl SyncQueue {
                 )
             }
             SyncQueue::Rdma(q) => {
-                let RdmaSync { mut q, buf } = *q;
+                let RdmaSync { mut q, buf, .. } = *q;
                 // Nothing is in flight: the buffer's registration can go with it.
                 q.forget_regions();
                 drop(buf);

@@ -3,7 +3,7 @@
 
 use super::{HostError, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::CONNECT_DATA_LEN;
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -23,6 +23,10 @@ pub struct TcpSync {
     pub in_capsule: usize,
     next_cid: u16,
     rx: Vec<u8>,
+    /// The command id of the Asynchronous Event Request outstanding, if any.
+    aer: Option<u16>,
+    /// Completions of Asynchronous Event Requests not yet taken.
+    events: Vec<Cqe>,
 }
 
 impl TcpSync {
@@ -45,6 +49,8 @@ impl TcpSync {
             in_capsule: 0,
             next_cid: 0,
             rx: Vec::new(),
+            aer: None,
+            events: Vec::new(),
         };
         let icreq = Header::IcReq {
             pfv: 0,
@@ -204,6 +210,10 @@ impl TcpSync {
                     }
                 }
                 (Header::R2T(t), _, _) if t.cccid == cid => self.send_h2c(t, data_out)?,
+                (Header::CapsuleResp(cqe), _, _) if Some(cqe.cid) == self.aer => {
+                    self.aer = None;
+                    self.events.push(cqe);
+                }
                 (h, _, _) => {
                     return Err(HostError::Protocol(format!(
                         "unexpected PDU type {:#x}",
@@ -212,6 +222,63 @@ impl TcpSync {
                 }
             }
         }
+    }
+
+    /// Sends an Asynchronous Event Request that stays outstanding (one at a
+    /// time): its completion is kept for [`TcpSync::take_events`].
+    pub fn request_event(&mut self) -> Result<(), HostError> {
+        if self.aer.is_some() {
+            return Ok(());
+        }
+        let cid = self.next_cid;
+        self.next_cid = self.next_cid.wrapping_add(1);
+        let mut sqe = Sqe::new(admin::ASYNC_EVENT, cid);
+        sqe.set_sgl(&Sgl::Null);
+        self.sock.write_all(&tcp::encode(
+            &Header::CapsuleCmd(sqe),
+            0,
+            &[],
+            self.digests,
+            1,
+        ))?;
+        self.aer = Some(cid);
+        Ok(())
+    }
+
+    /// Completions of Asynchronous Event Requests, those that arrived while
+    /// other commands ran and those waiting on the socket now (read without
+    /// waiting for more).
+    pub fn take_events(&mut self) -> Result<Vec<Cqe>, HostError> {
+        while self.aer.is_some() && self.readable()? {
+            match self.recv_pdu()? {
+                (Header::CapsuleResp(cqe), _, _) if Some(cqe.cid) == self.aer => {
+                    self.aer = None;
+                    self.events.push(cqe);
+                }
+                (h, _, _) => {
+                    return Err(HostError::Protocol(format!(
+                        "unexpected PDU type {:#x} with no command outstanding",
+                        h.pdu_type()
+                    )))
+                }
+            }
+        }
+        Ok(std::mem::take(&mut self.events))
+    }
+
+    /// Whether bytes wait on the socket.
+    fn readable(&self) -> Result<bool, HostError> {
+        let mut fd = libc::pollfd {
+            fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            events: libc::POLLIN,
+            revents: 0,
+        };
+        // SAFETY: one valid pollfd, no wait.
+        let n = unsafe { libc::poll(&mut fd, 1, 0) };
+        if n < 0 {
+            return Err(std::io::Error::last_os_error().into());
+        }
+        Ok(n > 0 && fd.revents != 0)
     }
 
     fn send_h2c(&mut self, r2t: Transfer, data: &[u8]) -> Result<(), HostError> {

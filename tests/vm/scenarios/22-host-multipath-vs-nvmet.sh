@@ -32,4 +32,5 @@ grep -q "verify errors: 0" /tmp/bench.out || fail "verify errors"
 grep "ANA state" /tmp/bench.log | head -6
 grep -q "ANA state non-optimized -> optimized path=127.0.0.1:4451" /tmp/bench.log || fail "the host did not follow the swap"
 grep -q "ANA state optimized -> inaccessible path=127.0.0.1:4451" /tmp/bench.log || fail "the host did not see 4451 inaccessible"
+grep -q "ANA Change notice path=127.0.0.1:4451" /tmp/bench.log || fail "no ANA Change notice from nvmet reached the host"
 say "bench --verify over two nvmet paths across ANA changes: all checks passed"

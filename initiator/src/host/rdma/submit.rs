@@ -7,6 +7,9 @@ use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
 use rdmablk_common::rdma::{access, next_rkey, Mr, SendOp, SendWr, Sge};
 use std::time::{Duration, Instant};
 
+/// The tag of the command [`RdmaQueue::exec_blocking`] runs.
+pub const EXEC_TAG: u64 = 0;
+
 impl RdmaQueue {
     /// Submits a command; see `IoQueue::submit`. Returns its command id, or
     /// `None` when no slot is free (or the queue failed).
@@ -153,6 +156,8 @@ impl RdmaQueue {
     }
 
     /// Runs one command to completion, blocking (admin queue, Connect).
+    /// Completions of other commands (an Asynchronous Event Request's) stay
+    /// in `done`.
     ///
     /// # Safety
     /// As [`RdmaQueue::submit`]; the buffer is free again when this returns
@@ -166,7 +171,7 @@ impl RdmaQueue {
         timeout: Duration,
     ) -> Result<Cqe, HostError> {
         // SAFETY: the caller's guarantees.
-        if unsafe { self.submit(sqe, buf, len, to_host, 0) }.is_none() {
+        if unsafe { self.submit(sqe, buf, len, to_host, EXEC_TAG) }.is_none() {
             return Err(HostError::Protocol(
                 self.failed
                     .clone()
@@ -177,7 +182,8 @@ impl RdmaQueue {
         loop {
             self.on_cq_ready();
             self.on_cm_ready();
-            if let Some(d) = self.done.pop() {
+            if let Some(i) = self.done.iter().position(|d| d.tag == EXEC_TAG) {
+                let d = self.done.swap_remove(i);
                 if let Some(why) = &self.failed {
                     return Err(HostError::Protocol(why.clone()));
                 }

@@ -163,6 +163,9 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     a.reload();
     logged(&e, "ANA state non-optimized -> optimized");
     logged(&e, "ANA state optimized -> non-optimized");
+    // The target told the host (an Asynchronous Event Request kept
+    // outstanding on each path's admin queue).
+    logged(&e, &format!("ANA Change notice path=127.0.0.1:{pb}"));
     std::thread::sleep(Duration::from_millis(300));
     assert_eq!(
         list(),
