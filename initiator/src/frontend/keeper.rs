@@ -78,14 +78,14 @@ impl<D: Driver + Send + 'static> Engines<D> {
                 queues.push((queue, p.state.clone()));
             }
             let (replace, replacements) = mpsc::channel();
-            let engine = Engine::new(Paths::new(queues), arena_bytes, TICK)
+            let reconnect = Reconnect {
+                index: q,
+                lost: lost_tx.clone(),
+                replacements,
+            };
+            let engine = Engine::new(Paths::new(queues), arena_bytes, TICK, reconnect)
                 .map_err(|e| format!("I/O engine: {e}"))?
-                .with_busy_poll(busy_poll)
-                .with_reconnect(Reconnect {
-                    index: q,
-                    lost: lost_tx.clone(),
-                    replacements,
-                });
+                .with_busy_poll(busy_poll);
             let mut driver = make(q, engine.waker())?;
             links.push(EngineLink {
                 replace,

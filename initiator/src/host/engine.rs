@@ -121,14 +121,20 @@ pub struct Engine {
     ring: Ring,
     wakeup: Waker,
     tick: types::Timespec,
-    reconnect: Option<Reconnect>,
+    reconnect: Reconnect,
     /// Spin on the ring instead of sleeping in it.
     busy_poll: bool,
 }
 
 impl Engine {
-    /// Builds an engine with an arena of `arena_bytes` registered with the ring.
-    pub fn new(mut paths: Paths, arena_bytes: usize, tick: Duration) -> Result<Engine, HostError> {
+    /// Builds an engine with an arena of `arena_bytes` registered with the
+    /// ring; a lost queue is reported, and replaced, through `reconnect`.
+    pub fn new(
+        mut paths: Paths,
+        arena_bytes: usize,
+        tick: Duration,
+        reconnect: Reconnect,
+    ) -> Result<Engine, HostError> {
         let ring = Ring::new(RING_ENTRIES, arena_bytes, &RING_OPS)?;
         // SAFETY: the engine owns both and drops the paths first.
         unsafe { paths.register_arena(&ring.arena) }?;
@@ -137,7 +143,7 @@ impl Engine {
             paths,
             wakeup: Waker::new()?,
             tick: types::Timespec::from(tick),
-            reconnect: None,
+            reconnect,
             busy_poll: false,
         })
     }
@@ -150,22 +156,14 @@ impl Engine {
         self
     }
 
-    /// Makes a lost queue wait for a replacement instead of ending the run.
-    pub fn with_reconnect(mut self, r: Reconnect) -> Engine {
-        self.reconnect = Some(r);
-        self
-    }
-
     /// Takes replacement queues; swaps them in once the old ones are idle
     /// in the ring; reports each loss once. Returns the error ending the
-    /// run, if any: without reconnection, when every path is lost.
-    fn handle_loss(&mut self, driver: &dyn Driver) -> Option<String> {
-        if let Some(r) = &self.reconnect {
-            while let Ok((path, generation, q)) = r.replacements.try_recv() {
-                self.paths.replace(path, generation, q);
-            }
+    /// run, if any.
+    fn handle_loss(&mut self) -> Option<String> {
+        while let Ok((path, generation, q)) = self.reconnect.replacements.try_recv() {
+            self.paths.replace(path, generation, q);
         }
-        let (ring, reconnect) = (&mut self.ring, &self.reconnect);
+        let (ring, r) = (&mut self.ring, &self.reconnect);
         let mut cancels = Vec::new();
         // SAFETY: the engine owns both and drops the paths first.
         let settled = unsafe {
@@ -173,16 +171,11 @@ impl Engine {
                 &ring.arena,
                 self.busy_poll,
                 |path, generation| {
-                    if let Some(r) = reconnect {
-                        let _ = r.lost.send((r.index, path, generation));
-                    }
+                    let _ = r.lost.send((r.index, path, generation));
                 },
                 |path, old| cancels.push((path, old)),
             )
         };
-        if let Err(e) = settled {
-            return Some(e);
-        }
         for (path, old) in cancels {
             // The replaced queue's polls that may still be in the ring.
             for kind in [KIND_RECV, KIND_SEND] {
@@ -194,11 +187,7 @@ impl Engine {
                 unsafe { ring.submissions().push(cancel) };
             }
         }
-        match &self.reconnect {
-            Some(_) => None,
-            None if driver.ops_in_flight() == 0 => self.paths.all_lost(),
-            None => None,
-        }
+        settled.err()
     }
 
     pub fn waker(&self) -> Waker {
@@ -222,7 +211,7 @@ impl Engine {
             if finished && self.paths.idle() && driver.ops_in_flight() == 0 {
                 return Ok(());
             }
-            if let Some(why) = self.handle_loss(driver) {
+            if let Some(why) = self.handle_loss() {
                 return Err(why);
             }
             // SAFETY: queued operations point at memory that outlives their

@@ -439,17 +439,4 @@ impl Paths {
         }
         Ok(())
     }
-
-    /// Whether every path's queue failed (and nothing of theirs is in the
-    /// ring): an engine without a keeper ends then.
-    pub fn all_lost(&self) -> Option<String> {
-        if self
-            .paths
-            .iter()
-            .any(|p| p.live() || p.queue.ops_in_flight())
-        {
-            return None;
-        }
-        self.paths[0].queue.failed().map(str::to_string)
-    }
 }
