@@ -1,31 +1,29 @@
 //! What every front-end does around its engines: one engine thread per I/O
-//! queue index (each with a queue on every path), and a coordinator that
-//! waits for SIGINT/SIGTERM while keeping every path alive: a lost
-//! association is re-established with backoff (engines get new queues on
-//! that path) until ctrl-loss-tmo runs out for it, and each path's ANA
-//! state is read from its controller (at once on an ANA Change notice or
-//! after a path status, and every second) for the engines to follow. The front-end gives up only when
-//! no path has been usable for ctrl-loss-tmo.
+//! queue index (each with a queue on every path), a keeper thread per path
+//! (`path`: it re-establishes a lost association with backoff, engines
+//! getting new queues on that path, until ctrl-loss-tmo runs out for it, and
+//! reads the path's ANA state at an ANA Change notice, after a path status
+//! and every second, for the engines to follow), and a coordinator that
+//! waits for SIGINT/SIGTERM and gives the front-end up only when no path
+//! has been usable for ctrl-loss-tmo.
+
+mod path;
 
 use super::state::{self, Connection, PathReport, StateFile};
-use crate::host::attach::difference;
-use crate::host::engine::{Driver, Engine, Lost, Reconnect, Replacement, Waker};
-use crate::host::{Attachment, NamespaceInfo, Params, PathState, Paths, Session};
-use rdmablk_common::nvme::ana::AnaState;
-use rdmablk_common::nvme::identify::NamespaceIdentifiers;
+use crate::host::engine::{Driver, Engine, Lost, PathChange, Reconnect, Waker};
+use crate::host::{Attachment, Paths, Session};
+use path::{PathKeeper, PathShared};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
-const MAX_BACKOFF: Duration = Duration::from_secs(10);
 const TICK: Duration = Duration::from_millis(100);
-/// How often each path's ANA state is read (besides after a path status).
-const ANA_POLL: Duration = Duration::from_secs(1);
 
 /// What the coordinator keeps of each engine.
 struct EngineLink {
-    replace: Sender<Replacement>,
+    changes: Sender<PathChange>,
     waker: Waker,
 }
 
@@ -74,21 +72,21 @@ impl<D: Driver + Send + 'static> Engines<D> {
                     .expect("every path is connected at start");
                 let queue = session
                     .open_io_queue(q as u16 + 1)
-                    .map_err(|e| format!("{}: {e}", p.params.addr))?;
-                queues.push((queue, p.state.clone()));
+                    .map_err(|e| format!("{}: {e}", p.shared.params.addr))?;
+                queues.push((queue, p.shared.state.clone()));
             }
-            let (replace, replacements) = mpsc::channel();
+            let (changes_tx, changes) = mpsc::channel();
             let reconnect = Reconnect {
                 index: q,
                 lost: lost_tx.clone(),
-                replacements,
+                changes,
             };
             let engine = Engine::new(Paths::new(queues), arena_bytes, TICK, reconnect)
                 .map_err(|e| format!("I/O engine: {e}"))?
                 .with_busy_poll(busy_poll);
             let mut driver = make(q, engine.waker())?;
             links.push(EngineLink {
-                replace,
+                changes: changes_tx,
                 waker: engine.waker(),
             });
             threads.push(
@@ -157,74 +155,32 @@ pub struct Watched {
     pub sessions: Vec<Session>,
 }
 
-/// One path as the coordinator keeps it.
-struct PathKeeper {
-    params: Params,
-    session: Option<Session>,
-    state: Arc<PathState>,
-    /// The state last read from the controller (engines may have set
-    /// `state` meanwhile, after a path status).
-    known: AnaState,
-    /// Generation of the queues handed to the engines on this path.
-    generation: u64,
-    lost_since: Option<Instant>,
-    next_try: Instant,
-    backoff: Duration,
-    /// Reconnecting stopped: lost for longer than ctrl-loss-tmo.
-    abandoned: bool,
-}
-
-impl PathKeeper {
-    /// Whether I/O may go through it now.
-    fn usable(&self) -> bool {
-        self.session.is_some() && self.state.ana().is_usable()
-    }
-}
-
-/// Keeps every path's association alive and its ANA state current.
+/// Keeps every path's association alive and its ANA state current, a
+/// thread per path ([`path::PathKeeper`]), and decides when the front-end
+/// gives up.
 pub struct Keeper {
     paths: Vec<PathKeeper>,
     /// What `rdmablk list` shows of this process, once published.
     published: Option<(StateFile, String)>,
-    ns: NamespaceInfo,
-    ids: NamespaceIdentifiers,
+    nsid: u32,
     ctrl_loss_tmo: Duration,
-    /// Since when no path has been usable.
-    unusable_since: Option<Instant>,
-    last_ana: Instant,
 }
 
 impl Keeper {
     /// Keeps the paths of `a`, reading their ANA states first.
     pub fn new(a: Attachment, ctrl_loss_tmo: Duration) -> Keeper {
-        let now = Instant::now();
-        let mut k = Keeper {
+        let (ns, ids) = (a.ns, a.ids);
+        Keeper {
             paths: a
                 .sessions
                 .into_iter()
-                .map(|s| PathKeeper {
-                    params: s.params().clone(),
-                    session: Some(s),
-                    state: Arc::default(),
-                    known: AnaState::Optimized,
-                    generation: 0,
-                    lost_since: None,
-                    next_try: now,
-                    backoff: Duration::from_secs(1),
-                    abandoned: false,
-                })
+                .enumerate()
+                .map(|(i, s)| PathKeeper::new(i, s, ns, ids, ctrl_loss_tmo))
                 .collect(),
             published: None,
-            ns: a.ns,
-            ids: a.ids,
+            nsid: ns.nsid,
             ctrl_loss_tmo,
-            unusable_since: None,
-            last_ana: now,
-        };
-        for i in 0..k.paths.len() {
-            k.read_ana(i);
         }
-        k
     }
 
     /// Shows this connection, served by `frontend`, to `rdmablk list` from
@@ -233,7 +189,9 @@ impl Keeper {
         match StateFile::new() {
             Ok(f) => {
                 self.published = Some((f, frontend.to_string()));
-                self.report();
+                let shared: Vec<Arc<PathShared>> =
+                    self.paths.iter().map(|p| p.shared.clone()).collect();
+                self.report(&shared);
             }
             Err(e) => tracing::warn!(
                 "{}: {e}; rdmablk list will not show this connection",
@@ -243,24 +201,23 @@ impl Keeper {
     }
 
     /// Updates what `rdmablk list` shows, when published.
-    fn report(&mut self) {
+    fn report(&mut self, paths: &[Arc<PathShared>]) {
         let Some((file, frontend)) = &mut self.published else {
             return;
         };
         let c = Connection {
             pid: std::process::id(),
-            subnqn: self.paths[0].params.subnqn.clone(),
-            nsid: self.ns.nsid,
+            subnqn: paths[0].params.subnqn.clone(),
+            nsid: self.nsid,
             frontend: frontend.clone(),
-            paths: self
-                .paths
+            paths: paths
                 .iter()
                 .map(|p| PathReport {
                     transport: p.params.transport.name().to_string(),
                     address: p.params.addr.to_string(),
-                    cntlid: p.session.as_ref().map(|s| s.cntlid),
+                    cntlid: p.cntlid(),
                     ana: p.state.ana().name().to_string(),
-                    live: p.session.is_some(),
+                    live: p.live(),
                 })
                 .collect(),
         };
@@ -268,27 +225,53 @@ impl Keeper {
     }
 
     /// Runs until `until`, or until no path has been usable for
-    /// ctrl-loss-tmo.
+    /// ctrl-loss-tmo; each path is kept by a thread of its own meanwhile.
     pub fn watch<D: Driver + Send + 'static>(
         mut self,
         engines: &Engines<D>,
         until: Until,
     ) -> Watched {
-        let result = self.watch_until_done(engines, until);
-        Watched {
-            result,
-            sessions: self
-                .paths
-                .iter_mut()
-                .filter_map(|p| p.session.take())
-                .collect(),
+        let stop = Arc::new(AtomicBool::new(false));
+        let mut shared = Vec::new();
+        let mut lost = Vec::new();
+        let mut threads = Vec::new();
+        for p in std::mem::take(&mut self.paths) {
+            let (tx, rx) = mpsc::channel();
+            let links: Vec<EngineLink> = engines
+                .links
+                .iter()
+                .map(|l| EngineLink {
+                    changes: l.changes.clone(),
+                    waker: l.waker.clone(),
+                })
+                .collect();
+            shared.push(p.shared.clone());
+            lost.push(tx);
+            let stop = stop.clone();
+            let name = format!("path-{}", shared.len());
+            match std::thread::Builder::new()
+                .name(name)
+                .spawn(move || p.run(rx, links, stop))
+            {
+                Ok(t) => threads.push(t),
+                Err(e) => tracing::error!("cannot start a path's keeper: {e}"),
+            }
         }
+        let result = self.watch_until_done(engines, until, &shared, &lost);
+        stop.store(true, Ordering::Release);
+        let sessions = threads
+            .into_iter()
+            .filter_map(|t| t.join().ok().flatten())
+            .collect();
+        Watched { result, sessions }
     }
 
     fn watch_until_done<D: Driver + Send + 'static>(
         &mut self,
         engines: &Engines<D>,
         until: Until,
+        paths: &[Arc<PathShared>],
+        lost: &[Sender<u64>],
     ) -> Result<(), String> {
         let mut set = nix::sys::signal::SigSet::empty();
         set.add(nix::sys::signal::Signal::SIGINT);
@@ -297,6 +280,7 @@ impl Keeper {
             tv_sec: 0,
             tv_nsec: 100_000_000,
         };
+        let mut unusable_since: Option<Instant> = None;
         loop {
             match until {
                 Until::Signal(on_signal) => {
@@ -320,147 +304,20 @@ impl Keeper {
                 }
             }
             while let Ok((engine, path, generation)) = engines.lost.try_recv() {
-                if self.paths[path].generation == generation && self.paths[path].session.is_some() {
-                    tracing::warn!(queue = engine + 1, path = %self.paths[path].params.addr, "I/O queue lost");
-                    self.lose(path);
-                }
+                tracing::debug!(queue = engine + 1, path, generation, "queue loss reported");
+                let _ = lost[path].send(generation);
             }
-            for i in 0..self.paths.len() {
-                if self.paths[i].session.as_ref().is_some_and(Session::is_lost) {
-                    self.lose(i);
-                }
-                self.keep(i, &engines.links);
-            }
-            let due = self.last_ana.elapsed() >= ANA_POLL;
-            for i in 0..self.paths.len() {
-                let p = &self.paths[i];
-                let notice = p.session.as_ref().is_some_and(Session::take_ana_notice);
-                if notice {
-                    tracing::info!(path = %p.params.addr, "ANA Change notice");
-                }
-                if p.state.take_recheck() || notice || due {
-                    self.read_ana(i);
-                }
-            }
-            if due {
-                self.last_ana = Instant::now();
-            }
-            self.report();
-            if self.paths.iter().any(PathKeeper::usable) {
-                self.unusable_since = None;
+            self.report(paths);
+            if paths.iter().any(|p| p.usable()) {
+                unusable_since = None;
                 continue;
             }
-            let since = *self.unusable_since.get_or_insert_with(Instant::now);
+            let since = *unusable_since.get_or_insert_with(Instant::now);
             if since.elapsed() > self.ctrl_loss_tmo {
                 return Err(format!(
                     "no path was usable for {:?} (ctrl-loss-tmo)",
                     self.ctrl_loss_tmo
                 ));
-            }
-        }
-    }
-
-    /// Path `i`'s association is gone: its admin queue closes (which ends
-    /// the controller on the target) and reconnecting starts.
-    fn lose(&mut self, i: usize) {
-        let p = &mut self.paths[i];
-        if p.session.take().is_none() {
-            return;
-        }
-        tracing::warn!(
-            path = %p.params.addr,
-            "association lost; reconnecting for up to {:?}",
-            self.ctrl_loss_tmo
-        );
-        p.lost_since = Some(Instant::now());
-        p.next_try = Instant::now();
-        p.backoff = Duration::from_secs(1);
-    }
-
-    /// Reconnects path `i` when it is lost and its next try is due.
-    fn keep(&mut self, i: usize, engines: &[EngineLink]) {
-        let p = &mut self.paths[i];
-        let Some(since) = p.lost_since else {
-            return;
-        };
-        if p.abandoned || Instant::now() < p.next_try {
-            return;
-        }
-        if since.elapsed() > self.ctrl_loss_tmo {
-            tracing::error!(path = %p.params.addr, "path lost for {:?} (ctrl-loss-tmo): no more reconnecting", self.ctrl_loss_tmo);
-            p.abandoned = true;
-            return;
-        }
-        match self.reconnect(i, engines) {
-            Ok(()) => {
-                let p = &mut self.paths[i];
-                tracing::info!(
-                    path = %p.params.addr,
-                    generation = p.generation,
-                    "association re-established after {:?}",
-                    since.elapsed()
-                );
-                p.lost_since = None;
-                self.read_ana(i);
-            }
-            Err(e) => {
-                let p = &mut self.paths[i];
-                tracing::warn!(path = %p.params.addr, "reconnect failed: {e}; next try in {:?}", p.backoff);
-                p.next_try = Instant::now() + p.backoff;
-                p.backoff = (p.backoff * 2).min(MAX_BACKOFF);
-            }
-        }
-    }
-
-    /// One attempt: a new association on path `i`, the same namespace, and
-    /// a new queue on it for every engine.
-    fn reconnect(&mut self, i: usize, engines: &[EngineLink]) -> Result<(), String> {
-        let p = &mut self.paths[i];
-        let session = Session::connect(&p.params).map_err(|e| e.to_string())?;
-        let ns = session.namespace(self.ns.nsid).map_err(|e| e.to_string())?;
-        let ids = session
-            .namespace_ids(self.ns.nsid)
-            .map_err(|e| e.to_string())?;
-        if let Some(why) = difference(&self.ns, &self.ids, &ns, &ids).or_else(|| {
-            (ns.read_only != self.ns.read_only).then(|| "its write protection changed".into())
-        }) {
-            return Err(format!("namespace {} changed: {why}", ns.nsid));
-        }
-        let mut queues = Vec::new();
-        for q in 0..engines.len() {
-            queues.push(
-                session
-                    .open_io_queue(q as u16 + 1)
-                    .map_err(|e| e.to_string())?,
-            );
-        }
-        p.generation += 1;
-        for (e, q) in engines.iter().zip(queues) {
-            let _ = e.replace.send((i, p.generation, q));
-            e.waker.wake();
-        }
-        p.session = Some(session);
-        Ok(())
-    }
-
-    /// Reads path `i`'s ANA state into what its engines follow.
-    fn read_ana(&mut self, i: usize) {
-        let nsid = self.ns.nsid;
-        let p = &mut self.paths[i];
-        let Some(s) = &p.session else {
-            return;
-        };
-        match s.ana_state(nsid) {
-            Ok(now) => {
-                p.state.set_ana(now);
-                if now != p.known {
-                    tracing::info!(path = %p.params.addr, "ANA state {} -> {now}", p.known);
-                    p.known = now;
-                }
-            }
-            Err(e) => {
-                tracing::warn!(path = %p.params.addr, "reading the ANA log: {e}");
-                p.state.set_ana(AnaState::Inaccessible);
             }
         }
     }

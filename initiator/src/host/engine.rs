@@ -101,8 +101,14 @@ pub use rdmablk_common::ring::Wakeup as Waker;
 
 /// A lost queue: (engine index, path, generation of the lost queue).
 pub type Lost = (usize, usize, u64);
-/// A replacement queue: (path, generation, queue).
-pub type Replacement = (usize, u64, IoQueue);
+/// What the keeper of a path tells the engines.
+pub enum PathChange {
+    /// The path's association is gone (its keep-alive failed, say): its
+    /// queue fails now, and its commands go to another path.
+    Lost(usize),
+    /// A new queue for the path: (path, generation, queue).
+    Replaced(usize, u64, IoQueue),
+}
 
 /// How an engine whose queue on a path died gets a new one: it reports the
 /// loss and waits for a replacement; the other side wakes it through its
@@ -110,7 +116,7 @@ pub type Replacement = (usize, u64, IoQueue);
 pub struct Reconnect {
     pub index: usize,
     pub lost: Sender<Lost>,
-    pub replacements: Receiver<Replacement>,
+    pub changes: Receiver<PathChange>,
 }
 
 /// One engine: ring, arena and the I/O queues of its paths.
@@ -160,8 +166,13 @@ impl Engine {
     /// in the ring; reports each loss once. Returns the error ending the
     /// run, if any.
     fn handle_loss(&mut self) -> Option<String> {
-        while let Ok((path, generation, q)) = self.reconnect.replacements.try_recv() {
-            self.paths.replace(path, generation, q);
+        while let Ok(change) = self.reconnect.changes.try_recv() {
+            match change {
+                PathChange::Lost(path) => self.paths.fail(path, "its association was lost"),
+                PathChange::Replaced(path, generation, q) => {
+                    self.paths.replace(path, generation, q)
+                }
+            }
         }
         let (ring, r) = (&mut self.ring, &self.reconnect);
         let mut cancels = Vec::new();

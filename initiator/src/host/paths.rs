@@ -388,6 +388,14 @@ impl Paths {
         Ok(())
     }
 
+    /// Fails path `i`'s queue (its commands complete with errors, and go to
+    /// another path).
+    pub fn fail(&mut self, i: usize, why: &str) {
+        if self.paths[i].live() {
+            self.paths[i].queue.fail(why.to_string());
+        }
+    }
+
     /// A replacement queue for path `i` (of `generation`): taken once the
     /// old one is idle in the ring.
     pub fn replace(&mut self, i: usize, generation: u64, queue: IoQueue) {

@@ -264,7 +264,7 @@ impl Session {
         let admin = Arc::new(Mutex::new(q));
         let lost = Arc::new(AtomicBool::new(false));
         let keep_alive =
-            (kato_ms > 0).then(|| spawn_keep_alive(admin.clone(), p.kato / 2, lost.clone()));
+            (kato_ms > 0).then(|| spawn_keep_alive(admin.clone(), p.kato, lost.clone()));
         tracing::info!(
             subsystem = %p.subnqn,
             cntlid,
@@ -356,6 +356,17 @@ impl Session {
         Ok(list.with(&id))
     }
 
+    /// How long the controller may take to answer Keep Alive or a read of
+    /// its ANA log before the association counts as lost: KATO (or the
+    /// usual command timeout without keep-alive).
+    fn deadline(&self) -> Duration {
+        if self.params.kato.is_zero() {
+            super::COMMAND_TIMEOUT
+        } else {
+            self.params.kato
+        }
+    }
+
     /// Whether the controller reports Asymmetric Namespace Access (CMIC
     /// bit 3).
     pub fn reports_ana(&self) -> bool {
@@ -371,7 +382,11 @@ impl Session {
             return Ok(AnaState::Optimized);
         }
         let mut q = self.admin.lock().expect("admin queue");
-        let group = NamespaceId::parse(&identify(&mut q, cns::NAMESPACE, nsid)?).anagrpid;
+        let mut id = Sqe::new(admin::IDENTIFY, 0);
+        id.set_nsid(nsid);
+        id.set_cdw(10, cns::NAMESPACE as u32);
+        let (_, ns) = q.exec_ok_within(self.deadline(), "Identify", id, &[], IDENTIFY_LEN)?;
+        let group = NamespaceId::parse(&ns).anagrpid;
         let groups = self.ctrl.nanagrpid.clamp(1, 1024) as usize;
         let len = (ana::HEADER_LEN + groups * ana::DESCRIPTOR_LEN).min(self.max_transfer());
         let mut sqe = Sqe::new(admin::GET_LOG_PAGE, 0);
@@ -384,9 +399,16 @@ impl Session {
             offset: 0,
         }
         .to_sqe(&mut sqe);
-        let page = q.exec_ok("Get Log Page (ANA)", sqe, &[], len)?.1;
-        let log = AnaLog::parse(&page)
-            .ok_or_else(|| HostError::Protocol("the ANA log page does not parse".into()))?;
+        let page = q
+            .exec_ok_within(self.deadline(), "Get Log Page (ANA)", sqe, &[], len)?
+            .1;
+        let Some(log) = AnaLog::parse(&page) else {
+            tracing::warn!(
+                "the ANA log page of {} does not parse: the path is not used",
+                self.params.addr
+            );
+            return Ok(AnaState::Inaccessible);
+        };
         Ok(log
             .groups
             .iter()
@@ -490,12 +512,15 @@ fn get_log(q: &mut SyncQueue, lid: u8, len: usize, offset: u64) -> Result<Vec<u8
     Ok(q.exec_ok("Get Log Page", sqe, &[], len)?.1)
 }
 
-/// Sends Keep Alive every `period`; sets `lost` when one fails.
+/// Sends Keep Alive every half `kato`; sets `lost` when one fails or is not
+/// answered within `kato` (the host's side of the keep-alive timeout, NVMe
+/// Base 2.1, 3.9.5).
 fn spawn_keep_alive(
     admin: Arc<Mutex<SyncQueue>>,
-    period: Duration,
+    kato: Duration,
     lost: Arc<AtomicBool>,
 ) -> (Arc<AtomicBool>, JoinHandle<()>) {
+    let period = kato / 2;
     let stop = Arc::new(AtomicBool::new(false));
     let flag = stop.clone();
     let t = std::thread::Builder::new()
@@ -507,7 +532,8 @@ fn spawn_keep_alive(
                     break;
                 }
                 let mut q = admin.lock().expect("admin queue");
-                if let Err(e) = q.exec_ok("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), &[], 0) {
+                let ka = Sqe::new(admin::KEEP_ALIVE, 0);
+                if let Err(e) = q.exec_ok_within(kato, "Keep Alive", ka, &[], 0) {
                     tracing::error!("keep-alive failed: {e}");
                     lost.store(true, Ordering::Release);
                     break;

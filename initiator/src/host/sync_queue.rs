@@ -8,6 +8,7 @@ use super::{HostError, Params, Transport, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData};
 use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe};
 use std::net::SocketAddr;
+use std::time::Duration;
 
 /// Largest data a blocking command moves (a discovery log of 1024 entries).
 const MAX_DATA: usize = (1 << 20) + 4096;
@@ -25,6 +26,8 @@ pub struct RdmaSync {
     buf: Vec<u8>,
     /// An Asynchronous Event Request is outstanding.
     aer: bool,
+    /// How long a command may take to be answered.
+    timeout: Duration,
 }
 
 /// The tag of an NVMe/RDMA queue's Asynchronous Event Request.
@@ -42,7 +45,12 @@ impl SyncQueue {
                 // SAFETY: `buf` is never reallocated and outlives the queue
                 // (field order of `RdmaSync`).
                 unsafe { q.register(buf.as_mut_ptr(), buf.len()) }?;
-                SyncQueue::Rdma(Box::new(RdmaSync { q, buf, aer: false }))
+                SyncQueue::Rdma(Box::new(RdmaSync {
+                    q,
+                    buf,
+                    aer: false,
+                    timeout: COMMAND_TIMEOUT,
+                }))
             }
         })
     }
@@ -86,7 +94,7 @@ impl SyncQueue {
                 // SAFETY: `buf` is registered with the queue and not touched
                 // until the command is over.
                 let cqe = unsafe {
-                    q.q.exec_blocking(sqe, q.buf.as_mut_ptr(), len, to_host, COMMAND_TIMEOUT)
+                    q.q.exec_blocking(sqe, q.buf.as_mut_ptr(), len, to_host, q.timeout)
                 }?;
                 Ok((cqe, q.buf[..data_in_len].to_vec()))
             }
@@ -137,6 +145,32 @@ impl SyncQueue {
                     q.aer = false;
                 }
                 Ok(events)
+            }
+        }
+    }
+
+    /// Executes a command that must succeed within `timeout` (instead of
+    /// the usual [`COMMAND_TIMEOUT`]).
+    pub fn exec_ok_within(
+        &mut self,
+        timeout: Duration,
+        what: &str,
+        sqe: Sqe,
+        data_out: &[u8],
+        data_in_len: usize,
+    ) -> Result<(Cqe, Vec<u8>), HostError> {
+        self.set_timeout(timeout)?;
+        let r = self.exec_ok(what, sqe, data_out, data_in_len);
+        self.set_timeout(COMMAND_TIMEOUT)?;
+        r
+    }
+
+    fn set_timeout(&mut self, t: Duration) -> Result<(), HostError> {
+        match self {
+            SyncQueue::Tcp(q) => q.set_timeout(t),
+            SyncQueue::Rdma(q) => {
+                q.timeout = t;
+                Ok(())
             }
         }
     }

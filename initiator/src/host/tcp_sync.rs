@@ -27,6 +27,8 @@ pub struct TcpSync {
     aer: Option<u16>,
     /// Completions of Asynchronous Event Requests not yet taken.
     events: Vec<Cqe>,
+    /// How long a command may take to be answered.
+    timeout: Duration,
 }
 
 impl TcpSync {
@@ -51,6 +53,7 @@ impl TcpSync {
             rx: Vec::new(),
             aer: None,
             events: Vec::new(),
+            timeout: COMMAND_TIMEOUT,
         };
         let icreq = Header::IcReq {
             pfv: 0,
@@ -120,8 +123,8 @@ impl TcpSync {
                 }
                 std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
                     HostError::Protocol(format!(
-                        "no answer from {} within {COMMAND_TIMEOUT:?}",
-                        self.addr
+                        "no answer from {} within {:?}",
+                        self.addr, self.timeout
                     ))
                 }
                 _ => HostError::Io(e),
@@ -222,6 +225,13 @@ impl TcpSync {
                 }
             }
         }
+    }
+
+    /// Sets how long a command may take to be answered.
+    pub fn set_timeout(&mut self, t: Duration) -> Result<(), HostError> {
+        self.sock.set_read_timeout(Some(t))?;
+        self.timeout = t;
+        Ok(())
     }
 
     /// Sends an Asynchronous Event Request that stays outstanding (one at a

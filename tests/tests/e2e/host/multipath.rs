@@ -78,6 +78,10 @@ impl Gateway {
     }
 }
 
+/// A path as `rdmablk list --json` shows it: its ANA state and whether it
+/// is live.
+type PathListed = (String, bool);
+
 /// Waits up to 10 s for `line` in the export's log.
 fn logged(e: &NbdExport, line: &str) {
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -125,10 +129,19 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
             .collect::<Vec<_>>()
     };
     let state = |s: &str, live| (s.to_string(), live);
-    assert_eq!(
-        list(),
-        vec![state("optimized", true), state("non-optimized", true)],
-        "rdmablk list, both gateways up"
+    // What `rdmablk list` shows, within 2 s (the file follows the paths).
+    let listed = |want: &dyn Fn(&[PathListed]) -> bool, what: &str| {
+        let deadline = Instant::now() + Duration::from_secs(2);
+        let mut now = list();
+        while !want(&now) && Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(50));
+            now = list();
+        }
+        assert!(want(&now), "rdmablk list, {what}: {now:?}");
+    };
+    listed(
+        &|l| l == [state("optimized", true), state("non-optimized", true)],
+        "both gateways up",
     );
 
     // fio writes the 64 MiB at 2000 IOPS (about 8 s), then reads it all
@@ -152,7 +165,7 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     std::thread::sleep(Duration::from_millis(1500));
     a.t.as_mut().expect("A runs").kill();
     logged(&e, "association lost");
-    assert!(!list()[0].1, "rdmablk list shows A lost: {:?}", list());
+    listed(&|l| !l[0].1, "A lost");
     std::thread::sleep(Duration::from_secs(1));
     a.run();
     logged(&e, "association re-established");
@@ -166,11 +179,9 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     // The target told the host (an Asynchronous Event Request kept
     // outstanding on each path's admin queue).
     logged(&e, &format!("ANA Change notice path=127.0.0.1:{pb}"));
-    std::thread::sleep(Duration::from_millis(300));
-    assert_eq!(
-        list(),
-        vec![state("non-optimized", true), state("optimized", true)],
-        "rdmablk list after the swap"
+    listed(
+        &|l| l == [state("non-optimized", true), state("optimized", true)],
+        "after the swap",
     );
 
     let (r, v) = fio_run.join().expect("fio thread");
@@ -278,4 +289,58 @@ fn connect_all_serves_every_subsystem_listed() {
         nqns.iter().all(|n| !sock(n).exists()),
         "sockets left behind"
     );
+}
+
+/// A gateway that freezes (SIGSTOP: its connections stay open, nothing
+/// answers) is left once it misses KATO: fio's verified run completes over
+/// the other gateway while the frozen one is still stopped.
+#[test]
+fn a_frozen_gateway_is_left() {
+    let _machine = crate::alone();
+    let dir = TempDir::new("multipath-frozen");
+    let file = dir.join("shared.img");
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(32 << 20))
+        .expect("the shared backing file");
+    let (pa, pb) = (free_port(), free_port());
+    let a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
+    let _b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
+    let path_b = format!("tcp://127.0.0.1:{pb}");
+    let e = NbdExport::start(pa, DEFAULT_NQN, &["--path", &path_b, "-k", "2", "-l", "30"]);
+    let uri = e.uri().to_string();
+    let fio_run = std::thread::spawn(move || {
+        fio(
+            &uri,
+            &[
+                "--name=frozen",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=16",
+                "--size=32M",
+                "--rate_iops=2000",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+            ],
+        )
+    });
+    std::thread::sleep(Duration::from_secs(1));
+    let pid = a.t.as_ref().expect("A runs").pid();
+    rdmablk_tests::send_signal(pid, libc::SIGSTOP);
+    let (r, v) = fio_run.join().expect("fio thread");
+    rdmablk_tests::send_signal(pid, libc::SIGCONT);
+    let job = &v["jobs"][0];
+    assert!(
+        r.status.success() && job["error"] == 0,
+        "fio failed with gateway A frozen (job error {})\n{}\n{}",
+        job["error"],
+        r.report(),
+        e.report()
+    );
+    assert_eq!(
+        job["read"]["io_bytes"].as_u64(),
+        Some(32 << 20),
+        "verified\n{}",
+        r.report()
+    );
+    assert!(e.report().contains("association lost"), "{}", e.report());
 }
