@@ -8,7 +8,7 @@
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::nbd::NbdClient;
 use rdmablk_tests::tools::fio;
-use rdmablk_tests::{bin_path, free_port, NbdExport, Proc, Rng, Target, TempDir};
+use rdmablk_tests::{bin_path, free_port, NbdExport, Proc, Ran, Rng, Target, TempDir};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -95,17 +95,66 @@ fn logged(e: &NbdExport, line: &str) {
     }
 }
 
+/// Two gateways, A optimized and B non-optimized, exporting one shared file
+/// of `mib` MiB in `dir`: (A, B, the file).
+fn two_gateways(dir: &TempDir, mib: u64) -> (Gateway, Gateway, PathBuf) {
+    let file = dir.join("shared.img");
+    std::fs::File::create(&file)
+        .and_then(|f| f.set_len(mib << 20))
+        .expect("the shared backing file");
+    let (pa, pb) = (free_port(), free_port());
+    let a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
+    let b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
+    (a, b, file)
+}
+
+/// fio in the background on `uri`: 4 KiB random writes over `mib` MiB at
+/// 2000 IOPS, then all of it read back and verified.
+fn slow_verified_fio(uri: &str, mib: u64) -> std::thread::JoinHandle<(Ran, serde_json::Value)> {
+    let (uri, size) = (uri.to_string(), format!("--size={mib}M"));
+    std::thread::spawn(move || {
+        fio(
+            &uri,
+            &[
+                "--name=multipath",
+                "--rw=randwrite",
+                "--bs=4k",
+                "--iodepth=16",
+                &size,
+                "--rate_iops=2000",
+                "--verify=crc32c",
+                "--verify_fatal=1",
+            ],
+        )
+    })
+}
+
+/// Asserts fio's run `r` (report `v`) had no error and verified `mib` MiB.
+fn verified(r: &Ran, v: &serde_json::Value, mib: u64, e: &NbdExport) {
+    let job = &v["jobs"][0];
+    assert!(
+        r.status.success() && job["error"] == 0,
+        "fio failed across the path changes (job error {})\n{}\n{}",
+        job["error"],
+        r.report(),
+        e.report()
+    );
+    for dir in ["write", "read"] {
+        assert_eq!(
+            job[dir]["io_bytes"].as_u64(),
+            Some(mib << 20),
+            "{dir}\n{}",
+            r.report()
+        );
+    }
+}
+
 #[test]
 fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     let _machine = crate::alone();
     let dir = TempDir::new("multipath");
-    let file = dir.join("shared.img");
-    std::fs::File::create(&file)
-        .and_then(|f| f.set_len(64 << 20))
-        .expect("the shared backing file");
-    let (pa, pb) = (free_port(), free_port());
-    let mut a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
-    let b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
+    let (mut a, b, file) = two_gateways(&dir, 64);
+    let (pa, pb) = (a.port, b.port);
     let path_b = format!("tcp://127.0.0.1:{pb}");
     let run_dir = dir.join("run");
     let e = NbdExport::start_in(pa, DEFAULT_NQN, &["--path", &path_b, "-l", "30"], &run_dir);
@@ -146,22 +195,7 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
 
     // fio writes the 64 MiB at 2000 IOPS (about 8 s), then reads it all
     // back and verifies it, while the paths change under it.
-    let uri = e.uri().to_string();
-    let fio_run = std::thread::spawn(move || {
-        fio(
-            &uri,
-            &[
-                "--name=multipath",
-                "--rw=randwrite",
-                "--bs=4k",
-                "--iodepth=16",
-                "--size=64M",
-                "--rate_iops=2000",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-            ],
-        )
-    });
+    let fio_run = slow_verified_fio(e.uri(), 64);
     std::thread::sleep(Duration::from_millis(1500));
     a.t.as_mut().expect("A runs").kill();
     logged(&e, "association lost");
@@ -185,26 +219,7 @@ fn an_nbd_export_rides_through_a_gateway_kill_and_ana_changes() {
     );
 
     let (r, v) = fio_run.join().expect("fio thread");
-    let job = &v["jobs"][0];
-    assert!(
-        r.status.success() && job["error"] == 0,
-        "fio failed across the path changes (job error {})\n{}\n{}",
-        job["error"],
-        r.report(),
-        e.report()
-    );
-    assert_eq!(
-        job["write"]["io_bytes"].as_u64(),
-        Some(64 << 20),
-        "{}",
-        r.report()
-    );
-    assert_eq!(
-        job["read"]["io_bytes"].as_u64(),
-        Some(64 << 20),
-        "verified\n{}",
-        r.report()
-    );
+    verified(&r, &v, 64, &e);
     // The swap happened while fio wrote: its writes went to B, then back.
     let log = e.report();
     let swapped = log
@@ -298,49 +313,19 @@ fn connect_all_serves_every_subsystem_listed() {
 fn a_frozen_gateway_is_left() {
     let _machine = crate::alone();
     let dir = TempDir::new("multipath-frozen");
-    let file = dir.join("shared.img");
-    std::fs::File::create(&file)
-        .and_then(|f| f.set_len(32 << 20))
-        .expect("the shared backing file");
-    let (pa, pb) = (free_port(), free_port());
-    let a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
-    let _b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
-    let path_b = format!("tcp://127.0.0.1:{pb}");
-    let e = NbdExport::start(pa, DEFAULT_NQN, &["--path", &path_b, "-k", "2", "-l", "30"]);
-    let uri = e.uri().to_string();
-    let fio_run = std::thread::spawn(move || {
-        fio(
-            &uri,
-            &[
-                "--name=frozen",
-                "--rw=randwrite",
-                "--bs=4k",
-                "--iodepth=16",
-                "--size=32M",
-                "--rate_iops=2000",
-                "--verify=crc32c",
-                "--verify_fatal=1",
-            ],
-        )
-    });
+    let (a, b, _) = two_gateways(&dir, 32);
+    let path_b = format!("tcp://127.0.0.1:{}", b.port);
+    let e = NbdExport::start(
+        a.port,
+        DEFAULT_NQN,
+        &["--path", &path_b, "-k", "2", "-l", "30"],
+    );
+    let fio_run = slow_verified_fio(e.uri(), 32);
     std::thread::sleep(Duration::from_secs(1));
     let pid = a.t.as_ref().expect("A runs").pid();
     rdmablk_tests::send_signal(pid, libc::SIGSTOP);
     let (r, v) = fio_run.join().expect("fio thread");
     rdmablk_tests::send_signal(pid, libc::SIGCONT);
-    let job = &v["jobs"][0];
-    assert!(
-        r.status.success() && job["error"] == 0,
-        "fio failed with gateway A frozen (job error {})\n{}\n{}",
-        job["error"],
-        r.report(),
-        e.report()
-    );
-    assert_eq!(
-        job["read"]["io_bytes"].as_u64(),
-        Some(32 << 20),
-        "verified\n{}",
-        r.report()
-    );
+    verified(&r, &v, 32, &e);
     assert!(e.report().contains("association lost"), "{}", e.report());
 }
