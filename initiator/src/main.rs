@@ -105,6 +105,7 @@ struct ConnectAllArgs {
     /// NQN order.
     #[arg(long)]
     ublk: bool,
+    /// The ublk device id of the first subsystem (with --ublk).
     #[arg(long, value_name = "N", default_value_t = 0, requires = "ublk")]
     ublk_id_base: u32,
     /// I/O queues of each connection.
