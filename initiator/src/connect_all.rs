@@ -3,7 +3,7 @@
 //! one `rdmablk connect` process per subsystem (so each is an independent
 //! export that `rdmablk list` shows and a signal ends cleanly).
 
-use super::{discovery_params, Target};
+use super::{discovery_params, Target, MAX_PATHS};
 use rdmablk::host::{Session, Transport};
 use rdmablk_common::fabrics::discovery::subtype;
 use std::collections::BTreeMap;
@@ -13,6 +13,9 @@ use std::time::Duration;
 
 /// Where nvme-cli keeps its discovery controllers.
 pub const DISCOVERY_CONF: &str = "/etc/nvme/discovery.conf";
+/// Subsystems one `connect-all` serves at most (a process each), whatever
+/// a discovery log lists.
+const MAX_SUBSYSTEMS: usize = 128;
 
 /// How each subsystem is served.
 pub enum Frontend {
@@ -105,8 +108,17 @@ pub fn subsystems(controllers: &[Target]) -> Result<BTreeMap<String, Vec<String>
                 transport.name(),
                 std::net::SocketAddr::new(ip, e.trsvcid.trim().parse().unwrap_or(4420))
             );
+            if !found.contains_key(&e.subnqn) && found.len() == MAX_SUBSYSTEMS {
+                return Err(format!(
+                    "the discovery logs list more than {MAX_SUBSYSTEMS} subsystems for this host; \
+                     connect-all serves at most {MAX_SUBSYSTEMS}: split them over discovery \
+                     controllers (or connect them one by one)"
+                ));
+            }
             let paths = found.entry(e.subnqn.clone()).or_default();
-            if !paths.contains(&url) {
+            if paths.len() == MAX_PATHS {
+                tracing::warn!(subsystem = %e.subnqn, "more than {MAX_PATHS} paths listed: {url} not used");
+            } else if !paths.contains(&url) {
                 paths.push(url);
             }
         }

@@ -3,6 +3,9 @@
 
 mod connect_all;
 
+/// Paths one connection may have (each is an association of its own).
+const MAX_PATHS: usize = 16;
+
 use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::{self, Bench, Job, Pattern, Progress, Stats};
 use rdmablk::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
@@ -488,6 +491,13 @@ fn open(s: &Subsys, io_queues: u16) -> Result<Attachment, HostError> {
             .map_err(HostError::Protocol)?,
         None => discovered(s, io_queues)?,
     };
+    if s.paths.len() >= MAX_PATHS {
+        return Err(HostError::Protocol(format!(
+            "{} --path options: use at most {} (each is an association)",
+            s.paths.len(),
+            MAX_PATHS - 1
+        )));
+    }
     let mut paths = vec![first.clone()];
     for url in &s.paths {
         paths.push(path_params(&first, url).map_err(HostError::Protocol)?);
