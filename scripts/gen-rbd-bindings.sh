@@ -13,6 +13,7 @@ functions=(
   rbd_open rbd_open_read_only rbd_close rbd_get_size rbd_get_id rbd_flush
   rbd_aio_create_completion rbd_aio_get_return_value rbd_aio_release
   rbd_aio_read rbd_aio_write rbd_aio_flush rbd_aio_discard rbd_aio_write_zeroes
+  rbd_aio_compare_and_write
   rbd_update_watch rbd_update_unwatch rbd_config_image_list rbd_config_image_list_cleanup
 )
 allow=$(IFS='|'; echo "${functions[*]}")

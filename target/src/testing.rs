@@ -139,6 +139,7 @@ pub fn status(r: &Reply) -> Status {
         Reply::Done { status, .. } => *status,
         Reply::Held => panic!("a held reply"),
         Reply::After(_) => panic!("a reply after work off the poller"),
+        Reply::Persist(_) => panic!("a reply after a state file write"),
     }
 }
 

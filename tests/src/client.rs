@@ -14,7 +14,7 @@ use rdmablk_common::fabrics::{
 use rdmablk_common::nvme::identify::{cns, ControllerId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::{lid::DISCOVERY as DISCOVERY_LOG, LogRequest};
 use rdmablk_common::nvme::{
-    admin, feature, nvm, property, Cqe, Sgl, Sqe, Status, DSM_RANGE_LEN, FABRICS_OPCODE,
+    admin, feature, fuse, nvm, property, Cqe, Sgl, Sqe, Status, DSM_RANGE_LEN, FABRICS_OPCODE,
 };
 use rdmablk_common::tcp::{
     data_digest, decode, encode, encode_header, flags, Digests, Header, Transfer, CH_LEN,
@@ -119,6 +119,10 @@ struct Pending {
     data_in: Vec<u8>,
     /// Bytes of C2HData received so far (they must arrive in order).
     received: u32,
+    /// R2Ts are recorded in `held` instead of answered, until
+    /// [`Queue::release_data`].
+    hold: bool,
+    held: Vec<Transfer>,
 }
 
 /// One NVMe/TCP connection: an admin or I/O queue.
@@ -422,6 +426,8 @@ impl Queue {
                 r2t_end: 0,
                 data_in: vec![0; data_in_len as usize],
                 received: 0,
+                hold: false,
+                held: Vec::new(),
             },
         );
         if let Err(e) = self.send_raw(&pdu) {
@@ -443,6 +449,115 @@ impl Queue {
     ) -> io::Result<Completion> {
         let cid = self.submit_as_is(sqe, in_capsule, data_in_len)?;
         self.wait(cid)
+    }
+
+    /// [`Queue::submit`] with the Fused Operation field (CDW0 bits 9:8,
+    /// NVMe Base 2.1, Figure 91) set to `fuse`: [`fuse::FIRST`] or
+    /// [`fuse::SECOND`] of a fused operation, or any other value for tests
+    /// of bad ones.
+    pub fn submit_fused(
+        &mut self,
+        mut sqe: Sqe,
+        fuse: u8,
+        data_out: Option<&[u8]>,
+        data_in_len: u32,
+    ) -> io::Result<u16> {
+        sqe.set_flags((sqe.flags() & !3) | (fuse & 3));
+        self.submit(sqe, data_out, data_in_len)
+    }
+
+    /// A fused Compare and Write (NVMe Base 2.1, 3.4.2; NVM Command Set
+    /// 2.1, 3.2): Compare of
+    /// `expect` at `slba` with FUSE 01b, then at once, next on this queue,
+    /// Write of `new` to the same blocks with FUSE 10b. Waits for both and
+    /// returns (the Compare's, the Write's) completions; the caller checks
+    /// the statuses.
+    pub fn compare_and_write(
+        &mut self,
+        nsid: u32,
+        slba: u64,
+        expect: &[u8],
+        new: &[u8],
+        block_size: u32,
+    ) -> io::Result<(Completion, Completion)> {
+        let nlb = whole_blocks(expect.len(), block_size)?;
+        if new.len() != expect.len() {
+            return Err(other(format!(
+                "compare and write: {} bytes to compare, {} to write",
+                expect.len(),
+                new.len()
+            )));
+        }
+        let compare = Queue::rw_sqe(nvm::COMPARE, nsid, slba, nlb);
+        let write = Queue::rw_sqe(nvm::WRITE, nsid, slba, nlb);
+        let first = self.submit_fused(compare, fuse::FIRST, Some(expect), 0)?;
+        let second = self.submit_fused(write, fuse::SECOND, Some(new), 0)?;
+        let first = self.wait(first)?;
+        let second = self.wait(second)?;
+        Ok((first, second))
+    }
+
+    /// Sends a command with `data` to the controller that goes by R2T (a
+    /// transport SGL, whatever the in-capsule limit) and holds the data
+    /// back: the R2Ts the target sends for it are recorded, not answered,
+    /// until [`Queue::release_data`]. Other commands on the queue are
+    /// served meanwhile.
+    pub fn submit_holding_data(&mut self, mut sqe: Sqe, data: &[u8]) -> io::Result<u16> {
+        let len = u32::try_from(data.len()).map_err(|_| other("data over 4 GiB".into()))?;
+        if len == 0 {
+            return Err(other("holding back no data".into()));
+        }
+        sqe.set_sgl(&Sgl::Transport { len });
+        let cid = self.send_tracked(sqe, &[], Some(data.to_vec()), 0)?;
+        if let Some(p) = self.pending.get_mut(&cid) {
+            p.hold = true;
+        }
+        Ok(cid)
+    }
+
+    /// Reads PDUs (serving the other commands) until the target has sent
+    /// an R2T for `cid`, a command of [`Queue::submit_holding_data`]. An
+    /// error if `cid` completes first.
+    pub fn wait_held_r2t(&mut self, cid: u16) -> io::Result<()> {
+        loop {
+            match self.pending.get(&cid) {
+                Some(p) if !p.hold => {
+                    return Err(other(format!("cid {cid} does not hold its data back")))
+                }
+                Some(p) if !p.held.is_empty() => return Ok(()),
+                Some(_) => {}
+                None => {
+                    let status = self.done.iter().find(|c| c.cid == cid).map_or_else(
+                        || "not outstanding".to_string(),
+                        |c| format!("completed with {}", c.status()),
+                    );
+                    return Err(other(format!(
+                        "cid {cid} got no R2T for its held data: {status}"
+                    )));
+                }
+            }
+            self.process_one()?;
+        }
+    }
+
+    /// Sends the data the R2Ts held for `cid` asked for; R2Ts that come
+    /// later are answered as usual. The command stays outstanding: `wait`
+    /// for it.
+    pub fn release_data(&mut self, cid: u16) -> io::Result<()> {
+        let Some(p) = self.pending.get_mut(&cid) else {
+            let status = self.done.iter().find(|c| c.cid == cid).map_or_else(
+                || "not outstanding".to_string(),
+                |c| format!("already completed with {}", c.status()),
+            );
+            return Err(other(format!(
+                "releasing the data of cid {cid}, which is {status}"
+            )));
+        };
+        p.hold = false;
+        for t in std::mem::take(&mut p.held) {
+            self.answer_r2t(t)?;
+        }
+        Ok(())
     }
 
     /// Waits for command `cid`, serving R2Ts and data for every command meanwhile.
@@ -585,6 +700,19 @@ impl Queue {
 
     fn on_r2t(&mut self, t: Transfer) -> io::Result<()> {
         self.stats.r2ts += 1;
+        let p = self
+            .pending
+            .get_mut(&t.cccid)
+            .ok_or_else(|| other(format!("R2T for cid {}, which is not outstanding", t.cccid)))?;
+        if p.hold {
+            p.held.push(t);
+            return Ok(());
+        }
+        self.answer_r2t(t)
+    }
+
+    /// Sends the H2CData PDUs an R2T asked for.
+    fn answer_r2t(&mut self, t: Transfer) -> io::Result<()> {
         let p = self
             .pending
             .get_mut(&t.cccid)
@@ -786,6 +914,25 @@ impl Queue {
             .dw0)
     }
 
+    /// Set Features `fid` with NSID `nsid` (FFFFFFFFh: every namespace) and
+    /// `cdw11`; the caller checks the status (and CQE dword 0).
+    pub fn set_features_ns(&mut self, fid: u8, nsid: u32, cdw11: u32) -> io::Result<Completion> {
+        let mut sqe = Sqe::new(admin::SET_FEATURES, 0);
+        sqe.set_nsid(nsid);
+        sqe.set_cdw(10, fid as u32);
+        sqe.set_cdw(11, cdw11);
+        self.exec(sqe, None, 0)
+    }
+
+    /// Get Features `fid` (current value) with NSID `nsid`; the caller
+    /// checks the status (and CQE dword 0).
+    pub fn get_features_ns(&mut self, fid: u8, nsid: u32) -> io::Result<Completion> {
+        let mut sqe = Sqe::new(admin::GET_FEATURES, 0);
+        sqe.set_nsid(nsid);
+        sqe.set_cdw(10, fid as u32);
+        self.exec(sqe, None, 0)
+    }
+
     pub fn keep_alive(&mut self) -> io::Result<()> {
         self.exec_ok("Keep Alive", Sqe::new(admin::KEEP_ALIVE, 0), None, 0)?;
         Ok(())
@@ -818,14 +965,7 @@ impl Queue {
         block_size: u32,
         fua: bool,
     ) -> io::Result<()> {
-        let nlb = data.len() / block_size as usize;
-        if nlb == 0 || nlb * block_size as usize != data.len() || nlb > 1 << 16 {
-            return Err(other(format!(
-                "write of {} bytes: not 1 to 65536 whole {block_size}-byte blocks",
-                data.len()
-            )));
-        }
-        let nlb = nlb as u32;
+        let nlb = whole_blocks(data.len(), block_size)?;
         let mut sqe = Queue::rw_sqe(nvm::WRITE, nsid, slba, nlb);
         if fua {
             sqe.set_cdw(12, sqe.cdw(12) | 1 << 30);
@@ -883,6 +1023,17 @@ impl Queue {
         )?;
         Ok(())
     }
+}
+
+/// The NLB (1-based) of `len` bytes: 1 to 65536 whole blocks, or an error.
+fn whole_blocks(len: usize, block_size: u32) -> io::Result<u32> {
+    let nlb = len / block_size as usize;
+    if nlb == 0 || nlb * block_size as usize != len || nlb > 1 << 16 {
+        return Err(other(format!(
+            "{len} bytes: not 1 to 65536 whole {block_size}-byte blocks"
+        )));
+    }
+    Ok(nlb as u32)
 }
 
 /// How [`Controller::open`] sets up the association.

@@ -22,8 +22,15 @@ pub mod cntrltype {
 
 /// Optional NVM command support bits (ONCS).
 pub mod oncs {
+    pub const COMPARE: u16 = 1 << 0;
     pub const DSM: u16 = 1 << 2;
     pub const WRITE_ZEROES: u16 = 1 << 3;
+    pub const RESERVATIONS: u16 = 1 << 5;
+}
+
+/// Fused operation support bits (FUSES).
+pub mod fuses {
+    pub const COMPARE_AND_WRITE: u16 = 1 << 0;
 }
 
 /// SGL support bits (SGLS).
@@ -84,6 +91,11 @@ pub struct ControllerId {
     /// Number of namespaces (highest valid nsid).
     pub nn: u32,
     pub oncs: u16,
+    /// Fused operations supported (`fuses`).
+    pub fuses: u16,
+    /// Atomic Compare & Write Unit: logical blocks (0's based) a Compare and
+    /// Write writes atomically.
+    pub acwu: u16,
     /// Volatile write cache present (bit 0).
     pub vwc: u8,
     pub sgls: u32,
@@ -134,6 +146,8 @@ impl ControllerId {
         put_u16(&mut b, 514, self.maxcmd);
         put_u32(&mut b, 516, self.nn);
         put_u16(&mut b, 520, self.oncs);
+        put_u16(&mut b, 522, self.fuses);
+        put_u16(&mut b, 534, self.acwu);
         b[525] = self.vwc;
         put_u32(&mut b, 536, self.sgls);
         put_u32(&mut b, 540, self.mnan);
@@ -175,6 +189,8 @@ impl ControllerId {
             maxcmd: get_u16(b, 514),
             nn: get_u32(b, 516),
             oncs: get_u16(b, 520),
+            fuses: get_u16(b, 522),
+            acwu: get_u16(b, 534),
             vwc: b[525],
             sgls: get_u32(b, 536),
             mnan: get_u32(b, 540),
@@ -204,6 +220,8 @@ pub struct NamespaceId {
     pub nsfeat: u8,
     /// Namespace multi-path I/O and sharing (bit 0: may be shared).
     pub nmic: u8,
+    /// Reservation capabilities (`resv::rescap`).
+    pub rescap: u8,
     /// Deallocate logical block features: bits 2:0 say what deallocated
     /// blocks read as (1 = zeroes); bit 3: Write Zeroes may deallocate.
     pub dlfeat: u8,
@@ -227,6 +245,7 @@ impl NamespaceId {
         b[25] = 0; // one LBA format (0's based)
         b[26] = 0; // format 0 in use
         b[30] = self.nmic;
+        b[31] = self.rescap;
         b[33] = self.dlfeat;
         put_u32(&mut b, 92, self.anagrpid);
         b[99] = self.nsattr;
@@ -248,6 +267,7 @@ impl NamespaceId {
             nuse: get_u64(b, 16),
             nsfeat: b[24],
             nmic: b[30],
+            rescap: b[31],
             dlfeat: b[33],
             anagrpid: get_u32(b, 92),
             nsattr: b[99],

@@ -11,6 +11,7 @@ pub mod lid {
     pub const CMD_EFFECTS: u8 = 0x05;
     pub const ANA: u8 = 0x0c;
     pub const DISCOVERY: u8 = 0x70;
+    pub const RESERVATION: u8 = 0x80;
 }
 
 /// Get Log Page parameters decoded from a command.

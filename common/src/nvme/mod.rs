@@ -5,6 +5,7 @@ pub mod ana;
 pub mod identify;
 mod io_cmd;
 pub mod log;
+pub mod resv;
 mod sgl;
 mod sqe;
 mod status;
@@ -34,8 +35,21 @@ pub mod nvm {
     pub const FLUSH: u8 = 0x00;
     pub const WRITE: u8 = 0x01;
     pub const READ: u8 = 0x02;
+    pub const COMPARE: u8 = 0x05;
     pub const WRITE_ZEROES: u8 = 0x08;
     pub const DSM: u8 = 0x09;
+    pub const RESV_REGISTER: u8 = 0x0d;
+    pub const RESV_REPORT: u8 = 0x0e;
+    pub const RESV_ACQUIRE: u8 = 0x11;
+    pub const RESV_RELEASE: u8 = 0x15;
+}
+
+/// Fused Operation values (CDW0 bits 9:8, NVMe Base 2.1, Figure 91).
+pub mod fuse {
+    /// First command of a fused operation (Compare of Compare and Write).
+    pub const FIRST: u8 = 0b01;
+    /// Second command of a fused operation (its Write).
+    pub const SECOND: u8 = 0b10;
 }
 
 /// The opcode shared by all Fabrics commands; the command type is in byte 4.
@@ -79,6 +93,10 @@ pub mod feature {
     pub const KEEP_ALIVE: u8 = 0x0f;
     pub const HOST_BEHAVIOR: u8 = 0x16;
     pub const HOST_ID: u8 = 0x81;
+    /// Reservation Notification Mask (namespace specific).
+    pub const RESV_MASK: u8 = 0x82;
+    /// Reservation Persistence: PTPL (namespace specific).
+    pub const RESV_PERSIST: u8 = 0x83;
 }
 
 /// Size of the Host Behavior Support feature's data (Set and Get Features).

@@ -41,16 +41,30 @@ impl Status {
     pub const INTERNAL_ERROR: Status = generic(0x06);
     pub const ABORTED_BY_REQUEST: Status = generic(0x07);
     pub const ABORTED_SQ_DELETION: Status = generic(0x08);
+    /// Command Aborted due to Failed Fused Command (the other command of
+    /// its fused operation failed).
+    pub const ABORTED_FAILED_FUSED: Status = generic(0x09);
+    /// Command Aborted due to Missing Fused Command.
+    pub const ABORTED_MISSING_FUSED: Status = generic(0x0a);
     pub const INVALID_NAMESPACE: Status = generic(0x0b);
     pub const COMMAND_SEQUENCE_ERROR: Status = generic(0x0c);
     pub const SGL_DATA_LENGTH_INVALID: Status = generic(0x0f);
     pub const SGL_DESCRIPTOR_TYPE_INVALID: Status = generic(0x11);
     pub const SGL_OFFSET_INVALID: Status = generic(0x16);
+    /// Host Identifier Inconsistent Format: a Reservation Report without
+    /// the extended data structure from a host with 128-bit identifiers.
+    pub const HOST_ID_INCONSISTENT: Status = generic(0x18);
+    /// Command Aborted due to Preempt and Abort.
+    pub const ABORTED_PREEMPT: Status = generic(0x1b);
     pub const NAMESPACE_WRITE_PROTECTED: Status = generic(0x20);
     pub const COMMAND_INTERRUPTED: Status = generic(0x21);
     pub const TRANSIENT_TRANSPORT_ERROR: Status = generic(0x22);
     pub const LBA_OUT_OF_RANGE: Status = generic(0x80);
     pub const NAMESPACE_NOT_READY: Status = generic(0x82);
+    pub const RESERVATION_CONFLICT: Status = generic(0x83);
+    /// Compare Failure (Media and Data Integrity Errors, NVM Command Set
+    /// 2.1, Figure 31).
+    pub const COMPARE_FAILURE: Status = Status { sct: 2, sc: 0x85 };
     pub const INVALID_QUEUE_ID: Status = specific(0x01);
     pub const INVALID_QUEUE_SIZE: Status = specific(0x02);
     pub const ASYNC_EVENT_LIMIT: Status = specific(0x05);

@@ -138,6 +138,9 @@ pub fn apply(running: &mut Running, new: Config) -> Result<Vec<String>, ConfigEr
     if new.metrics != old.metrics {
         return Err(refuse("metrics.listen", RESTART));
     }
+    if new.state_directory != old.state_directory {
+        return Err(refuse("reservations.state_directory", RESTART));
+    }
     let plan = prepare(running, &new)?;
     let summary = commit(running, plan);
     running.registry.start_backends();
@@ -244,6 +247,9 @@ fn namespace_changes(
             .expect("a configured namespace is live");
         if n.block_size != o.block_size {
             return Err(refuse(format!("{nkey}.block_size"), RESTART));
+        }
+        if n.reservations != o.reservations {
+            return Err(refuse(format!("{nkey}.reservations"), RESTART));
         }
         if !same_storage(&o.backend, &n.backend) {
             // Other storage under the same nsid: a removal and an addition.
@@ -354,7 +360,7 @@ fn open(
     key: &str,
     registry: &Registry,
 ) -> Result<Arc<Namespace>, ConfigError> {
-    subsystem::open_namespace(nqn, n, registry.pollers)
+    subsystem::open_namespace(nqn, n, registry.pollers, &registry.state_directory)
         .map(Arc::new)
         .map_err(|e| refuse(key, e.to_string()))
 }

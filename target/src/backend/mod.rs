@@ -12,8 +12,10 @@ pub use file::FileBackend;
 pub use memory::MemoryBackend;
 pub use rbd::RbdBackend;
 
+use crate::base::completions::Completions;
 use io_uring::squeue;
 use rdmablk_common::nvme::Status;
+use std::sync::Arc;
 
 /// What a backend does with one request.
 pub enum Access {
@@ -32,6 +34,30 @@ pub enum BackendOp {
     Rbd(rbd::RbdOp),
     /// Work on the offload thread (DH-HMAC-CHAP's Diffie-Hellman).
     Offload(crate::base::offload::Job),
+    /// A wait whose end another thread reports: a write gate's pass, a
+    /// reservation state file written.
+    Later(Later),
+}
+
+/// Something to wait for, told whom to tell: it records its end (0 or
+/// -errno) with the token in the poller's `Completions`.
+pub struct Later(Box<StartWait>);
+
+/// How a [`Later`] starts: told the token and where to record its end.
+type StartWait = dyn FnOnce(u64, &Arc<Completions>) + Send;
+
+/// Whom to tell: a poller's completions and the token of the waiting command.
+pub type Waker = (Arc<Completions>, u64);
+
+impl Later {
+    pub fn new(start: impl FnOnce(u64, &Arc<Completions>) + Send + 'static) -> Later {
+        Later(Box::new(start))
+    }
+
+    /// Starts waiting: the end comes with `token` through `completions`.
+    pub fn start(self, token: u64, completions: &Arc<Completions>) {
+        (self.0)(token, completions)
+    }
 }
 
 /// A data buffer inside the poller's registered arena.

@@ -191,6 +191,21 @@ impl RbdBackend {
         )
     }
 
+    /// Writes `data` at `offset` if the bytes there equal `cmp` (as long),
+    /// atomically at the OSD; ends with -EILSEQ when they differ.
+    pub fn compare_and_write(&self, offset: u64, cmp: FixedBuf, data: FixedBuf) -> Access {
+        self.op(
+            Aio::CompareAndWrite {
+                offset,
+                cmp: cmp.ptr,
+                buf: data.ptr,
+                len: cmp.len,
+                mismatch: std::ptr::null_mut(),
+            },
+            OnSuccess::Zero,
+        )
+    }
+
     pub fn flush(&self) -> Access {
         self.op(Aio::Flush, OnSuccess::Zero)
     }
@@ -609,11 +624,18 @@ impl RbdOp {
             completions: completions.clone(),
             image: Some(image.clone()),
             health: self.health,
+            mismatch: std::cell::UnsafeCell::new(0),
         });
+        let mut aio = self.aio;
+        if let Aio::CompareAndWrite { mismatch, .. } = &mut aio {
+            // librbd writes it when the operation ends; `done` (on the
+            // heap, moved only as a pointer) lives until then.
+            *mismatch = done.mismatch.get();
+        }
         // SAFETY: the buffers stay valid until completion (as the caller
         // promised), and `done` keeps the image from being closed until then
         // (an image is closed only by its last holder: see `reconnect`).
-        unsafe { image.start(self.aio, done) };
+        unsafe { image.start(aio, done) };
     }
 }
 
@@ -625,6 +647,9 @@ struct Done {
     /// Held until the operation ended.
     image: Option<Arc<Image>>,
     health: Arc<Health>,
+    /// Where a compare and write that did not match says where (librbd
+    /// writes it).
+    mismatch: std::cell::UnsafeCell<u64>,
 }
 
 impl Finish for Done {

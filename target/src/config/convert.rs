@@ -6,13 +6,13 @@ use super::listener::{parse_socket_addr, parse_transport};
 use super::model::{
     default_poller_count, AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig,
     NamespaceConfig, Pollers, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE,
-    MAX_ANA_GROUP, MAX_CNTLID,
+    DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
 };
 use super::nqn::EXAMPLE_NQN;
 use super::private_file;
 use super::raw::{
     duration_value, size_value, RawConfig, RawDuration, RawHost, RawLimits, RawListener,
-    RawMetrics, RawNamespace, RawPollers, RawSize, RawSubsystem,
+    RawMetrics, RawNamespace, RawPollers, RawReservations, RawSize, RawSubsystem,
 };
 use super::rbd;
 use super::validate::{block_size_problem, count_problem, nsid_problem};
@@ -27,6 +27,7 @@ pub(super) fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
     let pollers = convert_pollers(raw.pollers.unwrap_or_default())?;
     let limits = convert_limits(raw.limits.unwrap_or_default())?;
     let metrics = convert_metrics(raw.metrics.unwrap_or_default())?;
+    let state_directory = convert_reservations(raw.reservations.unwrap_or_default())?;
     let listeners = raw
         .listener
         .into_iter()
@@ -45,7 +46,23 @@ pub(super) fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
         subsystems,
         limits,
         metrics,
+        state_directory,
     })
+}
+
+/// `[reservations] state_directory`: an absolute path.
+fn convert_reservations(raw: RawReservations) -> Result<PathBuf, ConfigError> {
+    match raw.state_directory {
+        None => Ok(PathBuf::from(DEFAULT_STATE_DIRECTORY)),
+        Some(p) if p.is_absolute() => Ok(p),
+        Some(p) => Err(invalid(
+            "reservations.state_directory",
+            format!(
+                "{:?} is not an absolute path; give e.g. \"{DEFAULT_STATE_DIRECTORY}\"",
+                p.display()
+            ),
+        )),
+    }
 }
 
 /// `[metrics] listen`: an IP address and a port; without it, no endpoint.
@@ -502,5 +519,6 @@ fn convert_namespace(
         block_size,
         read_only: raw.read_only,
         ana_group,
+        reservations: raw.reservations.unwrap_or(true),
     })
 }

@@ -32,7 +32,7 @@ mod validate;
 pub use error::ConfigError;
 pub use model::{
     AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig, NamespaceConfig, Pollers,
-    SubsystemConfig, Transport, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
+    SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::DEFAULT_NQN;
 pub use quick::{from_quick_args, QuickArgs};
@@ -127,11 +127,13 @@ pub fn embedded_default() -> Config {
                 block_size: DEFAULT_BLOCK_SIZE,
                 read_only: false,
                 ana_group: 1,
+                reservations: true,
             }],
             cntlids: 1..=MAX_CNTLID,
         }],
         limits: Limits::default(),
         metrics: None,
+        state_directory: DEFAULT_STATE_DIRECTORY.into(),
     }
 }
 

@@ -35,7 +35,13 @@ pub struct Config {
     /// Where the Prometheus metrics endpoint listens (`[metrics] listen`);
     /// off when `None`.
     pub metrics: Option<SocketAddr>,
+    /// Where namespaces keep their reservations through power loss
+    /// (`[reservations] state_directory`).
+    pub state_directory: PathBuf,
 }
+
+/// Where reservation state files live when the configuration names no place.
+pub const DEFAULT_STATE_DIRECTORY: &str = "/var/lib/rdmablk/reservations";
 
 /// Resource limits and deadlines (`[limits]`): what any one host can make
 /// the target hold, and for how long.
@@ -188,6 +194,10 @@ pub struct NamespaceConfig {
     pub read_only: bool,
     /// Its ANA group, 1 to [`MAX_ANA_GROUP`] (`ana_group`, default 1).
     pub ana_group: u32,
+    /// Whether it takes reservations (`reservations`, default true): a
+    /// namespace that another gateway also serves must not, as its
+    /// registrations would not be shared.
+    pub reservations: bool,
 }
 
 /// Storage behind a namespace.

@@ -7,7 +7,7 @@ use super::listener::{
 };
 use super::model::{
     BackendConfig, Config, Limits, ListenerConfig, NamespaceConfig, Pollers, SubsystemConfig,
-    DEFAULT_BLOCK_SIZE, MAX_CNTLID,
+    DEFAULT_BLOCK_SIZE, DEFAULT_STATE_DIRECTORY, MAX_CNTLID,
 };
 use super::nqn::{check_subsystem_nqn, DEFAULT_NQN};
 use super::rbd;
@@ -139,11 +139,13 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
                 block_size,
                 read_only: false,
                 ana_group: 1,
+                reservations: true,
             }],
             cntlids: 1..=MAX_CNTLID,
         }],
         limits: Limits::default(),
         metrics: None,
+        state_directory: DEFAULT_STATE_DIRECTORY.into(),
     };
     config.validate()?;
     Ok(config)

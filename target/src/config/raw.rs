@@ -17,6 +17,7 @@ pub(super) struct RawConfig {
     pub(super) pollers: Option<RawPollers>,
     pub(super) limits: Option<RawLimits>,
     pub(super) metrics: Option<RawMetrics>,
+    pub(super) reservations: Option<RawReservations>,
     #[serde(default)]
     pub(super) listener: Vec<RawListener>,
     #[serde(default)]
@@ -54,6 +55,13 @@ pub(super) struct RawLimits {
 #[serde(deny_unknown_fields)]
 pub(super) struct RawMetrics {
     pub(super) listen: Option<String>,
+}
+
+/// `[reservations]`.
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawReservations {
+    pub(super) state_directory: Option<PathBuf>,
 }
 
 /// One `[[listener]]` table.
@@ -109,6 +117,7 @@ pub(super) struct RawNamespace {
     #[serde(default)]
     pub(super) read_only: bool,
     pub(super) ana_group: Option<i64>,
+    pub(super) reservations: Option<bool>,
     pub(super) pool: Option<String>,
     pub(super) image: Option<String>,
     pub(super) rbd_namespace: Option<String>,

@@ -14,8 +14,9 @@ use crate::nvme::port::Arrival;
 use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::nvme::{fuse, Cqe, Sgl, Sqe, Status};
 use std::collections::VecDeque;
+use std::sync::Arc;
 use std::time::Instant;
 
 mod upkeep;
@@ -153,6 +154,10 @@ pub struct Queue {
     unslotted: usize,
     /// A Disconnect whose response waits for the queue's other commands.
     disconnecting: Option<u16>,
+    /// The first command of a fused operation, until its second arrives.
+    fused_first: Option<u16>,
+    /// The last capsule was the first of a fused operation, refused.
+    first_refused: bool,
 }
 
 impl Queue {
@@ -172,6 +177,8 @@ impl Queue {
             backend_ops: 0,
             unslotted: 0,
             disconnecting: None,
+            fused_first: None,
+            first_refused: false,
         }
     }
 
@@ -220,22 +227,65 @@ impl Queue {
         w.shut();
     }
 
-    /// A command capsule arrived: the rules of NVMe over Fabrics 1.1 and
-    /// NVMe Base 2.1 on its SGL and in-capsule data, then the command's
-    /// plan, then its slot.
+    /// A command capsule arrived: the two commands of a fused operation
+    /// come one after the other (NVMe Base 2.1, 3.4.2): a first without its
+    /// second is aborted with Missing Fused Command, as is a second without
+    /// a first (Failed Fused Command after a first that was refused), and
+    /// a first ends with its second when that is refused.
     pub fn receive<W: Wire>(
         &mut self,
         sqe: &Sqe,
-        mut data: InCapsule<'_>,
+        data: InCapsule<'_>,
         io: &mut Io,
         w: &mut W,
     ) -> Intake {
-        let cid = sqe.cid();
         if self.unslotted >= self.depth() as usize {
             // As many refusals unsent as the queue has entries: a host that
             // keeps sending bad capsules without taking them waits for them.
             return Intake::Stall;
         }
+        let io_queue = self.bind.assoc.as_ref().is_some_and(|a| a.qid != 0);
+        let fused = if io_queue { sqe.fuse() } else { 0 };
+        if fused != fuse::SECOND {
+            if let Some(first) = self.fused_first.take() {
+                self.end_fused(first, Status::ABORTED_MISSING_FUSED, io, w);
+            }
+        }
+        let refused_first = std::mem::take(&mut self.first_refused);
+        if fused == fuse::SECOND && self.fused_first.is_none() {
+            let st = if refused_first {
+                Status::ABORTED_FAILED_FUSED
+            } else {
+                Status::ABORTED_MISSING_FUSED
+            };
+            return self.refuse(sqe, st, io, w);
+        }
+        let intake = self.receive_one(sqe, data, io, w);
+        if intake == Intake::Taken {
+            match fused {
+                fuse::FIRST if self.fused_first.is_none() => self.first_refused = true,
+                fuse::SECOND => {
+                    if let Some(first) = self.fused_first.take() {
+                        self.end_fused(first, Status::ABORTED_FAILED_FUSED, io, w);
+                    }
+                }
+                _ => {}
+            }
+        }
+        intake
+    }
+
+    /// [`Queue::receive`] for one capsule: the rules of NVMe over Fabrics
+    /// 1.1 and NVMe Base 2.1 on its SGL and in-capsule data, then the
+    /// command's plan, then its slot.
+    fn receive_one<W: Wire>(
+        &mut self,
+        sqe: &Sqe,
+        data: InCapsule<'_>,
+        io: &mut Io,
+        w: &mut W,
+    ) -> Intake {
+        let cid = sqe.cid();
         let caps = w.caps();
         let sgl = sqe.sgl();
         let arrived = data.len();
@@ -276,6 +326,21 @@ impl Queue {
         let Some(slot) = self.vacant() else {
             return Intake::Overrun;
         };
+        // A command whose buffer holds more than its data (a Compare) does
+        // not take over a receive buffer: its data is copied.
+        let copied;
+        let mut data = match data {
+            InCapsule::Buffer { buf: Some(b), len } if cmd.buffer_len() > cmd.len => {
+                let mut v = vec![0u8; len];
+                io.arena.read(b, 0, &mut v);
+                copied = v;
+                InCapsule::Bytes {
+                    data: &copied,
+                    digest_ok: true,
+                }
+            }
+            d => d,
+        };
         if in_capsule && cmd.len > 0 {
             match &mut data {
                 InCapsule::Buffer { buf, .. } => {
@@ -315,9 +380,87 @@ impl Queue {
         }
         self.sq_head = (self.sq_head + 1) % self.depth();
         tracing::trace!(peer = %self.peer, cid, slot, opcode = sqe.opcode(), len = cmd.len, "command received");
+        if matches!(cmd.work, Work::Io(_)) {
+            match sqe.fuse() {
+                fuse::FIRST => self.fused_first = Some(slot),
+                fuse::SECOND => self.pair(slot, &mut cmd),
+                _ => {}
+            }
+        }
         self.cmds[slot as usize] = Some(cmd);
         self.advance(slot, io, w);
         Intake::Taken
+    }
+
+    /// Pairs `cmd` (in `slot`), the second command of a fused operation,
+    /// with the first, which must name the same blocks (NVM Command Set
+    /// 2.1, 3.3.1: else Invalid Field, and the second fails with it).
+    fn pair(&mut self, slot: u16, cmd: &mut Command) {
+        let Some(first) = self.fused_first.take() else {
+            return;
+        };
+        let Some(f) = self.cmds.get_mut(first as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        let same = match (&f.work, &cmd.work) {
+            (Work::Io(a), Work::Io(b)) => {
+                Arc::ptr_eq(&a.ns, &b.ns) && a.offset == b.offset && a.len == b.len
+            }
+            _ => false,
+        };
+        if !same {
+            if f.status.is_success() {
+                f.status = Status::INVALID_FIELD;
+            }
+            cmd.status = Status::ABORTED_FAILED_FUSED;
+        }
+        f.partner = Some(slot);
+        cmd.partner = Some(first);
+    }
+
+    /// Ends the command in `slot`, one of a fused operation, with `status`
+    /// (unless it failed already): at once if it does not wait for data,
+    /// else once its data arrived.
+    fn end_fused<W: Wire>(&mut self, slot: u16, status: Status, io: &mut Io, w: &mut W) {
+        let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
+            return;
+        };
+        if cmd.status.is_success() {
+            cmd.status = status;
+        }
+        if matches!(
+            cmd.state,
+            State::Received | State::AwaitingBuffer | State::AwaitingPartner
+        ) {
+            self.complete(slot, io, w);
+        }
+    }
+
+    /// A command of a fused operation whose data arrived: it waits for the
+    /// other; once both are ready, the first runs them both, with the
+    /// second's data.
+    fn run_fused<W: Wire>(&mut self, slot: u16, io: &mut Io, w: &mut W) {
+        let cmd = self.cmds[slot as usize].as_mut().expect("a live slot");
+        enter(cmd, State::AwaitingPartner, &self.peer);
+        let (first, second) = match cmd.sqe.fuse() {
+            fuse::FIRST => (slot, cmd.partner),
+            _ => (cmd.partner.expect("a second is paired"), Some(slot)),
+        };
+        let ready = |q: &Queue, s: Option<u16>| {
+            s.and_then(|s| q.command(s))
+                .is_some_and(|c| c.state == State::AwaitingPartner)
+        };
+        if !ready(self, Some(first)) || !ready(self, second) {
+            return;
+        }
+        let second = second.expect("ready");
+        let data = self.cmds[second as usize]
+            .as_mut()
+            .and_then(|c| c.buf.take());
+        let f = self.cmds[first as usize].as_mut().expect("ready");
+        f.partner_buf = data;
+        enter(f, State::OnBackend, &self.peer);
+        self.run(first, io, w);
     }
 
     /// A free slot, the table growing up to twice the depth.
@@ -421,7 +564,7 @@ impl Queue {
         };
         if matches!(cmd.state, State::Received | State::AwaitingBuffer) {
             if cmd.len > 0 && cmd.buf.is_none() {
-                cmd.buf = self.bind.alloc(cmd.len, io);
+                cmd.buf = self.bind.alloc(cmd.buffer_len(), io);
             }
             if cmd.len > 0 && cmd.buf.is_none() {
                 // The arena is full: wait without blocking the stream,
@@ -459,7 +602,7 @@ impl Queue {
                 self.awaiting_buffer.pop_front();
                 continue;
             };
-            match self.bind.alloc(cmd.len, io) {
+            match self.bind.alloc(cmd.buffer_len(), io) {
                 Some(b) => {
                     self.awaiting_buffer.pop_front();
                     let cmd = self.cmds[slot as usize].as_mut().expect("checked above");
@@ -522,6 +665,9 @@ impl Queue {
             }
             return self.complete(slot, io, w);
         }
+        if cmd.sqe.fuse() != 0 && cmd.partner_buf.is_none() && matches!(cmd.work, Work::Io(_)) {
+            return self.run_fused(slot, io, w);
+        }
         // A command planned before its queue was deleted (by a Disconnect, or
         // a controller reset) does not execute: it is aborted.
         let Some(a) = self.bind.assoc.as_ref().filter(|a| !a.is_deleted()) else {
@@ -574,6 +720,7 @@ impl Queue {
                 // SAFETY: as above.
                 BackendOp::Rbd(r) => unsafe { r.start(token.encode(), io.completions) },
                 BackendOp::Offload(job) => job.start(token.encode(), io.completions),
+                BackendOp::Later(later) => later.start(token.encode(), io.completions),
             }
             self.backend_ops += 1;
         }
@@ -586,17 +733,20 @@ impl Queue {
             return;
         };
         if !matches!(cmd.work, Work::Io(_)) {
+            cmd.ops_in_flight -= 1;
+            if cmd.persisted(res) {
+                return self.complete(slot, io, w);
+            }
             // Work it needed ran off the poller (authentication): it
             // executes again and finds the result.
-            cmd.ops_in_flight -= 1;
             return self.run(slot, io, w);
         }
         // Only a timeout asks (the controller's state is locked for it).
         let acre = || self.bind.acre();
-        if let Some(next) = cmd.on_backend_done(res, io.arena, acre) {
-            // The rest of a short transfer, or the other way of zeroing.
-            let mut more = Entries::new();
-            more.push(next);
+        let more = cmd.on_backend_done(res, io.arena, acre);
+        if !more.is_empty() {
+            // The rest of a short transfer, the other way of zeroing, what a
+            // write gate let through, a Compare and Write's write.
             self.submit_backend(slot, more, io);
         } else if cmd.ops_in_flight == 0 {
             self.complete(slot, io, w);
@@ -608,6 +758,17 @@ impl Queue {
         let cmd = self.cmds[slot as usize]
             .as_mut()
             .expect("completing a live slot");
+        cmd.leave_gate();
+        // The other command of a fused operation ends with this one: with
+        // the outcome of its write, or failed with it.
+        let partner = cmd.partner.take().map(|p| {
+            let st = if cmd.status.is_success() {
+                cmd.fused_write_status
+            } else {
+                Status::ABORTED_FAILED_FUSED
+            };
+            (p, st)
+        });
         // A Connect answers for the queue it asked for.
         let sqid = match &cmd.work {
             Work::Connect => ConnectCmd::from_sqe(&cmd.sqe).qid,
@@ -654,6 +815,14 @@ impl Queue {
             },
             io,
         );
+        if let Some((p, st)) = partner {
+            if let Some(pc) = self.cmds.get_mut(p as usize).and_then(Option::as_mut) {
+                if pc.partner == Some(slot) {
+                    pc.partner = None;
+                    self.end_fused(p, st, io, w);
+                }
+            }
+        }
         self.finish_disconnect(io, w);
     }
 
@@ -663,9 +832,12 @@ impl Queue {
     /// transfer in flight points to; they finish first.
     fn abort_unstarted<W: Wire>(&mut self, except: u16, io: &mut Io, w: &mut W) {
         for slot in 0..self.cmds.len() as u16 {
-            let unstarted = self
-                .command(slot)
-                .is_some_and(|c| matches!(c.state, State::Received | State::AwaitingBuffer));
+            let unstarted = self.command(slot).is_some_and(|c| {
+                matches!(
+                    c.state,
+                    State::Received | State::AwaitingBuffer | State::AwaitingPartner
+                )
+            });
             if slot != except && unstarted {
                 let cmd = self.cmds[slot as usize].as_mut().expect("live");
                 cmd.status = Status::ABORTED_SQ_DELETION;

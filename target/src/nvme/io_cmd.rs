@@ -4,7 +4,8 @@
 use crate::base::metrics::Op;
 use crate::nvme::ana::AnaStates;
 use crate::nvme::subsystem::Namespace;
-use rdmablk_common::nvme::{nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
+use rdmablk_common::nvme::resv::{KEYS_LEN, KEY_LEN, STATUS_EXT_HEADER};
+use rdmablk_common::nvme::{fuse, nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
 
 /// What an I/O command asks the backend to do.
@@ -26,6 +27,26 @@ pub enum IoKind {
     Dsm {
         deallocate: bool,
     },
+    /// Receive `len` bytes from the host and compare them with those at
+    /// `offset`; the first command of a fused Compare and Write also writes
+    /// its partner's data when they match.
+    Compare,
+    /// A reservation command: Register, Acquire and Release receive `len`
+    /// bytes of keys; Report returns `len` bytes.
+    Reservation(u8),
+}
+
+impl IoKind {
+    /// The command group the reservation access rules put it in: `Some(true)`
+    /// for writes, `Some(false)` for reads, `None` for the reservation
+    /// commands themselves (NVMe Base 2.1, 8.1.22).
+    pub fn access_group(self) -> Option<bool> {
+        match self {
+            IoKind::Read | IoKind::Compare => Some(false),
+            IoKind::Reservation(_) => None,
+            _ => Some(true),
+        }
+    }
 }
 
 /// A validated I/O command.
@@ -38,6 +59,8 @@ pub struct IoRequest {
     pub len: u64,
     /// The poller whose metrics slot of the namespace counts the command.
     pub poller: usize,
+    /// The namespace's Preempt and Abort count when it arrived.
+    pub aborts_seen: u64,
 }
 
 impl Drop for IoRequest {
@@ -56,19 +79,38 @@ impl IoRequest {
         }
     }
 
-    /// Bytes the host sends (Write, DSM ranges).
+    /// Bytes the host sends (Write, DSM ranges, Compare, reservation keys).
     pub fn data_to_controller(&self) -> usize {
         match self.kind {
-            IoKind::Write { .. } | IoKind::Dsm { .. } => self.len as usize,
+            IoKind::Write { .. } | IoKind::Dsm { .. } | IoKind::Compare => self.len as usize,
+            IoKind::Reservation(op) if op != nvm::RESV_REPORT => self.len as usize,
             _ => 0,
         }
     }
 
-    /// Bytes returned to the host (Read).
+    /// Bytes returned to the host (Read, Reservation Report).
     pub fn data_to_host(&self) -> usize {
         match self.kind {
-            IoKind::Read => self.len as usize,
+            IoKind::Read | IoKind::Reservation(nvm::RESV_REPORT) => self.len as usize,
             _ => 0,
+        }
+    }
+
+    /// Arena bytes the command's data needs: a Compare also holds what it
+    /// reads.
+    pub fn buffer_len(&self) -> usize {
+        match self.kind {
+            IoKind::Compare => 2 * self.len as usize,
+            _ => self.data_to_controller().max(self.data_to_host()),
+        }
+    }
+
+    /// The bytes it writes, for the write gate (Dataset Management: the
+    /// whole namespace, its ranges are not known yet).
+    pub fn written(&self) -> std::ops::Range<u64> {
+        match self.kind {
+            IoKind::Dsm { .. } => 0..u64::MAX,
+            _ => self.offset..self.offset + self.len,
         }
     }
 }
@@ -88,13 +130,30 @@ pub fn decode(
 ) -> Result<IoRequest, Status> {
     // The opcode first: an admin command on an I/O queue (Keep Alive) is an
     // Invalid Opcode, whatever its namespace field.
-    if !matches!(
+    let reservation = matches!(
         sqe.opcode(),
-        nvm::READ | nvm::WRITE | nvm::FLUSH | nvm::WRITE_ZEROES | nvm::DSM
-    ) {
+        nvm::RESV_REGISTER | nvm::RESV_REPORT | nvm::RESV_ACQUIRE | nvm::RESV_RELEASE
+    );
+    if !reservation
+        && !matches!(
+            sqe.opcode(),
+            nvm::READ | nvm::WRITE | nvm::FLUSH | nvm::WRITE_ZEROES | nvm::DSM | nvm::COMPARE
+        )
+    {
         return Err(Status::INVALID_OPCODE);
     }
+    // Only a Compare may start a fused operation, and only a Write end it
+    // (NVM Command Set 2.1, 3.3.1).
+    match (sqe.fuse(), sqe.opcode()) {
+        (0, _) | (fuse::FIRST, nvm::COMPARE) | (fuse::SECOND, nvm::WRITE) => {}
+        _ => return Err(Status::INVALID_FIELD),
+    }
     let ns = namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?;
+    if reservation && ns.reservations.is_none() {
+        // Reservations turned off for this namespace: as a controller
+        // without them.
+        return Err(Status::INVALID_OPCODE);
+    }
     let counters = ns.metrics.of(poller);
     // As nvmet, the path first: a group not usable here refuses every
     // command on its namespaces with a path status, DNR clear, so that the
@@ -106,12 +165,14 @@ pub fn decode(
     match checked {
         Ok((kind, offset, len)) => {
             counters.start();
+            let aborts_seen = ns.reservations.as_ref().map_or(0, |r| r.aborts());
             Ok(IoRequest {
                 kind,
                 ns: ns.clone(),
                 offset,
                 len,
                 poller,
+                aborts_seen,
             })
         }
         Err(st) => {
@@ -157,21 +218,51 @@ fn check(
         }
     };
     let (kind, offset, len) = match sqe.opcode() {
-        nvm::READ | nvm::WRITE => {
+        nvm::READ | nvm::WRITE | nvm::COMPARE => {
             let rw = ReadWriteCmd::from_sqe(sqe);
             let (offset, len) = rw_range(ns, &rw)?;
-            if len > max_transfer as u64 {
+            // A Compare holds what it reads too: half the largest transfer.
+            let most = match sqe.opcode() {
+                nvm::COMPARE => max_transfer / 2,
+                _ => max_transfer,
+            };
+            if len > most as u64 {
                 return Err(Status::INVALID_FIELD);
             }
             if sgl_len as u64 != len {
                 return Err(Status::SGL_DATA_LENGTH_INVALID);
             }
-            if sqe.opcode() == nvm::READ {
-                (IoKind::Read, offset, len)
-            } else {
-                writable(ns)?;
-                (IoKind::Write { fua: rw.fua }, offset, len)
+            match sqe.opcode() {
+                nvm::READ => (IoKind::Read, offset, len),
+                nvm::COMPARE => (IoKind::Compare, offset, len),
+                _ => {
+                    writable(ns)?;
+                    (IoKind::Write { fua: rw.fua }, offset, len)
+                }
             }
+        }
+        op @ (nvm::RESV_REGISTER | nvm::RESV_ACQUIRE | nvm::RESV_RELEASE) => {
+            // The keys: 16 bytes, 8 for Release (a longer SGL is allowed,
+            // as nvme-cli and the Linux host send 8 or 16 for it).
+            let len = if op == nvm::RESV_RELEASE {
+                KEY_LEN
+            } else {
+                KEYS_LEN
+            };
+            if (sgl_len as usize) < len {
+                return Err(Status::SGL_DATA_LENGTH_INVALID);
+            }
+            (IoKind::Reservation(op), 0, len as u64)
+        }
+        nvm::RESV_REPORT => {
+            let len = (sqe.cdw(10) as u64 + 1) * 4;
+            if len < STATUS_EXT_HEADER as u64 || len > max_transfer as u64 {
+                return Err(Status::INVALID_FIELD);
+            }
+            if (sgl_len as u64) < len {
+                return Err(Status::SGL_DATA_LENGTH_INVALID);
+            }
+            (IoKind::Reservation(nvm::RESV_REPORT), 0, len)
         }
         nvm::FLUSH => {
             no_data()?;

@@ -13,4 +13,6 @@ pub mod controller;
 pub mod fabric;
 pub mod io_cmd;
 pub mod port;
+pub mod reservation;
 pub mod subsystem;
+pub mod write_gate;

@@ -11,10 +11,14 @@ use crate::config::{self, BackendConfig, Config, NamespaceConfig, SubsystemConfi
 use crate::nvme::ana::AnaStates;
 use crate::nvme::controller::Controller;
 use crate::nvme::port::Port;
+use crate::nvme::reservation::ptpl::{Identity, Persistent, StateFile};
+use crate::nvme::reservation::Reservations;
+use crate::nvme::write_gate::WriteGate;
 use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use std::collections::HashMap;
 use std::net::IpAddr;
+use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock, Weak};
 
@@ -35,6 +39,14 @@ pub struct Namespace {
     ids: OnceLock<NamespaceIds>,
     /// Commands, bytes, errors and latency, per poller.
     pub metrics: NsMetrics,
+    /// Its registrations and reservation; `None` where the configuration
+    /// turned reservations off.
+    pub reservations: Option<Reservations>,
+    /// Where they persist through power loss.
+    state_file: Option<StateFile>,
+    /// The order of its writes against Compare and Write and Preempt and
+    /// Abort.
+    pub gate: WriteGate,
 }
 
 impl Namespace {
@@ -69,8 +81,31 @@ impl Namespace {
     /// Makes `bytes` (a whole number of blocks, not less than now) the
     /// namespace's size; the backend must already hold them.
     pub fn grow_to(&self, bytes: u64) {
-        self.blocks
+        let before = self
+            .blocks
             .fetch_max(bytes / self.block_size as u64, Ordering::AcqRel);
+        // The state file names the size: a grown namespace keeps its
+        // reservations at the next start. Not on a poller: a reload, or
+        // the image's thread.
+        if before != self.blocks()
+            && self
+                .reservations
+                .as_ref()
+                .is_some_and(|r| r.snapshot().ptpl)
+        {
+            if let Err(e) = self.persist() {
+                tracing::error!(
+                    nsid = self.nsid,
+                    "cannot save the reservation state of the grown namespace: {e}"
+                );
+            }
+        }
+    }
+
+    /// Its size as its state file records it (none for RBD images, which
+    /// Ceph resizes).
+    fn recorded_size(&self) -> Option<u64> {
+        (!matches!(self.backend, Backend::Rbd(_))).then(|| self.blocks() * self.block_size as u64)
     }
 
     /// Whether the namespace is active: it takes I/O and is listed (an RBD
@@ -91,6 +126,15 @@ impl Namespace {
     /// it becomes active.
     pub fn set_ids(&self, ids: NamespaceIds) {
         let _ = self.ids.set(ids);
+    }
+}
+
+impl Persistent for Namespace {
+    fn persist(&self) -> std::io::Result<()> {
+        match (&self.reservations, &self.state_file) {
+            (Some(r), Some(f)) => f.save(&r.snapshot(), self.recorded_size()),
+            _ => Ok(()),
+        }
     }
 }
 
@@ -301,6 +345,8 @@ pub struct Registry {
     pub admission: Admission,
     /// Poller threads (namespaces' metrics have a slot for each).
     pub pollers: usize,
+    /// Where namespaces keep their reservations through power loss.
+    pub state_directory: std::path::PathBuf,
 }
 
 impl Registry {
@@ -312,13 +358,12 @@ impl Registry {
             let mut namespaces = Vec::new();
             for (ni, n) in s.namespaces.iter().enumerate() {
                 let key = format!("subsystem[{si}].namespace[{ni}]");
-                let ns = open_namespace(&s.nqn, n, cfg.pollers.count).map_err(|source| {
-                    DaemonError::Namespace {
+                let ns = open_namespace(&s.nqn, n, cfg.pollers.count, &cfg.state_directory)
+                    .map_err(|source| DaemonError::Namespace {
                         key,
                         nqn: s.nqn.clone(),
                         source,
-                    }
-                })?;
+                    })?;
                 namespaces.push(Arc::new(ns));
             }
             subsystems.push(Arc::new(new_subsystem(s, namespaces)));
@@ -340,6 +385,7 @@ impl Registry {
             genctr: AtomicU64::new(1),
             admission: Admission::new(cfg.limits.clone()),
             pollers: cfg.pollers.count,
+            state_directory: cfg.state_directory.clone(),
         })
     }
 
@@ -491,6 +537,7 @@ pub fn open_namespace(
     nqn: &str,
     n: &NamespaceConfig,
     pollers: usize,
+    state_dir: &Path,
 ) -> std::io::Result<Namespace> {
     let (backend, size) = match &n.backend {
         BackendConfig::Rbd(image) => {
@@ -503,16 +550,7 @@ pub fn open_namespace(
                 "namespace on {}; inactive until the image is open",
                 backend.describe()
             );
-            return Ok(Namespace {
-                nsid: n.nsid,
-                block_size: n.block_size,
-                blocks: AtomicU64::new(0),
-                read_only: AtomicBool::new(n.read_only),
-                ana_group: AtomicU32::new(n.ana_group),
-                backend: Backend::Rbd(Box::new(backend)),
-                ids: OnceLock::new(),
-                metrics: NsMetrics::new(pollers),
-            });
+            (Backend::Rbd(Box::new(backend)), 0)
         }
         BackendConfig::File { path, create_size } => {
             let f = FileBackend::open(path, *create_size, n.block_size, n.read_only)?;
@@ -527,22 +565,40 @@ pub fn open_namespace(
         }
         BackendConfig::Null { size } => (Backend::Null, *size),
     };
+    let rbd = matches!(backend, Backend::Rbd(_));
     let blocks = size / n.block_size as u64;
-    if blocks == 0 {
+    if blocks == 0 && !rbd {
         return Err(std::io::Error::other(format!(
             "smaller than one {}-byte block; give it a size",
             n.block_size
         )));
     }
-    tracing::info!(
-        subsystem = %nqn,
-        nsid = n.nsid,
-        blocks,
-        block_size = n.block_size,
-        read_only = n.read_only,
-        "namespace on {}",
-        backend.describe()
-    );
+    if !rbd {
+        tracing::info!(
+            subsystem = %nqn,
+            nsid = n.nsid,
+            blocks,
+            block_size = n.block_size,
+            read_only = n.read_only,
+            "namespace on {}",
+            backend.describe()
+        );
+    }
+    let state_file = n.reservations.then(|| {
+        StateFile::new(
+            state_dir,
+            Identity {
+                subsystem: nqn.to_owned(),
+                nsid: n.nsid,
+                backend: backend_identity(&n.backend),
+                block_size: n.block_size,
+                size: None,
+            },
+        )
+    });
+    let reservations = state_file
+        .as_ref()
+        .map(|f| Reservations::new(f.load((!rbd).then_some(size))));
     Ok(Namespace {
         nsid: n.nsid,
         block_size: n.block_size,
@@ -550,7 +606,25 @@ pub fn open_namespace(
         read_only: AtomicBool::new(n.read_only),
         ana_group: AtomicU32::new(n.ana_group),
         backend,
-        ids: OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid))),
+        // An RBD namespace's derive from its image's id, once it is open.
+        ids: if rbd {
+            OnceLock::new()
+        } else {
+            OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid)))
+        },
         metrics: NsMetrics::new(pollers),
+        reservations,
+        state_file,
+        gate: WriteGate::new(pollers),
     })
+}
+
+/// What a state file names as the namespace's storage.
+fn backend_identity(b: &BackendConfig) -> String {
+    match b {
+        BackendConfig::File { path, .. } => format!("file:{}", path.display()),
+        BackendConfig::Rbd(image) => format!("rbd:{}", image.spec()),
+        BackendConfig::Memory { .. } => "memory".into(),
+        BackendConfig::Null { .. } => "null".into(),
+    }
 }

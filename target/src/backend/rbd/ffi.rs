@@ -254,8 +254,9 @@ impl Image {
     ///
     /// # Safety
     /// A read or write's buffer stays valid (and, for a read, unaliased)
-    /// until `done` ran; the image is not closed, and is neither closed nor
-    /// dropped before `done` ran.
+    /// until `done` ran, and so does a compare and write's `mismatch`; the
+    /// image is not closed, and is neither closed nor dropped before `done`
+    /// ran.
     pub unsafe fn start<F: Finish>(&self, op: Aio, done: Box<F>) {
         let lib = self.lib;
         let arg = Box::into_raw(done);
@@ -286,6 +287,22 @@ impl Image {
                 Aio::WriteZeroes { offset, len } => {
                     (lib.rbd_aio_write_zeroes)(h, offset, len as usize, c, 0, 0)
                 }
+                Aio::CompareAndWrite {
+                    offset,
+                    cmp,
+                    buf,
+                    len,
+                    mismatch,
+                } => (lib.rbd_aio_compare_and_write)(
+                    h,
+                    offset,
+                    len,
+                    cmp.cast::<c_char>().cast_const(),
+                    buf.cast::<c_char>().cast_const(),
+                    c,
+                    mismatch,
+                    0,
+                ) as c_int,
             }
         };
         if rc < 0 {
@@ -405,6 +422,16 @@ pub enum Aio {
     WriteZeroes {
         offset: u64,
         len: u64,
+    },
+    /// Writes `buf` where `len` bytes at `offset` equal `cmp`, atomically
+    /// at the OSD; -EILSEQ otherwise, the offset of the first difference
+    /// in `*mismatch`.
+    CompareAndWrite {
+        offset: u64,
+        cmp: *mut u8,
+        buf: *mut u8,
+        len: usize,
+        mismatch: *mut u64,
     },
 }
 

@@ -107,6 +107,16 @@ pub struct Librbd {
         zero_flags: ::std::os::raw::c_int,
         op_flags: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int,
+    pub rbd_aio_compare_and_write: unsafe extern "C" fn(
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        cmp_buf: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        c: rbd_completion_t,
+        mismatch_off: *mut u64,
+        op_flags: ::std::os::raw::c_int,
+    ) -> isize,
     pub rbd_aio_create_completion: unsafe extern "C" fn(
         cb_arg: *mut ::std::os::raw::c_void,
         complete_cb: rbd_callback_t,
@@ -165,6 +175,9 @@ impl Librbd {
         let rbd_aio_read = __library.get(b"rbd_aio_read\0").map(|sym| *sym)?;
         let rbd_aio_discard = __library.get(b"rbd_aio_discard\0").map(|sym| *sym)?;
         let rbd_aio_write_zeroes = __library.get(b"rbd_aio_write_zeroes\0").map(|sym| *sym)?;
+        let rbd_aio_compare_and_write = __library
+            .get(b"rbd_aio_compare_and_write\0")
+            .map(|sym| *sym)?;
         let rbd_aio_create_completion = __library
             .get(b"rbd_aio_create_completion\0")
             .map(|sym| *sym)?;
@@ -199,6 +212,7 @@ impl Librbd {
             rbd_aio_read,
             rbd_aio_discard,
             rbd_aio_write_zeroes,
+            rbd_aio_compare_and_write,
             rbd_aio_create_completion,
             rbd_aio_get_return_value,
             rbd_aio_release,
@@ -329,6 +343,19 @@ impl Librbd {
         op_flags: ::std::os::raw::c_int,
     ) -> ::std::os::raw::c_int {
         (self.rbd_aio_write_zeroes)(image, off, len, c, zero_flags, op_flags)
+    }
+    pub unsafe fn rbd_aio_compare_and_write(
+        &self,
+        image: rbd_image_t,
+        off: u64,
+        len: usize,
+        cmp_buf: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        c: rbd_completion_t,
+        mismatch_off: *mut u64,
+        op_flags: ::std::os::raw::c_int,
+    ) -> isize {
+        (self.rbd_aio_compare_and_write)(image, off, len, cmp_buf, buf, c, mismatch_off, op_flags)
     }
     pub unsafe fn rbd_aio_create_completion(
         &self,

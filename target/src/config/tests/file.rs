@@ -94,6 +94,7 @@ fn embedded_default_is_valid() {
             block_size: 512,
             read_only: false,
             ana_group: 1,
+            reservations: true,
         }]
     );
     assert_eq!(config.pollers, Pollers::default());

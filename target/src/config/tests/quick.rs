@@ -61,6 +61,7 @@ fn quick_file_over_rdma_with_nqn() {
             block_size: 4096,
             read_only: false,
             ana_group: 1,
+            reservations: true,
         }]
     );
 }

@@ -14,6 +14,9 @@ pub const NS_ATTR: u32 = 1 << 8;
 pub const ANA_CHANGE: u32 = 1 << 11;
 /// Discovery Log Page Change Notices (bit 31; discovery controllers).
 pub const DISCOVERY: u32 = 1 << 31;
+/// Reservation Log Page Available: not an Asynchronous Event Configuration
+/// bit (feature 82h masks it); a bit of its own for `Events::masked`.
+pub const RESERVATION: u32 = 1 << 30;
 /// Asynchronous Event Type Notice (NVMe Base 2.1, Figure 150).
 const NOTICE: u32 = 2;
 /// Notice: Namespace Attribute Changed (information 00h), Changed
@@ -24,6 +27,9 @@ pub const NS_ATTR_DW0: u32 = NOTICE | 0x04 << 16;
 pub const ANA_CHANGE_DW0: u32 = NOTICE | 0x03 << 8 | 0x0c << 16;
 /// Notice: Discovery Log Page Change, Discovery log (70h).
 pub const DISCOVERY_DW0: u32 = NOTICE | 0xf0 << 8 | 0x70 << 16;
+/// I/O Command Set Specific Status (6h), Reservation Log Page Available
+/// (00h), Reservation Notification log (80h).
+pub const RESERVATION_DW0: u32 = 6 | 0x80 << 16;
 
 /// Asynchronous events: those waiting for an Asynchronous Event Request,
 /// the kinds reported and not yet acknowledged by a read of their log page
@@ -44,7 +50,14 @@ impl Controller {
     /// Configuration) or has not acknowledged the last one of its kind.
     fn raise(&self, st: &mut State, kind: u32, dw0: u32) {
         let enabled = st.features.get(&feature::ASYNC_EVENT).copied().unwrap_or(0);
-        if enabled & kind != 0 && st.events.masked & kind == 0 {
+        if enabled & kind != 0 {
+            self.raise_always(st, kind, dw0);
+        }
+    }
+
+    /// [`Controller::raise`] for an event no configuration bit turns off.
+    pub(super) fn raise_always(&self, st: &mut State, kind: u32, dw0: u32) {
+        if st.events.masked & kind == 0 {
             st.events.masked |= kind;
             st.events.pending.push_back(dw0);
         }

@@ -262,6 +262,7 @@ fn connect_admin(
             acre: false,
             features: HashMap::new(),
             events: Events::default(),
+            notices: Default::default(),
         }),
     };
     let Some(ctrl) = subsys.add_controller(make) else {

@@ -18,6 +18,11 @@ impl Controller {
         if cdw10 & (1 << 31) != 0 {
             return Reply::status(Status::FEATURE_NOT_SAVEABLE);
         }
+        match fid {
+            feature::RESV_MASK => return self.set_resv_mask(sqe),
+            feature::RESV_PERSIST => return self.set_resv_persistence(sqe),
+            _ => {}
+        }
         let mut st = self.state.lock().expect("controller state");
         match fid {
             feature::NUM_QUEUES => {
@@ -76,6 +81,11 @@ impl Controller {
     /// Get Features: the value in dword 0, or the feature's data.
     pub(super) fn get_features(&self, sqe: &Sqe) -> Reply {
         let fid = sqe.cdw(10) as u8;
+        match fid {
+            feature::RESV_MASK => return self.get_resv_mask(sqe),
+            feature::RESV_PERSIST => return self.get_resv_persistence(sqe),
+            _ => {}
+        }
         let st = self.state.lock().expect("controller state");
         match fid {
             feature::NUM_QUEUES => {

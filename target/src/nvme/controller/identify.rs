@@ -7,9 +7,10 @@ use crate::config::{MAX_ANA_GROUP, MAX_NSID};
 use crate::nvme::ana::{ANACAP, ANATT_SECS};
 use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
 use rdmablk_common::nvme::identify::{
-    cns, cntrltype, encode_ns_descriptors, encode_ns_list, oncs, ControllerId, NamespaceId,
+    cns, cntrltype, encode_ns_descriptors, encode_ns_list, fuses, oncs, ControllerId, NamespaceId,
     IDENTIFY_LEN,
 };
+use rdmablk_common::nvme::resv::rescap;
 use rdmablk_common::nvme::{Sqe, Status};
 
 /// Namespace ids from here up (FFFFFFFEh, and FFFFFFFFh: all namespaces)
@@ -34,6 +35,11 @@ impl Controller {
                         nuse: ns.blocks(),
                         nsfeat: 0,
                         nmic: 1,
+                        rescap: if ns.reservations.is_some() {
+                            rescap::PTPL | rescap::ALL_TYPES | rescap::IEKEY_1_3
+                        } else {
+                            0
+                        },
                         dlfeat: 1 | 1 << 3,
                         anagrpid: ns.ana_group(),
                         nsattr: ns.read_only() as u8,
@@ -117,9 +123,20 @@ impl Controller {
             nn: if disc { 0 } else { MAX_NSID },
             oncs: if disc {
                 0
+            } else if self
+                .subsys
+                .namespaces()
+                .iter()
+                .any(|n| n.reservations.is_some())
+            {
+                oncs::COMPARE | oncs::DSM | oncs::WRITE_ZEROES | oncs::RESERVATIONS
             } else {
-                oncs::DSM | oncs::WRITE_ZEROES
+                oncs::COMPARE | oncs::DSM | oncs::WRITE_ZEROES
             },
+            fuses: if disc { 0 } else { fuses::COMPARE_AND_WRITE },
+            // One block: larger ones are not torn by other writes either
+            // (`write_gate`), but a reader may see part of them.
+            acwu: 0,
             vwc: self.subsys.volatile_cache() as u8,
             sgls: self.caps.sgls,
             mnan: if disc { 0 } else { MAX_NSID },

@@ -40,6 +40,7 @@ impl Controller {
             lid::CHANGED_NS => self.changed_ns_log(req.rae),
             lid::CMD_EFFECTS => effects_log(),
             lid::ANA => self.ana_log(req.lsp & ana::LSP_RGO != 0, req.rae),
+            lid::RESERVATION => self.reservation_log(req.rae),
             _ => return Reply::status(Status::INVALID_LOG_PAGE),
         };
         // NVMe Base 2.0, 5.16: an offset past the end of the log is an
@@ -124,8 +125,17 @@ fn effects_log() -> Vec<u8> {
     ] {
         put(&mut b, 0, opc, CSUPP);
     }
-    put(&mut b, 1024, nvm::FLUSH, CSUPP);
-    put(&mut b, 1024, nvm::READ, CSUPP);
+    for opc in [
+        nvm::FLUSH,
+        nvm::READ,
+        nvm::COMPARE,
+        nvm::RESV_REGISTER,
+        nvm::RESV_REPORT,
+        nvm::RESV_ACQUIRE,
+        nvm::RESV_RELEASE,
+    ] {
+        put(&mut b, 1024, opc, CSUPP);
+    }
     for opc in [nvm::WRITE, nvm::WRITE_ZEROES, nvm::DSM] {
         put(&mut b, 1024, opc, CSUPP | LBCC);
     }

@@ -16,6 +16,7 @@ mod fabrics;
 mod features;
 mod identify;
 mod log_page;
+mod resv;
 mod transfer;
 
 pub use connect::{connect, Association};
@@ -26,6 +27,7 @@ use crate::base::offload::Job;
 use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::Arrival;
+use crate::nvme::reservation::ptpl::Persistent;
 use crate::nvme::subsystem::{Registry, Subsystem};
 use aen::Events;
 use rdmablk_common::nvme::Status;
@@ -87,6 +89,7 @@ struct State {
     acre: bool,
     features: HashMap<u8, u32>,
     events: Events,
+    notices: resv::Notices,
 }
 
 /// A refused Connect: status, CQE dword 0 and why, for the log.
@@ -98,7 +101,6 @@ pub struct Refusal {
 }
 
 /// The outcome of a command the controller executed.
-#[derive(Debug)]
 pub enum Reply {
     /// Completes now with status, CQE dwords 0 and 1, and data for the host.
     Done {
@@ -112,6 +114,9 @@ pub enum Reply {
     Held,
     /// Executes again once this job, started off the poller, has run.
     After(Job),
+    /// Completes once this namespace's reservation state is written
+    /// (success), or could not be (Internal Error).
+    Persist(Arc<dyn Persistent>),
 }
 
 impl Reply {

@@ -1,14 +1,17 @@
 //! The daemon, `rdmablk-target`: NVMe/TCP, the letter of the specifications,
 //! ANA, authentication, limits, live reconfiguration, metrics, `--check`, hostile
-//! hosts, and RBD namespaces (against a Ceph cluster, `#[ignore]`d without).
+//! hosts, reservations, Compare and Write, and RBD namespaces (against a Ceph
+//! cluster, `#[ignore]`d without).
 
 mod ana;
 mod auth;
 mod check;
+mod compare_write;
 mod fuzz;
 mod limits;
 mod metrics;
 mod rbd;
 mod reload;
+mod reservations;
 mod spec;
 mod tcp;

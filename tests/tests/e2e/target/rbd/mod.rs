@@ -27,6 +27,7 @@ use std::path::PathBuf;
 use std::process::Command;
 use std::time::{Duration, Instant};
 
+mod compare_write;
 mod failures;
 mod io;
 mod namespace;
