@@ -467,11 +467,10 @@ impl Queue {
     }
 
     /// A fused Compare and Write (NVMe Base 2.1, 3.4.2; NVM Command Set
-    /// 2.1, 3.2): Compare of
-    /// `expect` at `slba` with FUSE 01b, then at once, next on this queue,
-    /// Write of `new` to the same blocks with FUSE 10b. Waits for both and
-    /// returns (the Compare's, the Write's) completions; the caller checks
-    /// the statuses.
+    /// 2.1, 3.2): Compare of `expect` at `slba` with FUSE 01b, then at once,
+    /// next on this queue, Write of `new` to the same blocks with FUSE 10b.
+    /// Waits for both and returns (the Compare's, the Write's) completions;
+    /// the caller checks the statuses.
     pub fn compare_and_write(
         &mut self,
         nsid: u32,

@@ -14,7 +14,10 @@
 . /scenarios/lib.sh
 /usr/bin/modprobe nvme-tcp || fail "modprobe nvme-tcp"
 NQN=nqn.2026-11.io.rdmablk:vm-resv
-PORT=4436
+# A listener per host: nvme-cli 2.3 takes a second host NQN to an address
+# and subsystem it is connected to for that connection ("already connected").
+PORT_A=4436
+PORT_B=4437
 HID_A=6f1c2a3b-4d5e-4f60-8a71-b2c3d4e5f601
 HID_B=0b9e8d7c-6a5b-4c3d-9e2f-1a0b2c3d4e02
 HNQN_A=nqn.2014-08.org.nvmexpress:uuid:$HID_A
@@ -38,7 +41,11 @@ state_directory = "$STATE"
 
 [[listener]]
 transport = "tcp"
-address = "127.0.0.1:$PORT"
+address = "127.0.0.1:$PORT_A"
+
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1:$PORT_B"
 
 [[subsystem]]
 nqn = "$NQN"
@@ -132,8 +139,8 @@ nvme resv-report through $wctl printed: $(cat /tmp/report.json)"
 
 # ---------------------------------------------------------------- two hosts, one namespace
 for h in A B; do
-  eval "hnqn=\$HNQN_$h; hid=\$HID_$h"
-  /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s $PORT -n $NQN --hostnqn=$hnqn --hostid=$hid \
+  eval "hnqn=\$HNQN_$h; hid=\$HID_$h; port=\$PORT_$h"
+  /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s $port -n $NQN --hostnqn=$hnqn --hostid=$hid \
     --reconnect-delay=1 --ctrl-loss-tmo=60 > /tmp/connect.out 2>&1 ||
     fail "nvme connect as host $h ($hnqn): $(cat /tmp/connect.out)"
   wait_for 20 ctrl_of $hnqn || fail "no controller of $NQN with hostnqn $hnqn in /sys/class/nvme"

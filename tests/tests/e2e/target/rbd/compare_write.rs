@@ -37,7 +37,10 @@ allow_any_host = true
 /// Failed Fused Command and leaves the image as it was; one that matches
 /// writes. Then the race of `compare_write::race` ([`HOSTS`] hosts ×
 /// [`PER_HOST`] increments of one block), with the counter then read from
-/// the cluster by `rbd export`.
+/// the cluster by `rbd export`. Every operation on the counter goes to one
+/// object, so the single OSD serializes them: this runs as long as the
+/// cluster takes for some 80,000 compare-and-writes plus the failed ones and
+/// the reads between them.
 #[test]
 #[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
 fn compare_and_write_on_an_image_is_atomic() {
