@@ -352,7 +352,7 @@ impl Queue {
                 }
                 InCapsule::Bytes { data, digest_ok } => {
                     let data = &data[..cmd.len];
-                    cmd.buf = self.bind.alloc(cmd.len, io);
+                    cmd.buf = self.bind.alloc(cmd.buffer_len(), io);
                     match &cmd.buf {
                         Some(b) => io.arena.write(b, 0, data),
                         None => {

@@ -225,7 +225,13 @@ impl StateFile {
         );
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".new");
-        let mut f = std::fs::File::create(&tmp)?;
+        // Host identifiers and keys: for the daemon only.
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(true)
+            .mode(0o600)
+            .open(&tmp)?;
         f.write_all(text.as_bytes())?;
         f.sync_all()?;
         std::fs::rename(&tmp, &self.path)?;
@@ -233,7 +239,7 @@ impl StateFile {
     }
 }
 
-use std::os::unix::fs::DirBuilderExt;
+use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
 
 /// What the saver is asked: a namespace's state to write, and whom to tell.
 pub trait Persistent: Send + Sync {
