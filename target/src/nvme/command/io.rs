@@ -18,6 +18,17 @@ const MAX_DSM_DATA: usize = 256 * 16;
 /// Bytes compared at a time (the arena is device memory: copied out).
 const COMPARE_CHUNK: usize = 4096;
 
+/// librbd compares and writes within one 512-byte sector at most (and
+/// refuses more with EINVAL).
+const OSD_COMPARE_MAX: u64 = 512;
+
+/// Whether a fused Compare and Write of `len` bytes at `offset` is one of
+/// librbd's compare-and-writes, atomic at the OSD (and so across gateways);
+/// larger ones take the write gate, atomic within this daemon.
+fn osd_compare(backend: &Backend, offset: u64, len: u64) -> bool {
+    matches!(backend, Backend::Rbd(_)) && offset % OSD_COMPARE_MAX + len <= OSD_COMPARE_MAX
+}
+
 impl Command {
     /// Executes an I/O command of `ctrl`'s host: the reservation rules
     /// first (NVMe Base 2.1, 8.1.22), checked now rather than at arrival
@@ -48,10 +59,12 @@ impl Command {
             | IoKind::Dsm { deallocate: true } => {
                 Some(ns.gate.enter_write(req.poller, req.written()))
             }
-            // librbd's compare-and-write is atomic at the OSD.
-            IoKind::Compare if fused && !matches!(ns.backend, Backend::Rbd(_)) => {
-                Some(ns.gate.enter_exclusive(req.written()))
+            // librbd's compare-and-write is atomic at the OSD: it passes as
+            // a write (which a Preempt and Abort waits for).
+            IoKind::Compare if fused && osd_compare(&ns.backend, req.offset, req.len) => {
+                Some(ns.gate.enter_write(req.poller, req.written()))
             }
+            IoKind::Compare if fused => Some(ns.gate.enter_exclusive(req.written())),
             _ => None,
         };
         match entry {
@@ -118,7 +131,7 @@ impl Command {
                 }
             }
             IoKind::Compare => match (&ns.backend, &self.partner_buf) {
-                (Backend::Rbd(r), Some(write)) => {
+                (Backend::Rbd(r), Some(write)) if osd_compare(&ns.backend, offset, len) => {
                     self.step = Step::RbdCompareAndWrite;
                     let cmp = self.fixed(arena, self.buf.as_ref(), 0, len as usize);
                     let data = self.fixed(arena, Some(write), 0, len as usize);
