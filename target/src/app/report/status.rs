@@ -83,6 +83,24 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                 format_size(bw as u64),
                 n.metrics.in_flight()
             );
+            if let Some(r) = &n.reservations {
+                let st = r.snapshot();
+                let _ = writeln!(
+                    out,
+                    "    reservations: {} registrant(s), {}, generation {}{}",
+                    st.registrants.len(),
+                    match st.holder {
+                        Some((t, _)) => format!("{t:?} held"),
+                        None => "none held".into(),
+                    },
+                    st.generation,
+                    if st.ptpl {
+                        ", persist through power loss"
+                    } else {
+                        ""
+                    }
+                );
+            }
         }
         let mut hosts: BTreeMap<(String, &str), (usize, usize)> = BTreeMap::new();
         for c in s.live_controllers() {

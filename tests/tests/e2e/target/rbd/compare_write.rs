@@ -1,36 +1,15 @@
-//! Compare and Write on an image (librbd's compare-and-write, atomic at
-//! the OSD): a mismatch changes nothing, and hosts racing on two pollers
-//! lose no increment.
+//! Compare and Write on an image: a mismatch changes nothing, and hosts
+//! racing on two pollers lose no increment, with 4 KiB (the write gate)
+//! and with one 512-byte block (librbd's compare-and-write, atomic at the
+//! OSD).
 
 use super::*;
 use crate::target::compare_write::{counter_block, race, HOSTS, PER_HOST};
 
-/// A target exporting `image` as namespace 1 of [`NQN`] with two pollers.
+/// A target exporting `image` as namespace 1 of [`NQN`] with two pollers
+/// (a table of its own after the subsystem's keys).
 fn two_poller_target(image: &str) -> Target {
-    Target::start_config(&format!(
-        r#"
-[pollers]
-count = 2
-
-[[listener]]
-transport = "tcp"
-address = "127.0.0.1:{{port}}"
-
-[[subsystem]]
-nqn = "{NQN}"
-allow_any_host = true
-
-  [[subsystem.namespace]]
-  nsid = 1
-  backend = "rbd"
-  pool = "rbd"
-  image = "{image}"
-  ceph_conf = "{conf}"
-  client_id = "rdmablk"
-  timeout = "20s"
-"#,
-        conf = ceph_conf().display()
-    ))
+    target(image, "[pollers]\ncount = 2", "20s")
 }
 
 /// A fused Compare and Write that mismatches gets Compare Failure and
