@@ -156,7 +156,8 @@ pub struct Queue {
     disconnecting: Option<u16>,
     /// The first command of a fused operation, until its second arrives.
     fused_first: Option<u16>,
-    /// The last capsule was the first of a fused operation, refused.
+    /// The first of a fused operation ended (refused, or failed) before
+    /// its second came: the next capsule, if a second, fails with it.
     first_refused: bool,
 }
 
@@ -400,6 +401,7 @@ impl Queue {
             return;
         };
         let Some(f) = self.cmds.get_mut(first as usize).and_then(Option::as_mut) else {
+            cmd.status = Status::ABORTED_FAILED_FUSED;
             return;
         };
         let same = match (&f.work, &cmd.work) {
@@ -442,9 +444,15 @@ impl Queue {
     fn run_fused<W: Wire>(&mut self, slot: u16, io: &mut Io, w: &mut W) {
         let cmd = self.cmds[slot as usize].as_mut().expect("a live slot");
         enter(cmd, State::AwaitingPartner, &self.peer);
-        let (first, second) = match cmd.sqe.fuse() {
-            fuse::FIRST => (slot, cmd.partner),
-            _ => (cmd.partner.expect("a second is paired"), Some(slot)),
+        let (first, second) = match (cmd.sqe.fuse(), cmd.partner) {
+            (fuse::FIRST, p) => (slot, p),
+            (_, Some(p)) => (p, Some(slot)),
+            (_, None) => {
+                // Its first ended before it (a second is paired when it
+                // arrives, so this does not happen; but never wait forever).
+                cmd.status = Status::ABORTED_FAILED_FUSED;
+                return self.complete(slot, io, w);
+            }
         };
         let ready = |q: &Queue, s: Option<u16>| {
             s.and_then(|s| q.command(s))
@@ -759,6 +767,11 @@ impl Queue {
             .as_mut()
             .expect("completing a live slot");
         cmd.leave_gate();
+        if self.fused_first == Some(slot) {
+            // A first that ended before its second came: that one fails.
+            self.fused_first = None;
+            self.first_refused = true;
+        }
         // The other command of a fused operation ends with this one: with
         // the outcome of its write, or failed with it.
         let partner = cmd.partner.take().map(|p| {

@@ -544,3 +544,90 @@ fn overdue_connect_and_data() {
         Some(FakeWire::DATA_OVERDUE)
     );
 }
+
+/// A fused pair: a first sent as `sgl`, and its second.
+fn fused(opcode: u8, cid: u16, fuse_bits: u8, sgl: Sgl) -> Sqe {
+    let mut sqe = rw(opcode, cid, 64, 512, sgl);
+    sqe.set_flags(sqe.flags() | fuse_bits);
+    sqe
+}
+
+/// NVMe Base 2.1, 3.4.2: a first whose data failed before its second
+/// came ends at once, and the second then fails with it (Failed Fused
+/// Command) rather than wait for a partner that has answered already.
+#[test]
+fn a_second_after_its_failed_first_fails_at_once() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    let first = fused(nvm::COMPARE, 1, fuse::FIRST, transport(512));
+    assert_eq!(f.receive(&first, &[]), Intake::Taken);
+    assert_eq!(f.state(0), Some(State::FetchingData));
+    f.q.data_arrived(0, 512, false, &mut f.rig.io(), &mut f.w);
+    assert_eq!(f.w.last().1.status(), Status::TRANSIENT_TRANSPORT_ERROR);
+    let second = fused(nvm::WRITE, 2, fuse::SECOND, in_capsule(512));
+    assert_eq!(f.receive(&second, &[7; 512]), Intake::Taken);
+    let (_, cqe, _) = *f.w.last();
+    assert_eq!((cqe.cid, cqe.status()), (2, Status::ABORTED_FAILED_FUSED));
+}
+
+/// A first followed by anything but its second: Missing Fused Command, and
+/// the other command runs; a second alone: Missing Fused Command too.
+#[test]
+fn a_first_without_its_second_and_a_lone_second() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    let first = fused(nvm::COMPARE, 1, fuse::FIRST, in_capsule(512));
+    assert_eq!(f.receive(&first, &[0; 512]), Intake::Taken);
+    assert_eq!(f.state(0), Some(State::AwaitingPartner));
+    let read = rw(nvm::READ, 2, 0, 512, transport(512));
+    assert_eq!(f.receive(&read, &[]), Intake::Taken);
+    let answers: Vec<(u16, Status)> =
+        f.w.responses
+            .iter()
+            .skip(1)
+            .map(|(_, c, _)| (c.cid, c.status()))
+            .collect();
+    assert_eq!(
+        answers,
+        [(1, Status::ABORTED_MISSING_FUSED), (2, Status::SUCCESS)]
+    );
+    let second = fused(nvm::WRITE, 3, fuse::SECOND, in_capsule(512));
+    assert_eq!(f.status(&second, &[1; 512]), Status::ABORTED_MISSING_FUSED);
+}
+
+/// A matching pair writes (memory namespace: at once); a mismatch leaves
+/// the blocks as they were.
+#[test]
+fn compare_and_write_writes_only_on_a_match() {
+    let rig = Rig::new(Limits::default());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    let pair = |f: &mut Fixture, expect: u8, new: u8, cid: u16| {
+        let first = fused(nvm::COMPARE, cid, fuse::FIRST, in_capsule(512));
+        let second = fused(nvm::WRITE, cid + 1, fuse::SECOND, in_capsule(512));
+        f.receive(&first, &[expect; 512]);
+        f.receive(&second, &[new; 512]);
+        let n = f.w.responses.len();
+        f.w.responses[n - 2..]
+            .iter()
+            .map(|(_, c, _)| c.status())
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(
+        pair(&mut f, 0, 5, 10),
+        [Status::SUCCESS, Status::SUCCESS],
+        "zeroes compare equal"
+    );
+    assert_eq!(
+        pair(&mut f, 0, 6, 20),
+        [Status::COMPARE_FAILURE, Status::ABORTED_FAILED_FUSED]
+    );
+    let read = rw(nvm::READ, 30, 64, 512, transport(512));
+    f.receive(&read, &[]);
+    assert_eq!(f.w.last().2.as_deref(), Some(&[5u8; 512][..]));
+}
