@@ -14,7 +14,7 @@ use crate::nvme::port::Arrival;
 use rdmablk_common::fabrics::{invalid_param_dw0, ConnectCmd};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::identify::sgls;
-use rdmablk_common::nvme::{fuse, Cqe, Sgl, Sqe, Status};
+use rdmablk_common::nvme::{fuse, Cqe, ReadWriteCmd, Sgl, Sqe, Status};
 use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
@@ -462,11 +462,11 @@ impl Queue {
             return;
         }
         let second = second.expect("ready");
-        let data = self.cmds[second as usize]
-            .as_mut()
-            .and_then(|c| c.buf.take());
+        let s = self.cmds[second as usize].as_mut().expect("ready");
+        let (data, fua) = (s.buf.take(), ReadWriteCmd::from_sqe(&s.sqe).fua);
         let f = self.cmds[first as usize].as_mut().expect("ready");
         f.partner_buf = data;
+        f.fused_fua = fua;
         enter(f, State::OnBackend, &self.peer);
         self.run(first, io, w);
     }

@@ -195,7 +195,7 @@ impl Command {
             (IoKind::Compare, Step::FusedWrite) => backend.write(
                 at,
                 self.fixed(arena, self.partner_buf.as_ref(), done, len - done),
-                false,
+                self.fused_fua,
             ),
             _ => unreachable!("no transfer for {:?} at {:?}", req.kind, self.step),
         }
@@ -298,6 +298,15 @@ impl Command {
             self.status = Status::COMPARE_FAILURE;
             return Entries::new();
         }
+        // Force Unit Access on a backend that needs a flush for it (RBD),
+        // once the write is whole: the flush that follows.
+        let fua = match (req.kind, self.step) {
+            (IoKind::Write { fua }, _) => fua,
+            (IoKind::Compare, Step::FusedWrite | Step::RbdCompareAndWrite) => self.fused_fua,
+            _ => false,
+        };
+        let flush_for_fua =
+            |cmd: &Command| fua && res >= 0 && req.ns.backend.flush_after_fua() && !cmd.fua_flushed;
         if res < 0 {
             let errno = -res;
             if let (libc::EOPNOTSUPP, IoKind::WriteZeroes { deallocate }) = (errno, req.kind) {
@@ -332,14 +341,15 @@ impl Command {
                 // Short transfer: continue where it stopped.
                 return one(self.transfer(arena), &mut self.status);
             }
-            if let IoKind::Write { fua: true } = req.kind {
-                if req.ns.backend.flush_after_fua() && !self.fua_flushed {
-                    // Durable before completion: the flush that follows.
-                    self.fua_flushed = true;
-                    return one(req.ns.backend.flush(), &mut self.status);
-                }
+            if flush_for_fua(self) {
+                self.fua_flushed = true;
+                return one(req.ns.backend.flush(), &mut self.status);
             }
             return self.after_transfer(arena);
+        }
+        if self.step == Step::RbdCompareAndWrite && flush_for_fua(self) {
+            self.fua_flushed = true;
+            return one(req.ns.backend.flush(), &mut self.status);
         }
         Entries::new()
     }

@@ -107,6 +107,8 @@ pub struct Command {
     pub partner_buf: Option<ArenaBuf>,
     /// What became of that Write (the first command carries it out).
     pub fused_write_status: Status,
+    /// That Write asked for Force Unit Access.
+    pub fused_fua: bool,
 }
 
 /// Where an I/O command's backend work is.
@@ -229,6 +231,7 @@ pub fn plan(
         partner: None,
         partner_buf: None,
         fused_write_status: Status::SUCCESS,
+        fused_fua: false,
     })
 }
 
