@@ -37,7 +37,7 @@ impl Command {
         let Work::Io(req) = &self.work else {
             unreachable!("start_io on a non-I/O command")
         };
-        let ns = req.ns.clone();
+        let ns = &req.ns;
         let fused = self.partner_buf.is_some();
         if let Some(r) = &ns.reservations {
             let host = &ctrl.hostid;
@@ -69,6 +69,7 @@ impl Command {
         };
         match entry {
             Some(Entry::Wait(id)) => {
+                let ns = ns.clone();
                 self.step = Step::Gate(id);
                 self.ops_in_flight = 1;
                 let mut entries = Entries::new();
