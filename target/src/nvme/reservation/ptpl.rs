@@ -91,9 +91,11 @@ pub struct StateFile {
 }
 
 impl StateFile {
-    /// The state file of the namespace `identity` in directory `dir`.
+    /// The state file of the namespace `identity` in directory `dir`: its
+    /// subsystem NQN (a `/` in it written `%2F`, a `%` `%25`) and nsid.
     pub fn new(dir: &Path, identity: Identity) -> StateFile {
-        let name = format!("{}.ns{}.ptpl", identity.subsystem, identity.nsid);
+        let nqn = identity.subsystem.replace('%', "%25").replace('/', "%2F");
+        let name = format!("{nqn}.ns{}.ptpl", identity.nsid);
         StateFile {
             path: dir.join(name),
             identity,
@@ -353,6 +355,17 @@ mod tests {
             registrants: vec![([1; 16], u64::MAX), ([2; 16], 7)],
             holder: Some((ResvType::ExclusiveAccessRegistrantsOnly, [2; 16])),
         }
+    }
+
+    #[test]
+    fn a_slash_in_the_nqn_stays_in_the_directory() {
+        let mut id = file(Path::new("/d"), "null").identity;
+        id.subsystem = "nqn.2026-12.io.rdmablk:a/b%c".into();
+        let f = StateFile::new(Path::new("/d"), id);
+        assert_eq!(
+            f.path(),
+            Path::new("/d/nqn.2026-12.io.rdmablk:a%2Fb%25c.ns1.ptpl")
+        );
     }
 
     #[test]
