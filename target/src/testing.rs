@@ -159,6 +159,8 @@ pub struct Rig {
     pub submitted: Vec<squeue::Entry>,
     /// Off-ring completions (none: rigs have no RBD namespace).
     pub completions: Arc<Completions>,
+    /// When a held command may go next.
+    pub wake_at: Option<std::time::Instant>,
 }
 
 impl Rig {
@@ -177,6 +179,7 @@ impl Rig {
             answered: 0,
             submitted: Vec::new(),
             completions: Completions::new(Wakeup::new().expect("eventfd")),
+            wake_at: None,
         }
     }
 
@@ -190,6 +193,7 @@ impl Rig {
             answered: &mut self.answered,
             poller: 0,
             completions: &self.completions,
+            wake_at: &mut self.wake_at,
         }
     }
 

@@ -9,10 +9,11 @@ use crate::config::{
     self, BackendConfig, Config, ConfigError, ListenerConfig, NamespaceConfig, SubsystemConfig,
 };
 use crate::engine::poller::PollerLink;
+use crate::nvme::controller::Controller;
 use crate::nvme::port::Port;
 use crate::nvme::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
 use crate::transport::{self, ListenerHandle};
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
@@ -69,14 +70,18 @@ enum NsChange {
     ReadOnly(Arc<Namespace>, bool),
     /// Move to this ANA group.
     AnaGroup(Arc<Namespace>, u32),
+    /// Take these hosts and QoS limits.
+    Tenancy(Arc<Namespace>, NamespaceConfig),
 }
 
 impl NsChange {
-    fn nsid(&self) -> u32 {
+    /// The namespace whose attributes change, for the hosts that see it
+    /// (a change of who sees it is found by comparing their views).
+    fn attributes_of(&self) -> Option<u32> {
         match self {
-            NsChange::Add(n) | NsChange::Remove(n) => n.nsid,
-            NsChange::Grow(n, _) | NsChange::ReadOnly(n, _) => n.nsid,
-            NsChange::AnaGroup(n, _) => n.nsid,
+            NsChange::Add(n) | NsChange::Remove(n) => Some(n.nsid),
+            NsChange::Grow(n, _) | NsChange::ReadOnly(n, _) => Some(n.nsid),
+            NsChange::AnaGroup(..) | NsChange::Tenancy(..) => None,
         }
     }
 }
@@ -276,6 +281,9 @@ fn namespace_changes(
             // configuration; this moves the one that stays.)
             changes.push(NsChange::AnaGroup(live.clone(), n.ana_group));
         }
+        if (&n.hosts, &n.qos, &n.host_qos) != (&o.hosts, &o.qos, &o.host_qos) {
+            changes.push(NsChange::Tenancy(live.clone(), n.clone()));
+        }
         if n.read_only != o.read_only {
             if !n.read_only && !live.backend.writable() {
                 // Opened read-only: writing needs it opened again.
@@ -376,6 +384,7 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
     let mut summary = Vec::new();
     let mut drained = Vec::new();
     for (sub, changes) in &plan.namespaces {
+        let before = views(sub);
         let mut table: Vec<Arc<Namespace>> = sub.namespaces().to_vec();
         for c in changes {
             match c {
@@ -407,20 +416,29 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
                         sub.nqn, n.nsid
                     ));
                 }
+                NsChange::Tenancy(n, cfg) => {
+                    for what in n.tenancy.apply(cfg) {
+                        summary.push(format!("{}: namespace {} {what}", sub.nqn, n.nsid));
+                    }
+                }
             }
         }
         table.sort_by_key(|n| n.nsid);
         sub.set_namespaces(table);
-        let mut nsids: Vec<u32> = changes
-            .iter()
-            .filter(|c| !matches!(c, NsChange::AnaGroup(..)))
-            .map(NsChange::nsid)
-            .collect();
-        nsids.dedup();
+        let changed: BTreeSet<u32> = changes.iter().filter_map(NsChange::attributes_of).collect();
         let moved = changes.iter().any(|c| matches!(c, NsChange::AnaGroup(..)));
-        for c in sub.live_controllers() {
+        for (c, seen) in before {
+            let now = visible(sub, &c);
+            // Namespaces whose attributes changed that the host sees (or
+            // saw), and those it sees now and did not, or the reverse.
+            let mut nsids: BTreeSet<u32> = changed
+                .iter()
+                .copied()
+                .filter(|n| seen.contains(n) || now.contains(n))
+                .collect();
+            nsids.extend(seen.symmetric_difference(&now));
             if !nsids.is_empty() {
-                c.namespaces_changed(&nsids);
+                c.namespaces_changed(&nsids.into_iter().collect::<Vec<_>>());
             }
             if moved {
                 c.ana_changed();
@@ -491,6 +509,25 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
         tracing::info!("reload: {line}");
     }
     summary
+}
+
+/// The live controllers of `sub`, each with the namespaces its host sees.
+fn views(sub: &Subsystem) -> Vec<(Arc<Controller>, BTreeSet<u32>)> {
+    sub.live_controllers()
+        .into_iter()
+        .map(|c| {
+            let seen = visible(sub, &c);
+            (c, seen)
+        })
+        .collect()
+}
+
+/// The namespaces controller `c`'s host sees in `sub`.
+fn visible(sub: &Subsystem, c: &Controller) -> BTreeSet<u32> {
+    sub.visible_namespaces(&c.hostnqn)
+        .iter()
+        .map(|n| n.nsid)
+        .collect()
 }
 
 /// Waits (at most [`NAMESPACE_DRAIN_TIMEOUT`]) for a removed namespace's commands in

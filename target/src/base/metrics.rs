@@ -79,6 +79,11 @@ pub struct NsCounters {
     errors: [Counter; ERROR_SLOTS],
     /// Failures of statuses that found no slot.
     errors_other: Counter,
+    /// Commands held back by QoS limits, those let go since (or dropped),
+    /// and the time they were held.
+    held: Counter,
+    released: Counter,
+    held_ns: Counter,
 }
 
 impl NsCounters {
@@ -90,6 +95,18 @@ impl NsCounters {
     /// A decoded command is gone (answered, or dropped with its queue).
     pub fn end(&self) {
         self.ended.add(1);
+    }
+
+    /// A command waits for its QoS limits.
+    pub fn held(&self) {
+        self.held.add(1);
+    }
+
+    /// A held command goes (or is dropped) after `waited`.
+    pub fn released(&self, waited: Duration) {
+        self.released.add(1);
+        self.held_ns
+            .add(waited.as_nanos().min(u64::MAX as u128) as u64);
     }
 
     /// A command was answered `status` after `latency`; `bytes` is what a
@@ -158,6 +175,22 @@ impl NsMetrics {
 
     fn sum(&self, f: impl Fn(&NsCounters) -> u64) -> u64 {
         self.0.iter().map(f).fold(0, u64::wrapping_add)
+    }
+
+    /// Commands held back by QoS limits, over all pollers.
+    pub fn throttled(&self) -> u64 {
+        self.sum(|c| c.held.get())
+    }
+
+    /// Commands waiting for their QoS limits now.
+    pub fn queued(&self) -> u64 {
+        let held = self.throttled();
+        (held.wrapping_sub(self.sum(|c| c.released.get())) as i64).max(0) as u64
+    }
+
+    /// Time commands spent held back by QoS limits, in nanoseconds.
+    pub fn throttled_ns(&self) -> u64 {
+        self.sum(|c| c.held_ns.get())
     }
 
     /// Commands of class `op` answered, over all pollers.

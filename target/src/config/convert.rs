@@ -5,7 +5,7 @@ use super::error::{invalid, ConfigError};
 use super::listener::{parse_socket_addr, parse_transport};
 use super::model::{
     default_poller_count, AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig,
-    NamespaceConfig, Pollers, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE,
+    NamespaceConfig, Pollers, QosLimits, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE,
     DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
 };
 use super::nqn::EXAMPLE_NQN;
@@ -14,8 +14,8 @@ use super::raw::{
     duration_value, size_value, RawConfig, RawDuration, RawHost, RawLimits, RawListener,
     RawMetrics, RawNamespace, RawPollers, RawReservations, RawSize, RawSubsystem,
 };
-use super::rbd;
 use super::validate::{block_size_problem, count_problem, nsid_problem};
+use super::{qos, rbd};
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
 use std::fmt;
 use std::net::SocketAddr;
@@ -513,6 +513,16 @@ fn convert_namespace(
             .filter(|g| (1..=MAX_ANA_GROUP).contains(g))
             .ok_or_else(|| invalid(format!("{key}.ana_group"), ana_group_problem(g)))?,
     };
+    let limits = match raw.qos {
+        Some(q) => qos::convert(&format!("{key}.qos"), q)?,
+        None => QosLimits::default(),
+    };
+    let host_qos = raw
+        .host_qos
+        .into_iter()
+        .enumerate()
+        .map(|(h, q)| qos::convert_host(&format!("{key}.host_qos[{h}]"), q))
+        .collect::<Result<Vec<_>, _>>()?;
     Ok(NamespaceConfig {
         nsid,
         backend,
@@ -520,5 +530,8 @@ fn convert_namespace(
         read_only: raw.read_only,
         ana_group,
         reservations: raw.reservations.unwrap_or(true),
+        hosts: raw.hosts,
+        qos: limits,
+        host_qos,
     })
 }

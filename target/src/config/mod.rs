@@ -24,6 +24,7 @@ mod error;
 mod listener;
 mod model;
 mod nqn;
+mod qos;
 mod quick;
 mod raw;
 mod rbd;
@@ -31,8 +32,9 @@ mod validate;
 
 pub use error::ConfigError;
 pub use model::{
-    AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig, NamespaceConfig, Pollers,
-    SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
+    AnaState, BackendConfig, Config, HostAuth, HostQos, Limits, ListenerConfig, NamespaceConfig,
+    Pollers, QosKey, QosLimits, SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP,
+    MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::DEFAULT_NQN;
 pub use quick::{from_quick_args, QuickArgs};
@@ -119,16 +121,13 @@ pub fn embedded_default() -> Config {
             allow_any_host: true,
             hosts: Vec::new(),
             auth: Vec::new(),
-            namespaces: vec![NamespaceConfig {
-                nsid: 1,
-                backend: BackendConfig::Memory {
+            namespaces: vec![NamespaceConfig::new(
+                1,
+                BackendConfig::Memory {
                     size: EMBEDDED_MEMORY_BYTES,
                 },
-                block_size: DEFAULT_BLOCK_SIZE,
-                read_only: false,
-                ana_group: 1,
-                reservations: true,
-            }],
+                DEFAULT_BLOCK_SIZE,
+            )],
             cntlids: 1..=MAX_CNTLID,
         }],
         limits: Limits::default(),

@@ -198,6 +198,154 @@ pub struct NamespaceConfig {
     /// namespace that another gateway also serves must not, as its
     /// registrations would not be shared.
     pub reservations: bool,
+    /// The hosts that see it (`hosts`); `None`: every host allowed on the
+    /// subsystem.
+    pub hosts: Option<Vec<String>>,
+    /// Its limits, all hosts together (`qos`).
+    pub qos: QosLimits,
+    /// Limits of single hosts on it (`[[subsystem.namespace.host_qos]]`).
+    pub host_qos: Vec<HostQos>,
+}
+
+impl NamespaceConfig {
+    /// Namespace `nsid` on `backend` with the defaults: writable, ANA group
+    /// 1, reservations on, every host sees it, no limit.
+    pub fn new(nsid: u32, backend: BackendConfig, block_size: u32) -> Self {
+        NamespaceConfig {
+            nsid,
+            backend,
+            block_size,
+            read_only: false,
+            ana_group: 1,
+            reservations: true,
+            hosts: None,
+            qos: QosLimits::default(),
+            host_qos: Vec::new(),
+        }
+    }
+
+    /// Whether host `nqn` sees it.
+    pub fn visible_to(&self, nqn: &str) -> bool {
+        self.hosts
+            .as_ref()
+            .is_none_or(|h| h.iter().any(|n| n == nqn))
+    }
+}
+
+/// A QoS limit's kind: what it counts, for which commands.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub enum QosKey {
+    /// Commands per second, reads and writes together.
+    Iops,
+    ReadIops,
+    WriteIops,
+    /// Bytes per second, reads and writes together.
+    Bandwidth,
+    ReadBandwidth,
+    WriteBandwidth,
+}
+
+impl QosKey {
+    /// Every key, in the order of [`QosLimits`]' array.
+    pub const ALL: [QosKey; 6] = [
+        QosKey::Iops,
+        QosKey::ReadIops,
+        QosKey::WriteIops,
+        QosKey::Bandwidth,
+        QosKey::ReadBandwidth,
+        QosKey::WriteBandwidth,
+    ];
+
+    /// Its name in the configuration.
+    pub fn name(self) -> &'static str {
+        match self {
+            QosKey::Iops => "iops",
+            QosKey::ReadIops => "read_iops",
+            QosKey::WriteIops => "write_iops",
+            QosKey::Bandwidth => "bandwidth",
+            QosKey::ReadBandwidth => "read_bandwidth",
+            QosKey::WriteBandwidth => "write_bandwidth",
+        }
+    }
+
+    /// The key named `name`.
+    pub fn from_name(name: &str) -> Option<QosKey> {
+        QosKey::ALL.into_iter().find(|k| k.name() == name)
+    }
+
+    /// Whether it counts bytes (else commands).
+    pub fn is_bandwidth(self) -> bool {
+        matches!(
+            self,
+            QosKey::Bandwidth | QosKey::ReadBandwidth | QosKey::WriteBandwidth
+        )
+    }
+
+    /// Whether it applies to reads (`true`) or writes (`false`).
+    pub fn applies_to(self, read: bool) -> bool {
+        match self {
+            QosKey::Iops | QosKey::Bandwidth => true,
+            QosKey::ReadIops | QosKey::ReadBandwidth => read,
+            QosKey::WriteIops | QosKey::WriteBandwidth => !read,
+        }
+    }
+}
+
+/// QoS limits, per second, by [`QosKey`]; `None` is no limit.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct QosLimits(pub [Option<u64>; 6]);
+
+impl QosLimits {
+    /// The limit of `key`.
+    pub fn get(&self, key: QosKey) -> Option<u64> {
+        self.0[key as usize]
+    }
+
+    pub fn set(&mut self, key: QosKey, value: Option<u64>) {
+        self.0[key as usize] = value;
+    }
+
+    /// Whether no limit is set.
+    pub fn is_empty(&self) -> bool {
+        self.0.iter().all(Option::is_none)
+    }
+
+    /// The limits set, with their keys.
+    pub fn iter(&self) -> impl Iterator<Item = (QosKey, u64)> + '_ {
+        QosKey::ALL
+            .into_iter()
+            .filter_map(|k| self.get(k).map(|v| (k, v)))
+    }
+}
+
+impl std::fmt::Display for QosLimits {
+    /// `read_iops 2000, write_bandwidth 50MiB/s`, or `none`.
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_empty() {
+            return f.write_str("none");
+        }
+        for (i, (k, v)) in self.iter().enumerate() {
+            let sep = if i == 0 { "" } else { ", " };
+            if k.is_bandwidth() {
+                write!(
+                    f,
+                    "{sep}{} {}/s",
+                    k.name(),
+                    rdmablk_common::units::format_size(v)
+                )?;
+            } else {
+                write!(f, "{sep}{} {v}", k.name())?;
+            }
+        }
+        Ok(())
+    }
+}
+
+/// One host's limits on a namespace (`[[subsystem.namespace.host_qos]]`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostQos {
+    pub nqn: String,
+    pub limits: QosLimits,
 }
 
 /// Storage behind a namespace.

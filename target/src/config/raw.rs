@@ -118,6 +118,10 @@ pub(super) struct RawNamespace {
     pub(super) read_only: bool,
     pub(super) ana_group: Option<i64>,
     pub(super) reservations: Option<bool>,
+    pub(super) hosts: Option<Vec<String>>,
+    pub(super) qos: Option<RawQos>,
+    #[serde(default)]
+    pub(super) host_qos: Vec<RawQos>,
     pub(super) pool: Option<String>,
     pub(super) image: Option<String>,
     pub(super) rbd_namespace: Option<String>,
@@ -125,6 +129,20 @@ pub(super) struct RawNamespace {
     pub(super) client_id: Option<String>,
     pub(super) keyring: Option<PathBuf>,
     pub(super) timeout: Option<RawDuration>,
+}
+
+/// A namespace's `qos` table, or one `[[subsystem.namespace.host_qos]]`
+/// table (which names its host).
+#[derive(Debug, Default, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawQos {
+    pub(super) nqn: Option<String>,
+    pub(super) iops: Option<i64>,
+    pub(super) read_iops: Option<i64>,
+    pub(super) write_iops: Option<i64>,
+    pub(super) bandwidth: Option<RawSize>,
+    pub(super) read_bandwidth: Option<RawSize>,
+    pub(super) write_bandwidth: Option<RawSize>,
 }
 
 /// A size as written: a string with units, or an integer number of bytes.

@@ -71,6 +71,9 @@ impl Config {
             }
             validate_hosts(&key, subsystem)?;
             validate_namespaces(&key, &subsystem.namespaces)?;
+            for (j, ns) in subsystem.namespaces.iter().enumerate() {
+                validate_tenants(&format!("{key}.namespace[{j}]"), subsystem, ns)?;
+            }
         }
         rbd::validate_shared(rbd_images(&self.subsystems))
     }
@@ -359,6 +362,57 @@ fn validate_namespaces(key: &str, namespaces: &[NamespaceConfig]) -> Result<(), 
                 }
             }
             BackendConfig::Rbd(image) => rbd::validate(&ns_key, image)?,
+        }
+    }
+    Ok(())
+}
+
+/// A namespace's `hosts` and `host_qos`: valid NQNs, each once, of hosts
+/// the subsystem admits; a host's limits for a host that sees the namespace.
+fn validate_tenants(
+    key: &str,
+    subsystem: &SubsystemConfig,
+    ns: &NamespaceConfig,
+) -> Result<(), ConfigError> {
+    let admitted = |nqn: &str| {
+        subsystem.allow_any_host
+            || subsystem.hosts.iter().any(|h| h == nqn)
+            || subsystem.auth.iter().any(|a| a.nqn == nqn)
+    };
+    let check = |k: String, nqn: &str, earlier: &mut Vec<String>| {
+        validate_nqn(nqn)
+            .map_err(|reason| invalid(&k, format!("{nqn:?} is not a valid host NQN: {reason}")))?;
+        if earlier.iter().any(|e| e == nqn) {
+            return Err(invalid(k, format!("{nqn} is listed twice")));
+        }
+        if !admitted(nqn) {
+            return Err(invalid(
+                k,
+                format!(
+                    "{nqn} may not connect to the subsystem; add it to the subsystem's hosts                      (or a [[subsystem.host]] table) first"
+                ),
+            ));
+        }
+        earlier.push(nqn.to_owned());
+        Ok(())
+    };
+    let mut seen = Vec::new();
+    for (h, nqn) in ns.hosts.iter().flatten().enumerate() {
+        check(format!("{key}.hosts[{h}]"), nqn, &mut seen)?;
+    }
+    let mut seen = Vec::new();
+    for (h, q) in ns.host_qos.iter().enumerate() {
+        let k = format!("{key}.host_qos[{h}].nqn");
+        check(k.clone(), &q.nqn, &mut seen)?;
+        if !ns.visible_to(&q.nqn) {
+            return Err(invalid(
+                k,
+                format!(
+                    "{} does not see this namespace (it is not in its hosts), so its \
+                     limits would never apply",
+                    q.nqn
+                ),
+            ));
         }
     }
     Ok(())

@@ -38,6 +38,8 @@ const TRIM_INTERVAL: Duration = Duration::from_secs(1);
 pub enum Token {
     Tick,
     Wake,
+    /// The time of a command held back by QoS limits came.
+    Release,
     /// A cancellation of a closed queue's operation.
     Cancel,
     /// A backend operation of command `slot` of queue `queue` on endpoint `ep`.
@@ -61,6 +63,7 @@ impl Token {
             Token::Tick => (1u64, 0, 0, 0),
             Token::Wake => (2, 0, 0, 0),
             Token::Cancel => (3, 0, 0, 0),
+            Token::Release => (6, 0, 0, 0),
             Token::Backend { ep, queue, slot } => (4, ep, queue, slot),
             Token::Endpoint { ep, queue, what } => (5, ep, queue, what),
         };
@@ -75,6 +78,7 @@ impl Token {
             1 => Token::Tick,
             2 => Token::Wake,
             3 => Token::Cancel,
+            6 => Token::Release,
             4 => Token::Backend {
                 ep,
                 queue,
@@ -134,6 +138,16 @@ pub struct Io<'a> {
     pub poller: usize,
     /// Where backend operations off the ring (librbd's) complete.
     pub completions: &'a Arc<Completions>,
+    /// When the poller must wake at the latest (a command held back by
+    /// QoS limits may go then).
+    pub wake_at: &'a mut Option<Instant>,
+}
+
+impl Io<'_> {
+    /// Makes the poller wake by `t`.
+    pub fn wake_by(&mut self, t: Instant) {
+        *self.wake_at = Some(self.wake_at.map_or(t, |w| w.min(t)));
+    }
 }
 
 /// State shared by all pollers.
@@ -227,6 +241,9 @@ pub fn spawn(
         completions,
         off_ring: Vec::new(),
         tick: types::Timespec::from(TICK),
+        wake_at: None,
+        release_armed: None,
+        release_in: types::Timespec::new(),
         shared,
         stop_at: None,
     };
@@ -258,6 +275,11 @@ struct Poller {
     /// Those being dispatched (kept for its capacity).
     off_ring: Vec<(u64, i32)>,
     tick: types::Timespec,
+    /// When a command held back by QoS limits may go next.
+    wake_at: Option<Instant>,
+    /// The earliest time a release timer is armed for, and its timeout.
+    release_armed: Option<Instant>,
+    release_in: types::Timespec,
     shared: Arc<Shared>,
     /// When the stop was noticed.
     stop_at: Option<Instant>,
@@ -298,6 +320,7 @@ impl Poller {
                 }
             }
             self.pump_all();
+            self.arm_release();
             if self.stop_at.is_some() && self.endpoints.iter().all(|e| e.queues() == 0) {
                 break;
             }
@@ -318,6 +341,7 @@ impl Poller {
                 answered: &mut self.answered,
                 poller: self.id,
                 completions: &self.completions,
+                wake_at: &mut self.wake_at,
             },
             &mut self.endpoints,
             &self.shared,
@@ -336,6 +360,12 @@ impl Poller {
                 self.arm_wake();
             }
             Some(Token::Cancel) => {}
+            Some(Token::Release) => {
+                // (Queues let their commands go when pumped, next.)
+                if self.release_armed.is_some_and(|t| t <= Instant::now()) {
+                    self.release_armed = None;
+                }
+            }
             Some(Token::Backend { ep, queue, slot }) => {
                 let (mut io, endpoints, _) = self.split();
                 if let Some(e) = endpoints.get_mut(ep as usize) {
@@ -356,6 +386,8 @@ impl Poller {
     fn pump_all(&mut self) {
         let stop_at = self.stop_at;
         let id = self.id;
+        // Queues with held commands say when the next may go.
+        self.wake_at = None;
         let (mut io, endpoints, shared) = self.split();
         let mut freed = 0;
         for e in endpoints.iter_mut() {
@@ -445,6 +477,24 @@ impl Poller {
         unsafe { self.ring.submissions().push(e) };
     }
 
+    /// Arms a timer for the next held command, unless one that fires
+    /// earlier is armed.
+    fn arm_release(&mut self) {
+        let Some(at) = self.wake_at else { return };
+        if self.release_armed.is_some_and(|armed| armed <= at) {
+            return;
+        }
+        self.release_in = types::Timespec::from(at.saturating_duration_since(Instant::now()));
+        let e = opcode::Timeout::new(&self.release_in)
+            .build()
+            .user_data(Token::Release.encode());
+        // SAFETY: the timespec is a field of this poller, which `run` owns
+        // and does not move until the thread ends; it is not changed before
+        // the next submission, which reads it (at most one arm per round).
+        unsafe { self.ring.submissions().push(e) };
+        self.release_armed = Some(at);
+    }
+
     fn arm_wake(&mut self) {
         let e = self.wakeup.poll(Token::Wake.encode());
         // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
@@ -462,6 +512,7 @@ mod tests {
             Token::Tick,
             Token::Wake,
             Token::Cancel,
+            Token::Release,
             Token::Backend {
                 ep: 1,
                 queue: u32::MAX,

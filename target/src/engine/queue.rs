@@ -19,6 +19,7 @@ use std::collections::VecDeque;
 use std::sync::Arc;
 use std::time::Instant;
 
+mod throttle;
 mod upkeep;
 pub use upkeep::SendWatch;
 
@@ -148,6 +149,8 @@ pub struct Queue {
     sq_head: u16,
     /// Commands waiting for arena space, in arrival order.
     awaiting_buffer: VecDeque<u16>,
+    /// Commands held back by QoS limits, in arrival order.
+    throttled: Vec<u16>,
     /// Backend operations in flight.
     backend_ops: usize,
     /// Responses to commands refused before they had a slot, not yet sent.
@@ -175,6 +178,7 @@ impl Queue {
             held_aers: Vec::new(),
             sq_head: 0,
             awaiting_buffer: VecDeque::new(),
+            throttled: Vec::new(),
             backend_ops: 0,
             unslotted: 0,
             disconnecting: None,
@@ -432,7 +436,7 @@ impl Queue {
         }
         if matches!(
             cmd.state,
-            State::Received | State::AwaitingBuffer | State::AwaitingPartner
+            State::Received | State::Throttled | State::AwaitingBuffer | State::AwaitingPartner
         ) {
             self.complete(slot, io, w);
         }
@@ -570,14 +574,25 @@ impl Queue {
         let Some(cmd) = self.cmds.get_mut(slot as usize).and_then(Option::as_mut) else {
             return;
         };
-        if matches!(cmd.state, State::Received | State::AwaitingBuffer) {
+        if cmd.state == State::Received {
+            if let Some(until) = throttle::hold(cmd) {
+                enter(cmd, State::Throttled, &self.peer);
+                self.throttled.push(slot);
+                io.wake_by(until);
+                return;
+            }
+        }
+        if matches!(
+            cmd.state,
+            State::Received | State::Throttled | State::AwaitingBuffer
+        ) {
             if cmd.len > 0 && cmd.buf.is_none() {
                 cmd.buf = self.bind.alloc(cmd.buffer_len(), io);
             }
             if cmd.len > 0 && cmd.buf.is_none() {
                 // The arena is full: wait without blocking the stream,
                 // which carries the data that lets other commands finish.
-                if cmd.state == State::Received {
+                if cmd.state != State::AwaitingBuffer {
                     enter(cmd, State::AwaitingBuffer, &self.peer);
                     self.awaiting_buffer.push_back(slot);
                 }
@@ -848,7 +863,10 @@ impl Queue {
             let unstarted = self.command(slot).is_some_and(|c| {
                 matches!(
                     c.state,
-                    State::Received | State::AwaitingBuffer | State::AwaitingPartner
+                    State::Received
+                        | State::Throttled
+                        | State::AwaitingBuffer
+                        | State::AwaitingPartner
                 )
             });
             if slot != except && unstarted {

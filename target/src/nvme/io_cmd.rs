@@ -3,10 +3,12 @@
 
 use crate::base::metrics::Op;
 use crate::nvme::ana::AnaStates;
+use crate::nvme::qos::Throttle;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::resv::{KEYS_LEN, KEY_LEN, STATUS_EXT_HEADER};
 use rdmablk_common::nvme::{fuse, nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// What an I/O command asks the backend to do.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -47,6 +49,17 @@ impl IoKind {
             _ => Some(true),
         }
     }
+
+    /// What QoS limits count it as: `Some(true)` a read (Read, Compare),
+    /// `Some(false)` a write (Write, Write Zeroes, Dataset Management),
+    /// `None` neither (Flush, reservation commands).
+    pub fn qos_class(self) -> Option<bool> {
+        match self {
+            IoKind::Read | IoKind::Compare => Some(true),
+            IoKind::Write { .. } | IoKind::WriteZeroes { .. } | IoKind::Dsm { .. } => Some(false),
+            IoKind::Flush | IoKind::Reservation(_) => None,
+        }
+    }
 }
 
 /// A validated I/O command.
@@ -61,15 +74,51 @@ pub struct IoRequest {
     pub poller: usize,
     /// The namespace's Preempt and Abort count when it arrived.
     pub aborts_seen: u64,
+    /// The QoS limits it falls under, if any.
+    pub throttle: Option<Throttle>,
+    /// Since when and until when it waits for them.
+    held: Option<(Instant, Instant)>,
 }
 
 impl Drop for IoRequest {
     fn drop(&mut self) {
+        self.release();
         self.ns.metrics.of(self.poller).end();
     }
 }
 
 impl IoRequest {
+    /// Takes the command's cost from its QoS limits at `now`: it waits
+    /// until the instant returned, if any.
+    pub fn hold(&mut self, now: Instant) -> Option<Instant> {
+        let t = self.throttle.as_ref()?;
+        let read = self.kind.qos_class()?;
+        let bytes = self.data_to_host().max(self.data_to_controller()) as u64;
+        let until = t.admit(read, bytes, now)?;
+        self.held = Some((now, until));
+        self.ns.metrics.of(self.poller).held();
+        Some(until)
+    }
+
+    /// Whether a held command may go at `now` (its time came, or its
+    /// limits were replaced).
+    pub fn may_go(&self, now: Instant) -> bool {
+        self.held.is_none_or(|(_, until)| until <= now)
+            || self.throttle.as_ref().is_some_and(Throttle::retired)
+    }
+
+    /// When a held command may go.
+    pub fn held_until(&self) -> Option<Instant> {
+        self.held.map(|(_, until)| until)
+    }
+
+    /// Ends a hold (the command goes, or is dropped): its time counts.
+    pub fn release(&mut self) {
+        if let Some((since, _)) = self.held.take() {
+            self.ns.metrics.of(self.poller).released(since.elapsed());
+        }
+    }
+
     /// The operation class metrics count the command under.
     pub fn op(&self) -> Op {
         match self.kind {
@@ -121,7 +170,7 @@ impl IoRequest {
 /// `poller` counts it: as started, or as refused when it names a namespace
 /// but fails a check.
 pub fn decode(
-    namespace: impl FnOnce(u32) -> Option<Arc<Namespace>>,
+    namespace: impl FnOnce(u32) -> Option<(Arc<Namespace>, Option<Throttle>)>,
     ana: &AnaStates,
     sqe: &Sqe,
     sgl_len: u32,
@@ -148,7 +197,7 @@ pub fn decode(
         (0, _) | (fuse::FIRST, nvm::COMPARE) | (fuse::SECOND, nvm::WRITE) => {}
         _ => return Err(Status::INVALID_FIELD),
     }
-    let ns = namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?;
+    let (ns, throttle) = namespace(sqe.nsid()).ok_or(Status::INVALID_NAMESPACE)?;
     if reservation && ns.reservations.is_none() {
         // Reservations turned off for this namespace: as a controller
         // without them.
@@ -168,11 +217,13 @@ pub fn decode(
             let aborts_seen = ns.reservations.as_ref().map_or(0, |r| r.aborts());
             Ok(IoRequest {
                 kind,
-                ns: ns.clone(),
+                ns,
                 offset,
                 len,
                 poller,
                 aborts_seen,
+                throttle,
+                held: None,
             })
         }
         Err(st) => {

@@ -13,6 +13,8 @@ pub mod controller;
 pub mod fabric;
 pub mod io_cmd;
 pub mod port;
+pub mod qos;
 pub mod reservation;
 pub mod subsystem;
+pub mod tenancy;
 pub mod write_gate;

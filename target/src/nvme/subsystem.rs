@@ -11,8 +11,10 @@ use crate::config::{self, BackendConfig, Config, NamespaceConfig, SubsystemConfi
 use crate::nvme::ana::AnaStates;
 use crate::nvme::controller::Controller;
 use crate::nvme::port::Port;
+use crate::nvme::qos::Throttle;
 use crate::nvme::reservation::ptpl::{Identity, Persistent, StateFile};
 use crate::nvme::reservation::Reservations;
+use crate::nvme::tenancy::Tenancy;
 use crate::nvme::write_gate::WriteGate;
 use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
@@ -47,6 +49,8 @@ pub struct Namespace {
     /// The order of its writes against Compare and Write and Preempt and
     /// Abort.
     pub gate: WriteGate,
+    /// Who sees it, and its QoS limits.
+    pub tenancy: Tenancy,
 }
 
 impl Namespace {
@@ -173,22 +177,29 @@ impl HostAccess {
     }
 }
 
-/// A queue's copy of its subsystem's namespace table, refreshed when the
-/// subsystem's generation moves: the I/O path takes no lock.
+/// A queue's copy of the namespaces its host sees, with the limits its
+/// commands fall under, refreshed when the subsystem's generation moves:
+/// the I/O path takes no lock.
 pub struct NamespaceView {
     generation: u64,
-    table: Arc<[Arc<Namespace>]>,
+    table: Vec<(Arc<Namespace>, Option<Throttle>)>,
 }
 
 impl NamespaceView {
-    /// The namespace `nsid` of `subsys` as of now.
-    pub fn find(&mut self, subsys: &Subsystem, nsid: u32) -> Option<Arc<Namespace>> {
+    /// The namespace `nsid` of `subsys` as host `host` sees it now, and
+    /// the limits of its commands there.
+    pub fn find(
+        &mut self,
+        subsys: &Subsystem,
+        host: &str,
+        nsid: u32,
+    ) -> Option<(Arc<Namespace>, Option<Throttle>)> {
         if subsys.generation.load(Ordering::Acquire) != self.generation {
-            *self = subsys.view();
+            *self = subsys.view(host);
         }
         self.table
             .iter()
-            .find(|n| n.nsid == nsid && n.is_active())
+            .find(|(n, _)| n.nsid == nsid && n.is_active())
             .cloned()
     }
 }
@@ -262,13 +273,25 @@ impl Subsystem {
         self.namespaces.lock().expect("namespaces lock").clone()
     }
 
-    /// A copy of the table for a queue, with the generation it is of.
-    pub fn view(&self) -> NamespaceView {
+    /// What host `host`'s queue sees of the table, with the generation it
+    /// is of.
+    pub fn view(&self, host: &str) -> NamespaceView {
         let table = self.namespaces.lock().expect("namespaces lock");
         NamespaceView {
             generation: self.generation.load(Ordering::Acquire),
-            table: table.clone(),
+            table: table
+                .iter()
+                .filter(|n| n.tenancy.visible_to(host))
+                .map(|n| (n.clone(), n.tenancy.throttle_for(host)))
+                .collect(),
         }
+    }
+
+    /// Makes queues read the namespaces' hosts and limits again (after a
+    /// change of them) at their next command.
+    pub fn refresh_views(&self) {
+        let _table = self.namespaces.lock().expect("namespaces lock");
+        self.generation.fetch_add(1, Ordering::AcqRel);
     }
 
     /// Replaces the namespace table (a reload): queues see it at their next
@@ -284,9 +307,19 @@ impl Subsystem {
         self.namespaces().iter().find(|n| n.nsid == nsid).cloned()
     }
 
-    /// The namespace `nsid` if it is active.
-    pub fn active_namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.namespace(nsid).filter(|n| n.is_active())
+    /// The namespace `nsid` if it is active and host `host` sees it.
+    pub fn visible_namespace(&self, nsid: u32, host: &str) -> Option<Arc<Namespace>> {
+        self.namespace(nsid)
+            .filter(|n| n.is_active() && n.tenancy.visible_to(host))
+    }
+
+    /// The active namespaces host `host` sees, by nsid.
+    pub fn visible_namespaces(&self, host: &str) -> Vec<Arc<Namespace>> {
+        self.namespaces()
+            .iter()
+            .filter(|n| n.is_active() && n.tenancy.visible_to(host))
+            .cloned()
+            .collect()
     }
 
     /// Whether any namespace has a volatile write cache.
@@ -616,6 +649,7 @@ pub fn open_namespace(
         reservations,
         state_file,
         gate: WriteGate::new(pollers),
+        tenancy: Tenancy::new(n),
     })
 }
 

@@ -7,7 +7,8 @@ use crate::config::model::MAX_POLLERS;
 use crate::config::nqn::validate_nqn;
 use crate::config::{
     embedded_default, holds_inline_secrets, load, parse, AnaState, BackendConfig, ConfigError,
-    Limits, ListenerConfig, NamespaceConfig, Pollers, Transport, DEFAULT_NQN, MAX_CNTLID,
+    Limits, ListenerConfig, NamespaceConfig, Pollers, QosLimits, Transport, DEFAULT_NQN,
+    MAX_CNTLID,
 };
 use rdmablk_common::auth::Secret;
 use std::path::PathBuf;
@@ -95,6 +96,9 @@ fn embedded_default_is_valid() {
             read_only: false,
             ana_group: 1,
             reservations: true,
+            hosts: None,
+            qos: QosLimits::default(),
+            host_qos: Vec::new(),
         }]
     );
     assert_eq!(config.pollers, Pollers::default());

@@ -4,7 +4,7 @@ use crate::config::nqn::DISCOVERY_NQN;
 use crate::config::quick::parse_listen_url;
 use crate::config::{
     embedded_default, from_quick_args, BackendConfig, Config, ConfigError, ListenerConfig,
-    NamespaceConfig, QuickArgs, Transport,
+    NamespaceConfig, QosLimits, QuickArgs, Transport,
 };
 use std::path::PathBuf;
 
@@ -62,6 +62,9 @@ fn quick_file_over_rdma_with_nqn() {
             read_only: false,
             ana_group: 1,
             reservations: true,
+            hosts: None,
+            qos: QosLimits::default(),
+            host_qos: Vec::new(),
         }]
     );
 }

@@ -12,9 +12,11 @@ use crate::nvme::command::State;
 use std::time::{Duration, Instant};
 
 impl Queue {
-    /// What a live queue does when its poller pumps: commands waiting for
-    /// arena space get it, in order, then held AERs their events.
+    /// What a live queue does when its poller pumps: commands held back by
+    /// QoS limits whose time came go on, commands waiting for arena space
+    /// get it, in order, then held AERs their events.
     pub fn pump<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
+        self.release_held(io, w);
         self.grant_buffers(io, w);
         self.deliver_events(io, w);
     }

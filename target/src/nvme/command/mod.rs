@@ -33,6 +33,8 @@ mod reserve;
 pub enum State {
     /// Planned from its capsule; nothing done yet.
     Received,
+    /// Held back by its QoS limits until its time comes.
+    Throttled,
     /// Waiting for arena space for its data, in arrival order.
     AwaitingBuffer,
     /// Its data is coming from the host (R2T and H2CData, or RDMA READ).

@@ -10,6 +10,7 @@ use crate::config::Limits;
 use crate::nvme::auth::{self, QueueAuth};
 use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
 use crate::nvme::port::Arrival;
+use crate::nvme::qos::Throttle;
 use crate::nvme::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
 use rdmablk_common::auth::message;
 use rdmablk_common::fabrics::{
@@ -45,7 +46,7 @@ impl Association {
     /// Queue `cmd.qid` of `ctrl`, connected under `generation`.
     fn new(ctrl: Arc<Controller>, cmd: &ConnectCmd, generation: u32, queue: Permit) -> Self {
         Association {
-            namespaces: RefCell::new(ctrl.subsys.view()),
+            namespaces: RefCell::new(ctrl.subsys.view(&ctrl.hostnqn)),
             auth_required: ctrl.subsys.auth_of(&ctrl.hostnqn).is_some(),
             auth: RefCell::default(),
             ctrl,
@@ -103,10 +104,13 @@ impl Association {
         }
     }
 
-    /// Namespace `nsid` of the subsystem, as of now (no lock unless a
-    /// reload changed the namespaces since the queue last looked).
-    pub fn namespace(&self, nsid: u32) -> Option<Arc<Namespace>> {
-        self.namespaces.borrow_mut().find(&self.ctrl.subsys, nsid)
+    /// Namespace `nsid` of the subsystem as the host sees it now, and the
+    /// limits of its commands (no lock unless a reload changed the
+    /// namespaces since the queue last looked).
+    pub fn namespace(&self, nsid: u32) -> Option<(Arc<Namespace>, Option<Throttle>)> {
+        self.namespaces
+            .borrow_mut()
+            .find(&self.ctrl.subsys, &self.ctrl.hostnqn, nsid)
     }
 
     /// Whether a controller reset deleted this (I/O) queue.

@@ -27,7 +27,7 @@ impl Controller {
         }
         match cns {
             cns::CONTROLLER => Reply::data(self.identify_controller().encode()),
-            cns::NAMESPACE => match self.subsys.active_namespace(nsid) {
+            cns::NAMESPACE => match self.subsys.visible_namespace(nsid, &self.hostnqn) {
                 Some(ns) => Reply::data(
                     NamespaceId {
                         nsze: ns.blocks(),
@@ -54,13 +54,12 @@ impl Controller {
             },
             cns::ACTIVE_NS_LIST if nsid < NSID_RESERVED => Reply::data(encode_ns_list(
                 self.subsys
-                    .namespaces()
+                    .visible_namespaces(&self.hostnqn)
                     .iter()
-                    .filter(|n| n.is_active())
                     .map(|n| n.nsid),
                 nsid,
             )),
-            cns::NS_DESCRIPTORS => match self.subsys.active_namespace(nsid) {
+            cns::NS_DESCRIPTORS => match self.subsys.visible_namespace(nsid, &self.hostnqn) {
                 Some(ns) => {
                     let ids = ns.ids();
                     Reply::data(encode_ns_descriptors(&ids.nguid, &ids.uuid))

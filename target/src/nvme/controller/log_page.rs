@@ -80,7 +80,7 @@ impl Controller {
     /// RAE clear acknowledges Asymmetric Namespace Access Change.
     fn ana_log(&self, rgo: bool, rae: bool) -> Vec<u8> {
         let mut groups: BTreeMap<u32, Vec<u32>> = BTreeMap::new();
-        for ns in self.subsys.namespaces().iter().filter(|n| n.is_active()) {
+        for ns in self.subsys.visible_namespaces(&self.hostnqn) {
             groups.entry(ns.ana_group()).or_default().push(ns.nsid);
         }
         // Ascending within a group: the Linux host walks them in step with

@@ -75,7 +75,7 @@ impl Controller {
     fn resv_namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
         let ns = self
             .subsys
-            .active_namespace(nsid)
+            .visible_namespace(nsid, &self.hostnqn)
             .ok_or(Status::INVALID_NAMESPACE)?;
         if ns.reservations.is_none() {
             return Err(Status::INVALID_FIELD);
@@ -93,7 +93,7 @@ impl Controller {
         let nsids: Vec<u32> = match sqe.nsid() {
             ALL_NAMESPACES => self
                 .subsys
-                .namespaces()
+                .visible_namespaces(&self.hostnqn)
                 .iter()
                 .filter(|n| n.reservations.is_some())
                 .map(|n| n.nsid)
