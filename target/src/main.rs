@@ -98,6 +98,40 @@ enum Action {
     /// each ANA group (a namespace's `ana_group`).
     #[command(subcommand)]
     Ana(AnaAction),
+    /// QoS limits of a namespace's commands: for all its hosts together or
+    /// for one host (the namespace's `qos` and `host_qos` in the file).
+    #[command(subcommand)]
+    Qos(QosAction),
+}
+
+/// `rdmablk-target qos ...`.
+#[derive(clap::Subcommand, Debug)]
+enum QosAction {
+    /// Set limits of namespace NSID of SUBSYSTEM, for all its hosts together
+    /// or (--host) for one host. Each LIMIT is KEY=VALUE: iops, read_iops,
+    /// write_iops (commands per second), bandwidth, read_bandwidth,
+    /// write_bandwidth (bytes per second, e.g. 50MiB), or KEY=none to remove
+    /// one; limits not named stay. Commands over a limit wait, in order
+    /// (never an error). Holds until the next reload or restart, which apply
+    /// the file.
+    #[command(
+        after_help = "Example:\n  rdmablk-target qos set nqn.2026-11.io.example:disks 1 read_iops=2000 write_bandwidth=50MiB\n  rdmablk-target qos set nqn.2026-11.io.example:disks 1 --host nqn.2014-08.org.nvmexpress:uuid:... iops=none"
+    )]
+    Set {
+        /// The subsystem's NQN.
+        subsystem: String,
+        /// The namespace id.
+        nsid: u32,
+        /// KEY=VALUE, one or more.
+        #[arg(required = true, value_name = "LIMIT")]
+        limits: Vec<String>,
+        /// Limits of this host's commands only.
+        #[arg(long, value_name = "NQN")]
+        host: Option<String>,
+        /// The daemon's control socket.
+        #[arg(long, value_name = "SOCKET", default_value = control::DEFAULT_PATH)]
+        control: PathBuf,
+    },
 }
 
 /// `rdmablk-target ana ...`.
@@ -134,7 +168,8 @@ const EXAMPLES: &str = "Examples:
   rdmablk-target --config /etc/rdmablk/target.toml --control /run/rdmablk/control.sock
   rdmablk-target reload        # after editing the file: apply it, or say which key is refused
   rdmablk-target status
-  rdmablk-target ana set 1 inaccessible --listener 10.0.0.1:4420   # move hosts off this gateway";
+  rdmablk-target ana set 1 inaccessible --listener 10.0.0.1:4420   # move hosts off this gateway
+  rdmablk-target qos set nqn.2026-11.io.example:disk 1 read_iops=2000 write_bandwidth=50MiB";
 
 fn main() -> ExitCode {
     let args = Args::parse();
@@ -153,6 +188,20 @@ fn main() -> ExitCode {
                     .map(|l| format!(" {l}"))
                     .unwrap_or_default();
                 (control, format!("ana set {group} {state}{on}"))
+            }
+            Action::Qos(QosAction::Set {
+                subsystem,
+                nsid,
+                limits,
+                host,
+                control,
+            }) => {
+                let host = host.as_deref().unwrap_or("-");
+                let limits = limits.join(" ");
+                (
+                    control,
+                    format!("qos set {subsystem} {nsid} {host} {limits}"),
+                )
             }
         };
         return match control::request(path, &what) {

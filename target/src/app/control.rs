@@ -1,12 +1,13 @@
-//! The control socket: `rdmablk-target reload`, `status` and `ana set` talk
+//! The control socket: `rdmablk-target reload`, `status`, `ana set` and
+//! `qos set` talk
 //! to the running daemon over a Unix socket that only its owner (root under
 //! systemd) may open. One request per connection, one line; the answer's
 //! last line is `ok` or `error: ...`. One thread answers one request at a
 //! time.
 
-use crate::app::ana;
 use crate::app::reload::{self, Running};
 use crate::app::report::status;
+use crate::app::{ana, qos};
 use crate::config::AnaState;
 use crate::engine::poller::Shared;
 use std::io::{self, BufRead, BufReader, Read, Write};
@@ -20,8 +21,8 @@ use std::time::{Duration, Instant};
 pub const DEFAULT_PATH: &str = "/run/rdmablk/control.sock";
 /// Time a client has to send its request.
 const READ_DEADLINE: Duration = Duration::from_secs(2);
-/// Bytes of request read at most.
-const MAX_REQUEST: u64 = 256;
+/// Bytes of request read at most (`qos set` names two NQNs of up to 223).
+const MAX_REQUEST: u64 = 1024;
 /// How long the subcommands wait for an answer (a reload drains removed
 /// namespaces for up to 30 s).
 const ANSWER_DEADLINE: Duration = Duration::from_secs(60);
@@ -87,10 +88,18 @@ fn answer(
             }
         }
         "status" => status::render(shared, started) + "ok\n",
-        other => match other.strip_prefix("ana set ") {
-            Some(args) => ana_set(args, &running.lock().expect("running configuration")),
-            None => format!("error: unknown request {other:?}; send reload, status or ana set\n"),
-        },
+        other => {
+            let r = running.lock().expect("running configuration");
+            if let Some(args) = other.strip_prefix("ana set ") {
+                ana_set(args, &r)
+            } else if let Some(args) = other.strip_prefix("qos set ") {
+                answer_lines(qos::set(&r, args))
+            } else {
+                format!(
+                    "error: unknown request {other:?}; send reload, status, ana set or qos set\n"
+                )
+            }
+        }
     };
     s.write_all(reply.as_bytes())
 }
@@ -105,7 +114,12 @@ fn ana_set(args: &str, running: &Running) -> String {
             .and_then(|g| state.parse::<AnaState>().map(|s| (g, s))),
         _ => Err("usage: ana set GROUP STATE [LISTENER]".to_string()),
     };
-    match parsed.and_then(|(g, s)| ana::set(running, g, s, words.get(2).copied())) {
+    answer_lines(parsed.and_then(|(g, s)| ana::set(running, g, s, words.get(2).copied())))
+}
+
+/// The answer to a request that changed something (its lines) or not.
+fn answer_lines(r: Result<Vec<String>, String>) -> String {
+    match r {
         Ok(lines) => lines.join("\n") + "\nok\n",
         Err(e) => format!("error: {e}\n"),
     }

@@ -1,11 +1,13 @@
 //! The daemon: serving a configuration (`serve`), applying a new one
-//! (`reload`), setting ANA states by command (`ana`), the control socket
+//! (`reload`), setting ANA states and QoS limits by command (`ana`,
+//! `qos`), the control socket
 //! (`control`), systemd's readiness protocol (`notify`) and the reports
 //! (`report`).
 
 pub mod ana;
 pub mod control;
 pub mod notify;
+pub mod qos;
 pub mod reload;
 pub mod report;
 pub mod serve;

@@ -37,6 +37,7 @@ pub use model::{
     MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::DEFAULT_NQN;
+pub use qos::apply_setting as qos_setting;
 pub use quick::{from_quick_args, QuickArgs};
 pub use rbd::RbdImage;
 pub use validate::machine_memory;

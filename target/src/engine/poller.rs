@@ -141,6 +141,9 @@ pub struct Io<'a> {
     /// When the poller must wake at the latest (a command held back by
     /// QoS limits may go then).
     pub wake_at: &'a mut Option<Instant>,
+    /// A time of held commands came (or a tick passed): queues holding
+    /// some look at them this round.
+    pub release_due: bool,
 }
 
 impl Io<'_> {
@@ -242,6 +245,7 @@ pub fn spawn(
         off_ring: Vec::new(),
         tick: types::Timespec::from(TICK),
         wake_at: None,
+        release_due: false,
         release_armed: None,
         release_in: types::Timespec::new(),
         shared,
@@ -275,8 +279,10 @@ struct Poller {
     /// Those being dispatched (kept for its capacity).
     off_ring: Vec<(u64, i32)>,
     tick: types::Timespec,
-    /// When a command held back by QoS limits may go next.
+    /// When a command held back by QoS limits may go next, as far as the
+    /// queues said; whether that time (or a tick) came this round.
     wake_at: Option<Instant>,
+    release_due: bool,
     /// The earliest time a release timer is armed for, and its timeout.
     release_armed: Option<Instant>,
     release_in: types::Timespec,
@@ -342,6 +348,7 @@ impl Poller {
                 poller: self.id,
                 completions: &self.completions,
                 wake_at: &mut self.wake_at,
+                release_due: self.release_due,
             },
             &mut self.endpoints,
             &self.shared,
@@ -351,6 +358,8 @@ impl Poller {
     fn dispatch(&mut self, ud: u64, res: i32) {
         match Token::decode(ud) {
             Some(Token::Tick) => {
+                // (Also lets go commands whose limits were replaced.)
+                self.release_due = true;
                 self.on_tick();
                 self.arm_tick();
             }
@@ -361,7 +370,8 @@ impl Poller {
             }
             Some(Token::Cancel) => {}
             Some(Token::Release) => {
-                // (Queues let their commands go when pumped, next.)
+                // Queues let their commands go when pumped, next.
+                self.release_due = true;
                 if self.release_armed.is_some_and(|t| t <= Instant::now()) {
                     self.release_armed = None;
                 }
@@ -386,8 +396,11 @@ impl Poller {
     fn pump_all(&mut self) {
         let stop_at = self.stop_at;
         let id = self.id;
-        // Queues with held commands say when the next may go.
-        self.wake_at = None;
+        // Queues with held commands look at them when a time came, and
+        // say when the next may go.
+        if self.release_due {
+            self.wake_at = None;
+        }
         let (mut io, endpoints, shared) = self.split();
         let mut freed = 0;
         for e in endpoints.iter_mut() {
@@ -409,6 +422,7 @@ impl Poller {
             }
         }
         self.freed += freed;
+        self.release_due = false;
     }
 
     /// Dispatches the backend completions recorded beside the ring (after

@@ -1,7 +1,7 @@
 //! The Prometheus text exposition (format 0.0.4) a scrape of the metrics
 //! endpoint gets, rendered from the counters.
 
-use crate::base::metrics::{BUCKETS, LATENCY_BOUNDS_US, OPS};
+use crate::base::metrics::{NsMetrics, BUCKETS, LATENCY_BOUNDS_US, OPS};
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::Status;
@@ -186,6 +186,51 @@ pub fn render(shared: &Shared, started: Instant) -> String {
             ns_labels(nqn, n),
             n.metrics.in_flight()
         );
+    }
+    for (name, kind, help, pick) in [
+        (
+            "rdmablk_namespace_throttled_commands_total",
+            "counter",
+            "I/O commands held back by QoS limits.",
+            (|m: &NsMetrics| m.throttled() as f64) as fn(&NsMetrics) -> f64,
+        ),
+        (
+            "rdmablk_namespace_throttled_seconds_total",
+            "counter",
+            "Time I/O commands spent held back by QoS limits, summed over commands.",
+            |m: &NsMetrics| m.throttled_ns() as f64 / 1e9,
+        ),
+        (
+            "rdmablk_namespace_commands_queued",
+            "gauge",
+            "I/O commands held back by QoS limits now.",
+            |m: &NsMetrics| m.queued() as f64,
+        ),
+    ] {
+        family(&mut out, name, kind, help);
+        for (nqn, n) in &namespaces {
+            let _ = writeln!(out, "{name}{{{}}} {}", ns_labels(nqn, n), pick(&n.metrics));
+        }
+    }
+    family(
+        &mut out,
+        "rdmablk_namespace_qos_limit",
+        "gauge",
+        "QoS limits per second (commands, or bytes for the bandwidths), for all hosts (host=\"\") or one host.",
+    );
+    for (nqn, n) in &namespaces {
+        let (shared, hosts) = n.tenancy.limits();
+        for (host, limits) in std::iter::once((String::new(), shared)).chain(hosts) {
+            for (k, v) in limits.iter() {
+                let _ = writeln!(
+                    out,
+                    "rdmablk_namespace_qos_limit{{{},host=\"{}\",limit=\"{}\"}} {v}",
+                    ns_labels(nqn, n),
+                    label(&host),
+                    k.name()
+                );
+            }
+        }
     }
     family(
         &mut out,

@@ -83,6 +83,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                 format_size(bw as u64),
                 n.metrics.in_flight()
             );
+            tenancy(&mut out, n);
             if let Some(r) = &n.reservations {
                 let st = r.snapshot();
                 let _ = writeln!(
@@ -120,4 +121,31 @@ pub fn render(shared: &Shared, started: Instant) -> String {
     let discovery = r.discovery.live_controllers().len();
     let _ = writeln!(out, "discovery controllers: {discovery}");
     out
+}
+
+/// Who sees namespace `n` (when not every host), its QoS limits and what
+/// they hold back.
+fn tenancy(out: &mut String, n: &Namespace) {
+    if let Some(hosts) = n.tenancy.hosts() {
+        let who = if hosts.is_empty() {
+            "no host".to_string()
+        } else {
+            hosts.join(", ")
+        };
+        let _ = writeln!(out, "    visible to: {who}");
+    }
+    let (shared, hosts) = n.tenancy.limits();
+    if shared.is_empty() && hosts.is_empty() {
+        return;
+    }
+    let _ = writeln!(
+        out,
+        "    qos: {shared}; {} command(s) waiting, {} held back so far for {:.3}s in all",
+        n.metrics.queued(),
+        n.metrics.throttled(),
+        n.metrics.throttled_ns() as f64 / 1e9
+    );
+    for (host, limits) in hosts {
+        let _ = writeln!(out, "    qos for {host}: {limits}");
+    }
 }

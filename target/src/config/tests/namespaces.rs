@@ -1,7 +1,7 @@
 //! `[[subsystem.namespace]]` tables.
 
 use super::{assert_invalid, minimal};
-use crate::config::{parse, ConfigError};
+use crate::config::{parse, ConfigError, DEFAULT_NQN};
 
 #[test]
 fn namespace_rules() {
@@ -128,4 +128,98 @@ fn ana_group_rules() {
         parse(&minimal("ana_group = \"2\"", "")),
         Err(ConfigError::Syntax(_))
     ));
+}
+
+/// `hosts`, `qos` and `host_qos`: read as written; refused with the key
+/// named when malformed, or naming a host that could never use them.
+#[test]
+fn tenancy_rules() {
+    let a = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000a";
+    let b = "nqn.2014-08.org.nvmexpress:uuid:00000000-0000-0000-0000-00000000000b";
+    let limits = format!(
+        "hosts = [\"{a}\", \"{b}\"]\nqos = {{ read_iops = 2000, write_bandwidth = \"50MiB\" }}\n\
+         [[subsystem.namespace.host_qos]]\nnqn = \"{a}\"\niops = 100\nbandwidth = 8192\n"
+    );
+    let cfg = parse(&minimal(&limits, "")).expect("valid");
+    let ns = &cfg.subsystems[0].namespaces[0];
+    assert_eq!(
+        ns.hosts.as_deref(),
+        Some(&[a.to_string(), b.to_string()][..])
+    );
+    assert_eq!(
+        ns.qos.to_string(),
+        "read_iops 2000, write_bandwidth 50MiB/s"
+    );
+    assert_eq!(ns.host_qos[0].nqn, a);
+    assert_eq!(
+        ns.host_qos[0].limits.to_string(),
+        "iops 100, bandwidth 8KiB/s"
+    );
+    assert!(ns.visible_to(a) && !ns.visible_to(DEFAULT_NQN));
+
+    let key = "subsystem[0].namespace[0]";
+    for (extra, at, part) in [
+        ("qos = { iops = 0 }", "qos.iops", "not a positive number"),
+        (
+            "qos = { read_iops = -5 }",
+            "qos.read_iops",
+            "not a positive number",
+        ),
+        (
+            "qos = { bandwidth = \"1KiB\" }",
+            "qos.bandwidth",
+            "below the smallest",
+        ),
+        (
+            "qos = { write_bandwidth = \"5MB\" }",
+            "qos.write_bandwidth",
+            "unknown unit",
+        ),
+        (
+            &format!("qos = {{ nqn = \"{a}\", iops = 5 }}"),
+            "qos.nqn",
+            "host_qos",
+        ),
+        (
+            "hosts = [\"not-an-nqn\"]",
+            "hosts[0]",
+            "not a valid host NQN",
+        ),
+        (
+            &format!("hosts = [\"{a}\", \"{a}\"]"),
+            "hosts[1]",
+            "listed twice",
+        ),
+        (
+            &format!("[[subsystem.namespace.host_qos]]\nnqn = \"{a}\""),
+            "host_qos[0]",
+            "no limit given",
+        ),
+        (
+            "[[subsystem.namespace.host_qos]]\niops = 5",
+            "host_qos[0].nqn",
+            "missing",
+        ),
+        (
+            &format!(
+                "hosts = [\"{b}\"]\n[[subsystem.namespace.host_qos]]\nnqn = \"{a}\"\niops = 5"
+            ),
+            "host_qos[0].nqn",
+            "does not see this namespace",
+        ),
+    ] {
+        assert_invalid(&minimal(extra, ""), &format!("{key}.{at}"), part);
+    }
+    assert!(matches!(
+        parse(&minimal("qos = { iops = 5, burst = 3 }", "")),
+        Err(ConfigError::Syntax(_))
+    ));
+    // A host the subsystem does not admit.
+    let closed = minimal(&format!("hosts = [\"{b}\"]"), "")
+        .replace("allow_any_host = true", &format!("hosts = [\"{a}\"]"));
+    assert_invalid(
+        &closed,
+        &format!("{key}.hosts[0]"),
+        "may not connect to the subsystem",
+    );
 }

@@ -20,9 +20,10 @@ pub(super) fn hold(cmd: &mut Command) -> Option<Instant> {
 
 impl Queue {
     /// Lets the held commands whose time came go on, and tells the poller
-    /// when the next may.
+    /// when the next may (only in a round where such a time came: the
+    /// poller's timer, or its tick for limits replaced meanwhile).
     pub(super) fn release_held<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
-        if self.throttled.is_empty() {
+        if self.throttled.is_empty() || !io.release_due {
             return;
         }
         let now = Instant::now();

@@ -1,6 +1,7 @@
 //! The daemon, `rdmablk-target`: NVMe/TCP, the letter of the specifications,
 //! ANA, authentication, limits, live reconfiguration, metrics, `--check`, hostile
-//! hosts, reservations, Compare and Write, and RBD namespaces (against a Ceph
+//! hosts, reservations, Compare and Write, per-host visibility and QoS
+//! limits, and RBD namespaces (against a Ceph
 //! cluster, `#[ignore]`d without).
 
 mod ana;
@@ -15,3 +16,4 @@ mod reload;
 mod reservations;
 mod spec;
 mod tcp;
+mod tenants;

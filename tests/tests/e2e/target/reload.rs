@@ -20,10 +20,10 @@ use std::time::Duration;
 /// Completion dword 0 of Namespace Attribute Changed (Notice, information
 /// 00h, Changed Namespace List 04h) and of Discovery Log Page Change
 /// (Notice, F0h, log 70h): NVMe Base 2.1, Figure 150.
-const NS_ATTR_CHANGED: u32 = 0x0004_0002;
+pub(super) const NS_ATTR_CHANGED: u32 = 0x0004_0002;
 const DISCOVERY_CHANGED: u32 = 0x0070_f002;
 /// Async Event Configuration bits (NVMe Base 2.1, Figure 201).
-const AEC_NS_ATTR: u32 = 1 << 8;
+pub(super) const AEC_NS_ATTR: u32 = 1 << 8;
 pub(super) const AEC_ANA_CHANGE: u32 = 1 << 11;
 const AEC_DISCOVERY: u32 = 1 << 31;
 
@@ -105,7 +105,7 @@ pub(super) fn submit_aer(c: &Controller) -> u16 {
 
 /// Get Log Page Changed Namespace List with RAE clear: the namespaces
 /// listed (NVMe Base 2.1, 5.16.1.5).
-fn changed_namespaces(c: &Controller) -> Vec<u32> {
+pub(super) fn changed_namespaces(c: &Controller) -> Vec<u32> {
     parse_ns_list(
         &c.admin()
             .get_log(lid::CHANGED_NS, 4096, 0)
@@ -113,7 +113,7 @@ fn changed_namespaces(c: &Controller) -> Vec<u32> {
     )
 }
 
-fn active_namespaces(c: &Controller) -> Vec<u32> {
+pub(super) fn active_namespaces(c: &Controller) -> Vec<u32> {
     parse_ns_list(
         &c.admin()
             .identify(cns::ACTIVE_NS_LIST, 0)
