@@ -71,7 +71,7 @@ enum NsChange {
     /// Move to this ANA group.
     AnaGroup(Arc<Namespace>, u32),
     /// Take these hosts and QoS limits.
-    Tenancy(Arc<Namespace>, NamespaceConfig),
+    Tenancy(Arc<Namespace>, Box<NamespaceConfig>),
 }
 
 impl NsChange {
@@ -282,7 +282,7 @@ fn namespace_changes(
             changes.push(NsChange::AnaGroup(live.clone(), n.ana_group));
         }
         if (&n.hosts, &n.qos, &n.host_qos) != (&o.hosts, &o.qos, &o.host_qos) {
-            changes.push(NsChange::Tenancy(live.clone(), n.clone()));
+            changes.push(NsChange::Tenancy(live.clone(), Box::new(n.clone())));
         }
         if n.read_only != o.read_only {
             if !n.read_only && !live.backend.writable() {

@@ -3,8 +3,9 @@
 //! listener reports (`ana`), namespaces,
 //! subsystems and the registry with the discovery log (`subsystem`),
 //! controllers (`controller`: Connect, Fabrics and admin commands),
-//! DH-HMAC-CHAP (`auth`), I/O command decoding (`io_cmd`), and a command's
-//! life from its capsule to its response (`command`).
+//! DH-HMAC-CHAP (`auth`), I/O command decoding (`io_cmd`), who sees a
+//! namespace and its QoS limits (`tenancy`, `qos`), and a command's life
+//! from its capsule to its response (`command`).
 
 pub mod ana;
 pub mod auth;

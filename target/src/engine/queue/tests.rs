@@ -9,7 +9,7 @@ use crate::testing::*;
 use rdmablk_common::fabrics::cattr;
 use rdmablk_common::nvme::{nvm, Sgl};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A transport that records what the state machine asks of it.
 struct FakeWire {
@@ -630,4 +630,86 @@ fn compare_and_write_writes_only_on_a_match() {
     let read = rw(nvm::READ, 30, 64, 512, transport(512));
     f.receive(&read, &[]);
     assert_eq!(f.w.last().2.as_deref(), Some(&[5u8; 512][..]));
+}
+
+/// Writes over their namespace's QoS limit (10 per second: 100 ms each,
+/// 5 ms of tolerance) wait without a buffer and without asking for their
+/// data; each goes on, in order, when its time comes (the poller is told
+/// when); a read, under no limit, goes by; a Disconnect aborts one still
+/// held, and the namespace counts them.
+#[test]
+fn commands_over_their_limit_wait_in_order_without_a_buffer() {
+    let rig = Rig::new(Limits::default());
+    let sub = rig.registry.subsystems()[0].clone();
+    let ns = sub.namespace(1).expect("namespace 1");
+    let mut limits = config::QosLimits::default();
+    limits.set(config::QosKey::WriteIops, Some(10));
+    assert!(ns.tenancy.set_limits(None, limits));
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    for cid in 1..=3 {
+        let write = rw(nvm::WRITE, cid, 0, 4096, transport(4096));
+        assert_eq!(f.receive(&write, &[]), Intake::Taken);
+    }
+    let start = Instant::now();
+    assert_eq!(
+        [f.state(0), f.state(1), f.state(2)],
+        [
+            Some(State::FetchingData),
+            Some(State::Throttled),
+            Some(State::Throttled)
+        ]
+    );
+    assert!(
+        f.q.command(1).unwrap().buf.is_none(),
+        "no buffer while held"
+    );
+    assert_eq!(f.w.fetched, [(0, 0)]);
+    let wake = f.rig.wake_at.expect("the poller is told when to wake");
+    let first = wake.saturating_duration_since(start);
+    assert!(first <= Duration::from_millis(95), "{first:?}");
+    assert!(first >= Duration::from_millis(80), "{first:?}");
+    assert_eq!(
+        f.status(&rw(nvm::READ, 4, 0, 512, transport(512)), &[]),
+        Status::SUCCESS
+    );
+
+    f.q.pump(&mut f.rig.io(), &mut f.w);
+    assert_eq!(f.state(1), Some(State::Throttled), "not before its time");
+    std::thread::sleep(wake.saturating_duration_since(Instant::now()));
+    f.rig.wake_at = None;
+    f.q.pump(&mut f.rig.io(), &mut f.w);
+    assert_eq!(
+        [f.state(1), f.state(2)],
+        [Some(State::FetchingData), Some(State::Throttled)]
+    );
+    assert_eq!(f.w.fetched, [(0, 0), (1, 0)], "in order");
+    let next = f.rig.wake_at.expect("the next time");
+    assert!(
+        next >= wake + Duration::from_millis(90),
+        "{:?}",
+        next - wake
+    );
+
+    f.data_arrived(0, 4096);
+    f.data_arrived(1, 4096);
+    let mut disconnect = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, 9);
+    disconnect.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
+    disconnect.set_sgl(&transport(0));
+    let before = f.w.responses.len();
+    assert_eq!(f.receive(&disconnect, &[]), Intake::Taken);
+    let answered: Vec<(u16, Status)> = f.w.responses[before..]
+        .iter()
+        .map(|r| (r.1.cid, r.1.status()))
+        .collect();
+    assert_eq!(
+        answered,
+        [(3, Status::ABORTED_SQ_DELETION), (9, Status::SUCCESS)]
+    );
+    for slot in 0..5 {
+        f.q.sent(Some(slot), &mut f.rig.io());
+    }
+    assert_eq!(ns.metrics.throttled(), 2);
+    assert_eq!(ns.metrics.queued(), 0, "none held any more");
 }

@@ -40,7 +40,9 @@ impl Queue {
             if cmd.state != State::Throttled {
                 return false; // ended meanwhile (a fused partner failed)
             }
-            if req.may_go(now) {
+            // (A stopping daemon lets them all go: they finish or fail
+            // before its drain deadline.)
+            if req.may_go(now) || io.stopping {
                 req.release();
                 due.push(slot);
                 return false;
