@@ -424,8 +424,8 @@ impl Registry {
 
     /// Starts what namespaces open in the background (RBD images), for
     /// those not started yet: at start and after a reload. Once open, or
-    /// resized, a namespace's controllers get a Namespace Attribute
-    /// Changed notice.
+    /// resized, a namespace's controllers (of hosts that see it) get a
+    /// Namespace Attribute Changed notice.
     pub fn start_backends(self: &Arc<Self>) {
         for s in self.subsystems() {
             for ns in s.namespaces().iter() {
@@ -441,11 +441,14 @@ impl Registry {
                     let Some(sub) = registry.upgrade().and_then(|r| r.find(&nqn)) else {
                         return;
                     };
-                    let serves = sub
+                    let Some(ns) = sub
                         .namespace(nsid)
-                        .is_some_and(|n| std::ptr::eq(Arc::as_ptr(&n), weak.as_ptr()));
-                    if serves {
-                        for c in sub.live_controllers() {
+                        .filter(|n| std::ptr::eq(Arc::as_ptr(n), weak.as_ptr()))
+                    else {
+                        return;
+                    };
+                    for c in sub.live_controllers() {
+                        if ns.tenancy.visible_to(&c.hostnqn) {
                             c.namespaces_changed(&[nsid]);
                         }
                     }

@@ -151,6 +151,15 @@ fn rw(opcode: u8, cid: u16, slba: u64, len: usize, sgl: Sgl) -> Sqe {
     sqe
 }
 
+/// A Disconnect with command id `cid`.
+fn disconnect_sqe(cid: u16) -> Sqe {
+    let mut sqe = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, cid);
+    // FCTYPE is the SQE's byte 4.
+    sqe.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
+    sqe.set_sgl(&transport(0));
+    sqe
+}
+
 fn transport(len: usize) -> Sgl {
     Sgl::Transport { len: len as u32 }
 }
@@ -219,10 +228,7 @@ fn write_and_read_through_every_state() {
     assert!(data.as_deref() == Some(&pattern[..]), "the bytes written");
     f.q.sent(Some(0), &mut f.rig.io());
 
-    let mut disconnect = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, 12);
-    // FCTYPE is the SQE's byte 4.
-    disconnect.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
-    disconnect.set_sgl(&transport(0));
+    let disconnect = disconnect_sqe(12);
     assert_eq!(f.status(&disconnect, &[]), Status::SUCCESS);
     assert!(f.q.bind.assoc.is_none(), "unbound");
     assert_eq!(
@@ -291,9 +297,7 @@ fn disconnect_answers_last() {
         [f.state(0), f.state(1)],
         [Some(State::OnBackend), Some(State::AwaitingBuffer)]
     );
-    let mut disconnect = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, 22);
-    disconnect.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
-    disconnect.set_sgl(&transport(0));
+    let disconnect = disconnect_sqe(22);
     let before = f.w.responses.len();
     assert_eq!(f.receive(&disconnect, &[]), Intake::Taken);
     assert!(f.q.bind.assoc.is_none(), "the queue is deleted at once");
@@ -694,9 +698,7 @@ fn commands_over_their_limit_wait_in_order_without_a_buffer() {
 
     f.data_arrived(0, 4096);
     f.data_arrived(1, 4096);
-    let mut disconnect = Sqe::new(rdmablk_common::nvme::FABRICS_OPCODE, 9);
-    disconnect.set_nsid(rdmablk_common::fabrics::fctype::DISCONNECT as u32);
-    disconnect.set_sgl(&transport(0));
+    let disconnect = disconnect_sqe(9);
     let before = f.w.responses.len();
     assert_eq!(f.receive(&disconnect, &[]), Intake::Taken);
     let answered: Vec<(u16, Status)> = f.w.responses[before..]
