@@ -5,7 +5,7 @@
 //! new limits apply from the next command.
 
 use crate::app::reload::Running;
-use crate::config::qos_setting;
+use crate::config::{qos_setting, validate_nqn};
 
 /// The request line's words after `qos set`: `SUBSYSTEM NSID HOST|- KEY=VALUE...`.
 /// Returns what changed, one line, or why nothing did.
@@ -31,6 +31,7 @@ pub fn set(running: &Running, args: &str) -> Result<Vec<String>, String> {
         .ok_or_else(|| format!("subsystem {nqn} has no namespace {nsid:?}"))?;
     let host = (*host != "-").then_some(*host);
     if let Some(h) = host {
+        validate_nqn(h).map_err(|e| format!("{h:?} is not a valid host NQN: {e}"))?;
         if !sub.admits(h) || !ns.tenancy.visible_to(h) {
             return Err(format!(
                 "host {h} does not see namespace {} of {nqn}; its limits would never apply",

@@ -36,7 +36,7 @@ pub use model::{
     Pollers, QosKey, QosLimits, SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP,
     MAX_CNTLID, MAX_NSID,
 };
-pub use nqn::DEFAULT_NQN;
+pub use nqn::{validate_nqn, DEFAULT_NQN};
 pub use qos::apply_setting as qos_setting;
 pub use quick::{from_quick_args, QuickArgs};
 pub use rbd::RbdImage;

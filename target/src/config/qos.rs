@@ -87,6 +87,12 @@ fn bandwidth_problem(v: u64) -> String {
     )
 }
 
+/// Whether a bandwidth limit of `limits` holds a 1 MiB command (the
+/// largest transfer) over a second.
+pub(super) fn slow(limits: &QosLimits) -> bool {
+    limits.iter().any(|(k, v)| k.is_bandwidth() && v < 1 << 20)
+}
+
 /// The limit names, for messages.
 pub fn key_names() -> String {
     QosKey::ALL.map(QosKey::name).join(", ")

@@ -8,6 +8,7 @@ use super::model::{
     Transport, DEFAULT_ARENA_BYTES, MAX_NSID, MAX_POLLERS,
 };
 use super::nqn::{check_subsystem_nqn, validate_nqn, EXAMPLE_NQN};
+use super::qos;
 use super::rbd::{self, RbdImage};
 use rdmablk_common::units;
 use std::collections::HashMap;
@@ -155,6 +156,18 @@ impl Config {
             ));
         }
         w.extend(rbd_images(&self.subsystems).filter_map(|(key, i)| rbd::warning(&key, i)));
+        for (i, s) in self.subsystems.iter().enumerate() {
+            for (j, n) in s.namespaces.iter().enumerate() {
+                let host = n.host_qos.iter().map(|h| h.limits);
+                if std::iter::once(n.qos).chain(host).any(|l| qos::slow(&l)) {
+                    w.push(format!(
+                        "subsystem[{i}].namespace[{j}]: a bandwidth limit below 1MiB/s holds \
+                         a 1 MiB command (the largest transfer) over a second, and a queue of \
+                         them far longer; hosts time commands out (the Linux host after 30 s)"
+                    ));
+                }
+            }
+        }
         w
     }
 }

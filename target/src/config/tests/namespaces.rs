@@ -156,6 +156,13 @@ fn tenancy_rules() {
         "iops 100, bandwidth 8KiB/s"
     );
     assert!(ns.visible_to(a) && !ns.visible_to(DEFAULT_NQN));
+    // 8 KiB/s would hold a 1 MiB command for two minutes: valid, but said.
+    let w = cfg.warnings();
+    assert!(
+        w.iter()
+            .any(|w| w.starts_with("subsystem[0].namespace[0]: a bandwidth limit below 1MiB/s")),
+        "{w:?}"
+    );
 
     let key = "subsystem[0].namespace[0]";
     for (extra, at, part) in [

@@ -164,6 +164,26 @@ fn each_host_sees_its_namespaces_and_a_reload_moves_one() {
         !a.admin().has_completed(aer),
         "an event for a change A does not see"
     );
+
+    // `qos set` refuses what could never apply, naming why.
+    for (args, why) in [
+        (
+            vec!["3", "--host", HOST_A, "iops=10"],
+            "does not see namespace 3",
+        ),
+        (
+            vec!["3", "--host", "not-an-nqn", "iops=10"],
+            "not a valid host NQN",
+        ),
+        (vec!["4", "iops=10"], "has no namespace \"4\""),
+        (vec!["1", "burst=10"], "\"burst\" is not a QoS limit"),
+        (vec!["1", "read_bandwidth=10"], "below the smallest limit"),
+    ] {
+        let mut action = vec!["qos", "set", DEFAULT_NQN];
+        action.extend(args);
+        let (ok, out, err) = d.run(&action);
+        assert!(!ok && err.contains(why), "{action:?}: {out}{err}");
+    }
 }
 
 // ---- QoS limits ----------------------------------------------------------------
