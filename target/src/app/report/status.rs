@@ -140,7 +140,7 @@ fn tenancy(out: &mut String, n: &Namespace) {
     }
     let _ = writeln!(
         out,
-        "    qos: {shared}; {} command(s) waiting, {} held back so far for {:.3}s in all",
+        "    qos for all hosts: {shared}; {} command(s) waiting, {} held back so far for {:.3}s in all",
         n.metrics.queued(),
         n.metrics.throttled(),
         n.metrics.throttled_ns() as f64 / 1e9

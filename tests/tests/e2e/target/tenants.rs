@@ -271,7 +271,7 @@ fn read_iops_and_write_bandwidth_limits_hold_across_pollers() {
     assert!(ok, "status");
     let line = status
         .lines()
-        .find(|l| l.contains("qos: read_iops 2000, write_bandwidth "))
+        .find(|l| l.contains("qos for all hosts: read_iops 2000, write_bandwidth "))
         .unwrap_or_else(|| panic!("no qos line in the status:\n{status}"));
     assert!(line.contains("; 0 command(s) waiting"), "{line}");
     assert!(!line.contains(" 0 held back"), "{line}");
