@@ -312,26 +312,18 @@ impl Paths {
         }
     }
 
-    /// Sends the rerouted commands on usable paths; with none usable, they
-    /// go back to their driver as transient transport errors (it waits for
-    /// a path as for a lost association).
+    /// Sends the rerouted commands on usable paths, in order; with none
+    /// usable (a gateway's groups moving to another, paths reconnecting)
+    /// they wait here, as new commands wait in their driver, until one is
+    /// or the keeper gives the attachment up after ctrl-loss-tmo.
     fn reroute(&mut self) {
         while let Some(&slot) = self.rerouted.front() {
             // SAFETY: the command's driver has not taken its completion, so
             // its buffer is valid and unchanged (`submit`'s contract).
-            if unsafe { self.send(slot) } {
-                self.rerouted.pop_front();
-                continue;
-            }
-            if preferred(&self.paths).is_some() {
-                return; // a usable path without a free slot: later
+            if !unsafe { self.send(slot) } {
+                return;
             }
             self.rerouted.pop_front();
-            let cqe = Cqe {
-                status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
-                ..Default::default()
-            };
-            self.finish(slot, cqe);
         }
     }
 

@@ -19,6 +19,13 @@ pub fn set(
     state: AnaState,
     listener: Option<&str>,
 ) -> Result<Vec<String>, String> {
+    if let Some(g) = &running.cfg.gateway_group {
+        return Err(format!(
+            "the gateway group {:?} sets every ANA group's state from its leases; \
+             stop the owning gateway to move a group",
+            g.name
+        ));
+    }
     if !(1..=MAX_ANA_GROUP).contains(&group) {
         return Err(format!(
             "ANA group {group} is out of range; use 1 to {MAX_ANA_GROUP}"

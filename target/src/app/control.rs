@@ -87,7 +87,19 @@ fn answer(
                 }
             }
         }
-        "status" => status::render(shared, started) + "ok\n",
+        "status" => {
+            let group = running
+                .lock()
+                .expect("running configuration")
+                .gateway
+                .clone();
+            let mut text = status::render(shared, started);
+            for line in group.iter().flat_map(|g| g.report()) {
+                text += &line;
+                text.push('\n');
+            }
+            text + "ok\n"
+        }
         other => {
             let r = running.lock().expect("running configuration");
             if let Some(args) = other.strip_prefix("ana set ") {

@@ -6,6 +6,7 @@
 
 pub mod ana;
 pub mod control;
+pub mod gateway;
 pub mod notify;
 pub mod qos;
 pub mod reload;

@@ -29,6 +29,8 @@ pub struct Running {
     pub listeners: Vec<Listening>,
     pub pollers: Arc<Vec<PollerLink>>,
     pub registry: Arc<Registry>,
+    /// The gateway group this gateway takes part in: it sets the ANA states.
+    pub gateway: Option<Arc<crate::app::gateway::Group>>,
 }
 
 /// A running listener: as configured, its port (with its ANA states) and
@@ -146,6 +148,9 @@ pub fn apply(running: &mut Running, new: Config) -> Result<Vec<String>, ConfigEr
     if new.state_directory != old.state_directory {
         return Err(refuse("reservations.state_directory", RESTART));
     }
+    if new.gateway_group != old.gateway_group {
+        return Err(refuse("gateway_group", RESTART));
+    }
     let plan = prepare(running, &new)?;
     let summary = commit(running, plan);
     running.registry.start_backends();
@@ -211,7 +216,12 @@ fn prepare(running: &Running, new: &Config) -> Result<Plan, ConfigError> {
             plan.kept_listeners.push(l.clone());
             continue;
         }
-        match Listening::start(l, transport::port(l), &running.pollers, registry) {
+        let port = transport::port(l);
+        if running.gateway.is_some() {
+            // The group's leases say what is usable: nothing until then.
+            port.ana.start_all(crate::config::AnaState::Inaccessible);
+        }
+        match Listening::start(l, port, &running.pollers, registry) {
             Ok(started) => plan.new_listeners.push(started),
             Err(e) => {
                 // Nothing changes: the listeners already started go.
@@ -476,7 +486,11 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
             .find(|k| k.endpoint() == l.cfg.endpoint())
         {
             l.cfg = new.clone();
-            let changed = l.port.ana.apply(new);
+            // (In a gateway group the leases decide every state.)
+            let changed = match &running.gateway {
+                Some(_) => Vec::new(),
+                None => l.port.ana.apply(new),
+            };
             for g in &changed {
                 summary.push(format!(
                     "ANA group {g} {} on {}",

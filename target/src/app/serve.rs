@@ -3,12 +3,13 @@
 //! reports and the control socket run beside them, and signals reload or
 //! stop it.
 
+use crate::app::gateway::Group;
 use crate::app::reload::{self, Listening, Running};
 use crate::app::report::{http, prometheus, stats};
 use crate::app::{control, notify};
 use crate::base::error::{starting, DaemonError};
 use crate::base::metrics::PollerCounters;
-use crate::config::Config;
+use crate::config::{AnaState, Config};
 use crate::engine::poller::{self, PollerLink, Shared, Transports};
 use crate::nvme::port::Port;
 use crate::nvme::subsystem::Registry;
@@ -46,6 +47,12 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
 
     raise_open_files_limit();
     let ports: Vec<Port> = cfg.listeners.iter().map(transport::port).collect();
+    if cfg.gateway_group.is_some() {
+        // Nothing is usable here until this gateway owns it.
+        for p in &ports {
+            p.ana.start_all(AnaState::Inaccessible);
+        }
+    }
     let registry = Arc::new(Registry::open(&cfg, ports.clone())?);
     registry.start_backends();
     let shared = Arc::new(Shared {
@@ -125,12 +132,19 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
             cfg.subsystems[0].nqn
         );
     }
+    // Once the listeners are bound (their ANA groups are all inaccessible
+    // until this gateway owns one).
+    let gateway = match &cfg.gateway_group {
+        Some(g) => Some(Group::start(g.clone(), &registry).map_err(starting("the gateway group"))?),
+        None => None,
+    };
     let running = Arc::new(Mutex::new(Running {
         path: daemon.config_path,
         cfg: cfg.clone(),
         listeners,
         pollers: pollers.clone(),
         registry: registry.clone(),
+        gateway,
     }));
     if let Some(path) = &daemon.control {
         let listener = control::bind(path).map_err(|source| DaemonError::Listen {
@@ -182,6 +196,10 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
     }
     for t in threads {
         let _ = t.join();
+    }
+    if let Some(g) = &running.lock().expect("running configuration").gateway {
+        // Nothing is in flight: the other gateways may take over at once.
+        g.stop();
     }
     let mut result = Ok(());
     for s in registry.subsystems() {

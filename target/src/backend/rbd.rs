@@ -29,7 +29,8 @@ use super::{Access, BackendOp, FixedBuf};
 use crate::base::completions::Completions;
 use crate::base::ids::NamespaceIds;
 use crate::config::RbdImage;
-use ffi::{Aio, Cluster, Finish, Image};
+use ffi::{Aio, Finish, Image};
+pub use ffi::{Cluster, Pool};
 use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
@@ -562,7 +563,26 @@ fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
     if let Some(c) = current.upgrade() {
         return Ok(c);
     }
-    let secs = spec.timeout.as_secs().max(1).to_string();
+    let cluster = connect(
+        &spec.ceph_conf,
+        &spec.client_id,
+        spec.keyring.as_deref(),
+        spec.timeout,
+    )?;
+    *current = Arc::downgrade(&cluster);
+    Ok(cluster)
+}
+
+/// A new connection to the cluster of `conf` as `client.<id>` (with
+/// `keyring` when ceph.conf names none), whose operations fail after
+/// `timeout`, with the client options every connection of the daemon has.
+pub fn connect(
+    conf: &std::path::Path,
+    id: &str,
+    keyring: Option<&std::path::Path>,
+    timeout: Duration,
+) -> io::Result<Arc<Cluster>> {
+    let secs = timeout.as_secs().max(1).to_string();
     let mut options: Vec<(&str, String)> = CLIENT_OPTIONS
         .iter()
         .map(|&(k, v)| (k, v.to_string()))
@@ -574,14 +594,27 @@ fn cluster(spec: &RbdImage) -> io::Result<Arc<Cluster>> {
     ] {
         options.push((k, secs.clone()));
     }
-    if let Some(k) = &spec.keyring {
+    if let Some(k) = keyring {
         options.push(("keyring", k.display().to_string()));
     }
-    let conf = spec.ceph_conf.display().to_string();
-    let cluster = Arc::new(Cluster::connect(&conf, &spec.client_id, &options)?);
-    tracing::info!(conf = %conf, client = %spec.client_id, "connected to the Ceph cluster");
-    *current = Arc::downgrade(&cluster);
+    let conf = conf.display().to_string();
+    let cluster = Arc::new(Cluster::connect(&conf, id, &options)?);
+    tracing::info!(conf = %conf, client = %id, "connected to the Ceph cluster");
     Ok(cluster)
+}
+
+/// The addresses of every cluster connection images use now: what the
+/// OSDs must refuse to fence this daemon off its images.
+pub fn image_clients() -> Vec<String> {
+    let clusters = CLUSTERS.lock().unwrap_or_else(PoisonError::into_inner);
+    let live = clusters.iter().flat_map(|m| m.values());
+    live.filter_map(|slot| {
+        slot.lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade()
+    })
+    .filter_map(|c| c.addresses().ok())
+    .collect()
 }
 
 /// One librbd call of a command, started by its queue with the command's

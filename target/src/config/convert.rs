@@ -15,7 +15,7 @@ use super::raw::{
     RawMetrics, RawNamespace, RawPollers, RawReservations, RawSize, RawSubsystem,
 };
 use super::validate::{block_size_problem, count_problem, nsid_problem};
-use super::{qos, rbd};
+use super::{gateway, qos, rbd};
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
 use std::fmt;
 use std::net::SocketAddr;
@@ -40,6 +40,7 @@ pub(super) fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
         .enumerate()
         .map(|(i, s)| convert_subsystem(i, s))
         .collect::<Result<Vec<_>, _>>()?;
+    let gateway_group = raw.gateway_group.map(gateway::convert).transpose()?;
     Ok(Config {
         pollers,
         listeners,
@@ -47,6 +48,7 @@ pub(super) fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
         limits,
         metrics,
         state_directory,
+        gateway_group,
     })
 }
 

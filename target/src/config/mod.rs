@@ -21,6 +21,7 @@ use std::path::Path;
 
 mod convert;
 mod error;
+mod gateway;
 mod listener;
 mod model;
 mod nqn;
@@ -31,6 +32,7 @@ mod rbd;
 mod validate;
 
 pub use error::ConfigError;
+pub use gateway::GatewayGroup;
 pub use model::{
     AnaState, BackendConfig, Config, HostAuth, HostQos, Limits, ListenerConfig, NamespaceConfig,
     Pollers, QosKey, QosLimits, SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP,
@@ -134,6 +136,7 @@ pub fn embedded_default() -> Config {
         limits: Limits::default(),
         metrics: None,
         state_directory: DEFAULT_STATE_DIRECTORY.into(),
+        gateway_group: None,
     }
 }
 

@@ -38,6 +38,9 @@ pub struct Config {
     /// Where namespaces keep their reservations through power loss
     /// (`[reservations] state_directory`).
     pub state_directory: PathBuf,
+    /// The gateway group this gateway takes part in (`[gateway_group]`):
+    /// ANA states then follow the group's leases.
+    pub gateway_group: Option<super::gateway::GatewayGroup>,
 }
 
 /// Where reservation state files live when the configuration names no place.

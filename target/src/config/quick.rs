@@ -139,6 +139,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
         limits: Limits::default(),
         metrics: None,
         state_directory: DEFAULT_STATE_DIRECTORY.into(),
+        gateway_group: None,
     };
     config.validate()?;
     Ok(config)

@@ -18,6 +18,7 @@ pub(super) struct RawConfig {
     pub(super) limits: Option<RawLimits>,
     pub(super) metrics: Option<RawMetrics>,
     pub(super) reservations: Option<RawReservations>,
+    pub(super) gateway_group: Option<super::gateway::RawGatewayGroup>,
     #[serde(default)]
     pub(super) listener: Vec<RawListener>,
     #[serde(default)]

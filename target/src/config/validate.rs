@@ -28,6 +28,24 @@ impl Config {
         validate_pollers(&self.pollers)?;
         validate_limits(&self.limits, self.pollers.arena_bytes)?;
         validate_listeners(&self.listeners)?;
+        if let Some(g) = &self.gateway_group {
+            if let Some((i, _)) = self
+                .listeners
+                .iter()
+                .enumerate()
+                .find(|(_, l)| !l.ana_groups.is_empty())
+            {
+                return Err(invalid(
+                    format!("listener[{i}].ana_groups"),
+                    format!(
+                        "set while [gateway_group] {:?} decides every ANA group's state \
+                         (its owner reports it optimized, the other gateways inaccessible); \
+                         remove ana_groups",
+                        g.name
+                    ),
+                ));
+            }
+        }
         if let Some(m) = self.metrics {
             let clash = self.listeners.iter().find(|l| {
                 l.transport == Transport::Tcp

@@ -36,6 +36,9 @@ pub struct AnaStates {
     /// Changes of each group's state.
     changes: Box<[AtomicU64]>,
     total: AtomicU64,
+    /// The state of groups not otherwise set (optimized, or inaccessible
+    /// in a gateway group): the reports leave those out.
+    default: AtomicU8,
     writer: Mutex<()>,
 }
 
@@ -49,8 +52,19 @@ impl AnaStates {
                 .collect(),
             changes: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             total: AtomicU64::new(0),
+            default: AtomicU8::new(AnaState::Optimized as u8),
             writer: Mutex::new(()),
         }
+    }
+
+    /// Puts every group in `state`, as if configured so, before any host
+    /// sees the listener (a gateway group: nothing is usable until owned).
+    pub fn start_all(&self, state: AnaState) {
+        let _w = self.writer.lock().expect("ANA writer");
+        for s in self.states.iter() {
+            s.store(state as u8, Ordering::Release);
+        }
+        self.default.store(state as u8, Ordering::Release);
     }
 
     fn index(group: u32) -> usize {
@@ -139,12 +153,13 @@ impl AnaStates {
         }
     }
 
-    /// The states of groups `groups` and of every group not optimized, by
-    /// group: what the reports show.
+    /// The states of groups `groups` and of every group not in the
+    /// listener's default state, by group: what the reports show.
     pub fn shown(&self, groups: &BTreeSet<u32>) -> Vec<(u32, AnaState)> {
+        let default = self.default.load(Ordering::Acquire);
         (1..=MAX_ANA_GROUP)
             .map(|g| (g, self.state(g)))
-            .filter(|(g, s)| groups.contains(g) || *s != AnaState::Optimized)
+            .filter(|(g, s)| groups.contains(g) || *s as u8 != default)
             .collect()
     }
 }

@@ -164,6 +164,179 @@ impl Cluster {
     }
 }
 
+impl Cluster {
+    /// This client's addresses as the cluster's maps name it (what a
+    /// blocklist entry must match, e.g. `[v2:127.0.0.1:0/1234,v1:...]`).
+    pub fn addresses(&self) -> io::Result<String> {
+        let mut out: *mut c_char = std::ptr::null_mut();
+        // SAFETY: a connected handle; `out` receives a string librados
+        // allocated, freed below with its own call.
+        check("rados_getaddrs", unsafe {
+            (self.lib.rados_getaddrs)(self.handle, &mut out)
+        })?;
+        // SAFETY: on success `out` is a NUL-terminated string.
+        let addrs = unsafe { CStr::from_ptr(out) }
+            .to_string_lossy()
+            .into_owned();
+        // SAFETY: allocated by librados for this call, used no more.
+        unsafe { (self.lib.rados_buffer_free)(out) };
+        Ok(addrs)
+    }
+
+    /// Blocklists the client at `address` (one of a client's addresses,
+    /// `ip:port/nonce`) for `expire` (at least a second): the OSDs refuse
+    /// its operations from then on, including those already sent.
+    pub fn blocklist(&self, address: &str, expire: std::time::Duration) -> io::Result<()> {
+        let a = cstring("client address", address)?;
+        let secs = expire.as_secs().clamp(1, u32::MAX as u64) as u32;
+        // SAFETY: a connected handle and a C string librados only reads
+        // (its prototype lacks the const).
+        check(&format!("blocklisting {address}"), unsafe {
+            (self.lib.rados_blocklist_add)(self.handle, a.as_ptr() as *mut c_char, secs)
+        })?;
+        Ok(())
+    }
+
+    /// An I/O context on pool `pool`, for objects of the daemon's own.
+    pub fn pool(self: &Arc<Self>, pool: &str) -> io::Result<Pool> {
+        let pool_c = cstring("pool", pool)?;
+        let mut ioctx: rados_ioctx_t = std::ptr::null_mut();
+        // SAFETY: a connected handle; `ioctx` receives the new context.
+        check(&format!("opening pool {pool}"), unsafe {
+            (self.lib.rados_ioctx_create)(self.handle, pool_c.as_ptr(), &mut ioctx)
+        })?;
+        Ok(Pool {
+            ioctx,
+            cluster: self.clone(),
+        })
+    }
+}
+
+/// An I/O context on one pool (`rados_ioctx_t`), destroyed on drop: object
+/// locks and attributes.
+pub struct Pool {
+    ioctx: rados_ioctx_t,
+    /// Dropped after the context.
+    cluster: Arc<Cluster>,
+}
+
+// SAFETY: librados I/O contexts are thread safe for the calls used here.
+unsafe impl Send for Pool {}
+// SAFETY: as above.
+unsafe impl Sync for Pool {}
+
+impl Pool {
+    /// The connection the context is on.
+    pub fn cluster(&self) -> &Arc<Cluster> {
+        &self.cluster
+    }
+
+    /// Takes (or, with `renew`, renews) exclusive lock `name` on object
+    /// `oid` (created if missing) for `duration`, as `cookie`, with
+    /// description `desc`. EBUSY: another holds it; ENOENT with `renew`:
+    /// ours expired or was broken.
+    pub fn lock_exclusive(
+        &self,
+        oid: &str,
+        name: &str,
+        cookie: &str,
+        desc: &str,
+        duration: std::time::Duration,
+        renew: bool,
+    ) -> io::Result<()> {
+        let (o, n, c, d) = (
+            cstring("object", oid)?,
+            cstring("lock name", name)?,
+            cstring("lock cookie", cookie)?,
+            cstring("lock description", desc)?,
+        );
+        let mut tv = libc::timeval {
+            tv_sec: duration.as_secs() as libc::time_t,
+            tv_usec: duration.subsec_micros() as libc::suseconds_t,
+        };
+        // LIBRADOS_LOCK_FLAG_MUST_RENEW: fail rather than take a lock that
+        // lapsed meanwhile.
+        let flags = if renew { 1 << 1 } else { 0 };
+        let lib = self.cluster.lib;
+        // SAFETY: a live context, C strings and a timeval that outlive the
+        // call.
+        check(&format!("locking {oid}"), unsafe {
+            (lib.rados_lock_exclusive)(
+                self.ioctx,
+                o.as_ptr(),
+                n.as_ptr(),
+                c.as_ptr(),
+                d.as_ptr(),
+                &mut tv,
+                flags,
+            )
+        })?;
+        Ok(())
+    }
+
+    /// Releases lock `name` of `oid` held as `cookie`.
+    pub fn unlock(&self, oid: &str, name: &str, cookie: &str) -> io::Result<()> {
+        let (o, n, c) = (
+            cstring("object", oid)?,
+            cstring("lock name", name)?,
+            cstring("lock cookie", cookie)?,
+        );
+        let lib = self.cluster.lib;
+        // SAFETY: a live context and C strings.
+        check(&format!("unlocking {oid}"), unsafe {
+            (lib.rados_unlock)(self.ioctx, o.as_ptr(), n.as_ptr(), c.as_ptr())
+        })?;
+        Ok(())
+    }
+
+    /// Attribute `name` of object `oid`; `None` when either is missing.
+    pub fn get_attr(&self, oid: &str, name: &str) -> io::Result<Option<Vec<u8>>> {
+        let (o, n) = (cstring("object", oid)?, cstring("attribute", name)?);
+        let mut buf = vec![0u8; 4096];
+        let lib = self.cluster.lib;
+        // SAFETY: a live context, C strings, and a buffer of `buf.len()`.
+        let rc = unsafe {
+            (lib.rados_getxattr)(
+                self.ioctx,
+                o.as_ptr(),
+                n.as_ptr(),
+                buf.as_mut_ptr() as *mut c_char,
+                buf.len(),
+            )
+        };
+        if rc == -libc::ENOENT || rc == -libc::ENODATA {
+            return Ok(None);
+        }
+        let len = check(&format!("reading {oid} {name}"), rc)? as usize;
+        buf.truncate(len);
+        Ok(Some(buf))
+    }
+
+    /// Sets attribute `name` of object `oid` (created if missing).
+    pub fn set_attr(&self, oid: &str, name: &str, value: &[u8]) -> io::Result<()> {
+        let (o, n) = (cstring("object", oid)?, cstring("attribute", name)?);
+        let lib = self.cluster.lib;
+        // SAFETY: a live context, C strings, and `value`'s bytes.
+        check(&format!("writing {oid} {name}"), unsafe {
+            (lib.rados_setxattr)(
+                self.ioctx,
+                o.as_ptr(),
+                n.as_ptr(),
+                value.as_ptr() as *const c_char,
+                value.len(),
+            )
+        })?;
+        Ok(())
+    }
+}
+
+impl Drop for Pool {
+    fn drop(&mut self) {
+        // SAFETY: the context is ours and nothing uses it any more.
+        unsafe { (self.cluster.lib.rados_ioctx_destroy)(self.ioctx) };
+    }
+}
+
 impl Drop for Cluster {
     fn drop(&mut self) {
         // SAFETY: every image (with its I/O context) of this cluster holds

@@ -13,6 +13,7 @@
 
 pub type rados_t = *mut ::std::os::raw::c_void;
 pub type rados_ioctx_t = *mut ::std::os::raw::c_void;
+pub type timeval = ::libc::timeval;
 pub type rbd_image_t = *mut ::std::os::raw::c_void;
 pub type rbd_completion_t = *mut ::std::os::raw::c_void;
 pub type rbd_callback_t = ::std::option::Option<
@@ -59,6 +60,45 @@ pub struct Librbd {
     pub rados_ioctx_destroy: unsafe extern "C" fn(io: rados_ioctx_t),
     pub rados_ioctx_set_namespace:
         unsafe extern "C" fn(io: rados_ioctx_t, nspace: *const ::std::os::raw::c_char),
+    pub rados_lock_exclusive: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+        desc: *const ::std::os::raw::c_char,
+        duration: *mut timeval,
+        flags: u8,
+    ) -> ::std::os::raw::c_int,
+    pub rados_unlock: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
+    pub rados_blocklist_add: unsafe extern "C" fn(
+        cluster: rados_t,
+        client_address: *mut ::std::os::raw::c_char,
+        expire_seconds: u32,
+    ) -> ::std::os::raw::c_int,
+    pub rados_getaddrs: unsafe extern "C" fn(
+        cluster: rados_t,
+        addrs: *mut *mut ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int,
+    pub rados_buffer_free: unsafe extern "C" fn(buf: *mut ::std::os::raw::c_char),
+    pub rados_getxattr: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *mut ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_setxattr: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int,
     pub rbd_open: unsafe extern "C" fn(
         io: rados_ioctx_t,
         name: *const ::std::os::raw::c_char,
@@ -166,6 +206,13 @@ impl Librbd {
         let rados_ioctx_set_namespace = __library
             .get(b"rados_ioctx_set_namespace\0")
             .map(|sym| *sym)?;
+        let rados_lock_exclusive = __library.get(b"rados_lock_exclusive\0").map(|sym| *sym)?;
+        let rados_unlock = __library.get(b"rados_unlock\0").map(|sym| *sym)?;
+        let rados_blocklist_add = __library.get(b"rados_blocklist_add\0").map(|sym| *sym)?;
+        let rados_getaddrs = __library.get(b"rados_getaddrs\0").map(|sym| *sym)?;
+        let rados_buffer_free = __library.get(b"rados_buffer_free\0").map(|sym| *sym)?;
+        let rados_getxattr = __library.get(b"rados_getxattr\0").map(|sym| *sym)?;
+        let rados_setxattr = __library.get(b"rados_setxattr\0").map(|sym| *sym)?;
         let rbd_open = __library.get(b"rbd_open\0").map(|sym| *sym)?;
         let rbd_open_read_only = __library.get(b"rbd_open_read_only\0").map(|sym| *sym)?;
         let rbd_close = __library.get(b"rbd_close\0").map(|sym| *sym)?;
@@ -203,6 +250,13 @@ impl Librbd {
             rados_ioctx_create,
             rados_ioctx_destroy,
             rados_ioctx_set_namespace,
+            rados_lock_exclusive,
+            rados_unlock,
+            rados_blocklist_add,
+            rados_getaddrs,
+            rados_buffer_free,
+            rados_getxattr,
+            rados_setxattr,
             rbd_open,
             rbd_open_read_only,
             rbd_close,
@@ -271,6 +325,65 @@ impl Librbd {
         nspace: *const ::std::os::raw::c_char,
     ) {
         (self.rados_ioctx_set_namespace)(io, nspace)
+    }
+    pub unsafe fn rados_lock_exclusive(
+        &self,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+        desc: *const ::std::os::raw::c_char,
+        duration: *mut timeval,
+        flags: u8,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_lock_exclusive)(io, oid, name, cookie, desc, duration, flags)
+    }
+    pub unsafe fn rados_unlock(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        cookie: *const ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_unlock)(io, o, name, cookie)
+    }
+    pub unsafe fn rados_blocklist_add(
+        &self,
+        cluster: rados_t,
+        client_address: *mut ::std::os::raw::c_char,
+        expire_seconds: u32,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_blocklist_add)(cluster, client_address, expire_seconds)
+    }
+    pub unsafe fn rados_getaddrs(
+        &self,
+        cluster: rados_t,
+        addrs: *mut *mut ::std::os::raw::c_char,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getaddrs)(cluster, addrs)
+    }
+    pub unsafe fn rados_buffer_free(&self, buf: *mut ::std::os::raw::c_char) {
+        (self.rados_buffer_free)(buf)
+    }
+    pub unsafe fn rados_getxattr(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *mut ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getxattr)(io, o, name, buf, len)
+    }
+    pub unsafe fn rados_setxattr(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_setxattr)(io, o, name, buf, len)
     }
     pub unsafe fn rbd_open(
         &self,

@@ -4,6 +4,7 @@
 use super::{parse, ConfigError};
 
 mod file;
+mod gateway;
 mod limits;
 mod listeners;
 mod namespaces;

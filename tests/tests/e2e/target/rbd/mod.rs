@@ -29,6 +29,7 @@ use std::time::{Duration, Instant};
 
 mod compare_write;
 mod failures;
+mod gateway;
 mod io;
 mod namespace;
 

@@ -1,0 +1,218 @@
+//! A gateway group: three gateways export two images, each image in an ANA
+//! group of its own with a preferred owner. Each group is optimized on its
+//! owner only; `rdmablk bench --verify` writes through all three paths while
+//! the owner of group 1 is killed (SIGKILL): another gateway fences it
+//! (blocklists its cluster clients) and takes the group, and the writes go
+//! on there without an error; the killed gateway, started again, takes its
+//! group back after the failback delay, without being fenced, while writes
+//! go on; a gateway stopped with SIGTERM hands its group over at once.
+
+use super::super::reload::{quiet, Daemon};
+use super::*;
+use rdmablk_common::nvme::ana::{AnaLog, AnaState};
+use rdmablk_common::nvme::log::lid;
+use rdmablk_tests::bin_path;
+
+const LEASE_SECS: u64 = 3;
+const FAILBACK_SECS: u64 = 6;
+
+/// Gateway `gw` (`gw-a`, `gw-b`, `gw-c`) of group `group`: images `one`
+/// (ANA group 1, preferred gw-a) and `two` (group 2, preferred gw-b),
+/// controller ids of its own.
+fn gateway(group: &str, gw: char, one: &Image, two: &Image) -> Daemon {
+    let first = 1 + 100 * (gw as u16 - 'a' as u16);
+    let conf = ceph_conf().display().to_string();
+    let ns = |nsid: u32, image: &Image| {
+        format!(
+            "  [[subsystem.namespace]]\n  nsid = {nsid}\n  backend = \"rbd\"\n  pool = \"rbd\"\n  \
+             image = \"{}\"\n  ceph_conf = \"{conf}\"\n  ana_group = {nsid}\n  reservations = false\n",
+            image.name
+        )
+    };
+    Daemon::start(&format!(
+        "[gateway_group]\nname = \"{group}\"\ngateway = \"gw-{gw}\"\npool = \"rbd\"\n\
+         ceph_conf = \"{conf}\"\nlease = \"{LEASE_SECS}s\"\nfailback_delay = \"{FAILBACK_SECS}s\"\n\
+         preferred = {{ 1 = \"gw-a\", 2 = \"gw-b\" }}\n\n\
+         [[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
+         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\ncntlid_min = {first}\ncntlid_max = {}\n{}{}",
+        first + 99,
+        ns(1, one),
+        ns(2, two)
+    ))
+}
+
+/// The state ANA group `g` has on gateway `d`, as a host reads it.
+fn ana_state(d: &Daemon, g: u32) -> Option<AnaState> {
+    let c = Controller::open(d.t.addr(), NQN, HOST_A, &quiet()).ok()?;
+    let page = c.admin().get_log(lid::ANA, 4096, 0).ok()?;
+    let log = AnaLog::parse(&page)?;
+    log.groups.iter().find(|x| x.grpid == g).map(|x| x.state)
+}
+
+/// Waits (at most `within`) until ANA group `g` is optimized on exactly the
+/// gateway `owner` of `all` (any one, `None`); returns how long it took.
+fn wait_owner(all: &[&Daemon], owner: Option<usize>, g: u32, within: Duration) -> Duration {
+    let start = Instant::now();
+    loop {
+        let states: Vec<Option<AnaState>> = all.iter().map(|d| ana_state(d, g)).collect();
+        let optimized: Vec<usize> = (0..all.len())
+            .filter(|&i| states[i] == Some(AnaState::Optimized))
+            .collect();
+        if optimized.len() == 1 && owner.is_none_or(|o| optimized == [o]) {
+            return start.elapsed();
+        }
+        assert!(
+            optimized.len() <= 1,
+            "ANA group {g} optimized on two gateways: {states:?}"
+        );
+        assert!(
+            start.elapsed() < within,
+            "ANA group {g} not owned by gateway {owner:?} within {within:?}: {states:?}\n{}",
+            all.iter()
+                .map(|d| d.t.log_tail())
+                .collect::<Vec<_>>()
+                .join("\n---\n")
+        );
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+/// `rdmablk bench --verify` writing namespace 1 through every gateway of
+/// `paths` for `secs`.
+fn writes(paths: &[&Daemon], secs: u64) -> std::process::Child {
+    let mut c = Command::new(bin_path("rdmablk"));
+    c.args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
+        .arg(paths[0].t.port().to_string());
+    for p in &paths[1..] {
+        c.arg("--path")
+            .arg(format!("tcp://127.0.0.1:{}", p.t.port()));
+    }
+    c.args([
+        "-n", NQN, "--nsid", "1", "--rw", "randrw", "--bs", "4k", "--qd", "8",
+    ])
+    .args(["--verify", "--json", "--ctrl-loss-tmo", "20"])
+    .arg(format!("--runtime={secs}s"))
+    .stdout(std::process::Stdio::piped())
+    .stderr(std::process::Stdio::piped())
+    .spawn()
+    .or_panic("starting rdmablk bench")
+}
+
+/// The bench finished with every write and read done and verified.
+fn check_writes(child: std::process::Child, what: &str) {
+    let out = child.wait_with_output().or_panic("rdmablk bench");
+    let (stdout, stderr) = (
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr),
+    );
+    assert!(
+        out.status.success(),
+        "{what}: bench failed\n{stdout}\n{stderr}"
+    );
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("bench JSON");
+    assert_eq!(v["verify_errors"].as_f64(), Some(0.0), "{what}: {v}");
+    for d in ["read", "write"] {
+        assert_eq!(
+            v[d]["errors"].as_f64(),
+            Some(0.0),
+            "{what}: {d} errors: {v}"
+        );
+        assert!(
+            v[d]["ios"].as_f64().unwrap_or(0.0) > 0.0,
+            "{what}: no {d}: {v}"
+        );
+    }
+}
+
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
+    let _machine = crate::alone();
+    let (one, two) = (
+        Image::create("gw1", 64 * MIB),
+        Image::create("gw2", 64 * MIB),
+    );
+    let group = format!("failover-{}", std::process::id());
+    let a = gateway(&group, 'a', &one, &two);
+    let b = gateway(&group, 'b', &one, &two);
+    let c = gateway(&group, 'c', &one, &two);
+    let settle = Duration::from_secs(4 * LEASE_SECS);
+    for d in [&a, &b, &c] {
+        wait_active(&d.t);
+    }
+    wait_owner(&[&a, &b, &c], Some(0), 1, settle);
+    wait_owner(&[&a, &b, &c], Some(1), 2, settle);
+
+    // Kill the owner of group 1 while writes go through all three paths.
+    let bench = writes(&[&a, &b, &c], 14);
+    std::thread::sleep(Duration::from_secs(3));
+    let mut a = a;
+    a.t.kill();
+    let killed = Instant::now();
+    let (mut owner, mut took) = (None, Duration::ZERO);
+    while owner.is_none() {
+        for (i, d) in [&b, &c].iter().enumerate() {
+            if ana_state(d, 1) == Some(AnaState::Optimized) {
+                owner = Some(i);
+                took = killed.elapsed();
+            }
+        }
+        assert!(
+            killed.elapsed() < settle,
+            "group 1 not taken over\n{}\n{}",
+            b.t.log_tail(),
+            c.t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "gateway group: group 1 optimized on another gateway {took:?} after its owner's SIGKILL"
+    );
+    let new = [&b, &c][owner.expect("an owner")];
+    assert!(
+        new.t.log().contains("fenced gw-a's client"),
+        "{}",
+        new.t.log_tail()
+    );
+    check_writes(bench, "writes across the failover");
+    assert_eq!(
+        ana_state(&b, 2),
+        Some(AnaState::Optimized),
+        "group 2 stays with gw-b"
+    );
+
+    // gw-a comes back: it takes group 1 back after the failback delay,
+    // handed over (not fenced), while writes go on.
+    let a2 = gateway(&group, 'a', &one, &two);
+    let started = Instant::now();
+    wait_active(&a2.t);
+    let bench = writes(&[&a2, &b, &c], 6 + FAILBACK_SECS);
+    wait_owner(
+        &[&a2, &b, &c],
+        Some(0),
+        1,
+        Duration::from_secs(FAILBACK_SECS + 3 * LEASE_SECS),
+    );
+    let back = started.elapsed();
+    eprintln!("gateway group: gw-a owns group 1 again {back:?} after it started");
+    assert!(
+        back >= Duration::from_secs(FAILBACK_SECS - 1),
+        "failback after {back:?}"
+    );
+    assert!(
+        new.t.log().contains("ANA group 1: handed back to gw-a"),
+        "{}",
+        new.t.log_tail()
+    );
+    assert!(!a2.t.log().contains("fenced"), "{}", a2.t.log_tail());
+    check_writes(bench, "writes across the failback");
+
+    // A gateway that stops hands its group over (no lease to wait out, no
+    // fencing).
+    stop(b.t);
+    let moved = wait_owner(&[&a2, &c], None, 2, Duration::from_secs(LEASE_SECS));
+    eprintln!("gateway group: group 2 moved {moved:?} after gw-b's SIGTERM");
+    for d in [&a2, &c] {
+        assert!(!d.t.log().contains("fenced gw-b"), "{}", d.t.log_tail());
+    }
+}
