@@ -312,18 +312,28 @@ impl Paths {
         }
     }
 
-    /// Sends the rerouted commands on usable paths, in order; with none
-    /// usable (a gateway's groups moving to another, paths reconnecting)
-    /// they wait here, as new commands wait in their driver, until one is
-    /// or the keeper gives the attachment up after ctrl-loss-tmo.
+    /// Sends the rerouted commands on usable paths. With none usable but
+    /// one connected (its ANA group moving to it: a gateway group's
+    /// failover) they wait here; with none connected they go back to their
+    /// driver as transient transport errors (it waits for a path as for a
+    /// lost association, and gives up after ctrl-loss-tmo).
     fn reroute(&mut self) {
         while let Some(&slot) = self.rerouted.front() {
             // SAFETY: the command's driver has not taken its completion, so
             // its buffer is valid and unchanged (`submit`'s contract).
-            if !unsafe { self.send(slot) } {
-                return;
+            if unsafe { self.send(slot) } {
+                self.rerouted.pop_front();
+                continue;
+            }
+            if preferred(&self.paths).is_some() || self.paths.iter().any(Path::live) {
+                return; // a usable path without a free slot, or one soon
             }
             self.rerouted.pop_front();
+            let cqe = Cqe {
+                status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
+                ..Default::default()
+            };
+            self.finish(slot, cqe);
         }
     }
 
