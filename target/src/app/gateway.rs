@@ -378,9 +378,15 @@ impl Group {
         let previous = previous.map(|p| String::from_utf8_lossy(&p).into_owned());
         let mut words = previous.as_deref().unwrap_or_default().split(' ');
         let (owner, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-        if !owner.is_empty() && owner != self.cfg.gateway && state != "handed-over" {
+        // Every client the previous owner published that is not one of this
+        // gateway's own (an earlier process under the same name is fenced
+        // too: it may be frozen, not dead).
+        let mine: Vec<&str> = addresses.split(' ').collect();
+        let clients: Vec<&str> = words
+            .filter(|a| !a.is_empty() && !mine.contains(a))
+            .collect();
+        if state != "handed-over" && !clients.is_empty() {
             // All at once: each waits for the monitors' next OSD map.
-            let clients: Vec<&str> = words.filter(|a| !a.is_empty()).collect();
             let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
                 let calls: Vec<_> = clients
                     .iter()

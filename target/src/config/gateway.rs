@@ -4,12 +4,10 @@
 //! inaccessible.
 
 use super::error::{invalid, ConfigError};
-use super::model::MAX_ANA_GROUP;
-use super::raw::{duration_value, RawDuration};
+use super::model::{GatewayGroup, MAX_ANA_GROUP};
+use super::raw::{duration_value, RawGatewayGroup};
 use super::rbd::{DEFAULT_CEPH_CONF, DEFAULT_CLIENT_ID};
-use serde::Deserialize;
 use std::collections::BTreeMap;
-use std::path::PathBuf;
 use std::time::Duration;
 
 /// The lease when none is given: a dead owner's groups move within about
@@ -20,42 +18,6 @@ const DEFAULT_FAILBACK_DELAY: Duration = Duration::from_secs(10);
 /// Shortest lease: renewals go every third of it, through a cluster that
 /// answers in tens of milliseconds at best.
 const MIN_LEASE: Duration = Duration::from_secs(1);
-
-/// A gateway group, as this gateway takes part in it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct GatewayGroup {
-    /// The group's name: gateways with the same name share ANA groups.
-    pub name: String,
-    /// This gateway's name, unique in the group.
-    pub gateway: String,
-    /// The pool that holds the group's lease objects.
-    pub pool: String,
-    pub ceph_conf: PathBuf,
-    pub client_id: String,
-    pub keyring: Option<PathBuf>,
-    /// How long an owner holds an ANA group without renewing.
-    pub lease: Duration,
-    /// How long a preferred owner is back before it takes its group back.
-    pub failback_delay: Duration,
-    /// The preferred owner of each ANA group named.
-    pub preferred: BTreeMap<u32, String>,
-}
-
-/// `[gateway_group]` as written.
-#[derive(Debug, Deserialize)]
-#[serde(deny_unknown_fields)]
-pub(super) struct RawGatewayGroup {
-    name: Option<String>,
-    gateway: Option<String>,
-    pool: Option<String>,
-    ceph_conf: Option<PathBuf>,
-    client_id: Option<String>,
-    keyring: Option<PathBuf>,
-    lease: Option<RawDuration>,
-    failback_delay: Option<RawDuration>,
-    #[serde(default)]
-    preferred: BTreeMap<String, String>,
-}
 
 /// A name of the group or of a gateway: what object names can carry.
 fn name_problem(name: &str) -> Option<&'static str> {

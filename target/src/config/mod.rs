@@ -32,11 +32,10 @@ mod rbd;
 mod validate;
 
 pub use error::ConfigError;
-pub use gateway::GatewayGroup;
 pub use model::{
-    AnaState, BackendConfig, Config, HostAuth, HostQos, Limits, ListenerConfig, NamespaceConfig,
-    Pollers, QosKey, QosLimits, SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP,
-    MAX_CNTLID, MAX_NSID,
+    AnaState, BackendConfig, Config, GatewayGroup, HostAuth, HostQos, Limits, ListenerConfig,
+    NamespaceConfig, Pollers, QosKey, QosLimits, SubsystemConfig, Transport,
+    DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::{validate_nqn, DEFAULT_NQN};
 pub use qos::apply_setting as qos_setting;

@@ -40,7 +40,7 @@ pub struct Config {
     pub state_directory: PathBuf,
     /// The gateway group this gateway takes part in (`[gateway_group]`):
     /// ANA states then follow the group's leases.
-    pub gateway_group: Option<super::gateway::GatewayGroup>,
+    pub gateway_group: Option<GatewayGroup>,
 }
 
 /// Where reservation state files live when the configuration names no place.
@@ -105,6 +105,26 @@ pub struct Pollers {
     pub arena_bytes: u64,
     /// Spin on the queues instead of sleeping when idle.
     pub busy_poll: bool,
+}
+
+/// A gateway group, as this gateway takes part in it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct GatewayGroup {
+    /// The group's name: gateways with the same name share ANA groups.
+    pub name: String,
+    /// This gateway's name, unique in the group.
+    pub gateway: String,
+    /// The pool that holds the group's lease objects.
+    pub pool: String,
+    pub ceph_conf: PathBuf,
+    pub client_id: String,
+    pub keyring: Option<PathBuf>,
+    /// How long an owner holds an ANA group without renewing.
+    pub lease: Duration,
+    /// How long a preferred owner is back before it takes its group back.
+    pub failback_delay: Duration,
+    /// The preferred owner of each ANA group named.
+    pub preferred: BTreeMap<u32, String>,
 }
 
 /// One listening address (`[[listener]]`).

@@ -18,7 +18,7 @@ pub(super) struct RawConfig {
     pub(super) limits: Option<RawLimits>,
     pub(super) metrics: Option<RawMetrics>,
     pub(super) reservations: Option<RawReservations>,
-    pub(super) gateway_group: Option<super::gateway::RawGatewayGroup>,
+    pub(super) gateway_group: Option<RawGatewayGroup>,
     #[serde(default)]
     pub(super) listener: Vec<RawListener>,
     #[serde(default)]
@@ -144,6 +144,22 @@ pub(super) struct RawQos {
     pub(super) bandwidth: Option<RawSize>,
     pub(super) read_bandwidth: Option<RawSize>,
     pub(super) write_bandwidth: Option<RawSize>,
+}
+
+/// `[gateway_group]` as written.
+#[derive(Debug, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub(super) struct RawGatewayGroup {
+    pub(super) name: Option<String>,
+    pub(super) gateway: Option<String>,
+    pub(super) pool: Option<String>,
+    pub(super) ceph_conf: Option<PathBuf>,
+    pub(super) client_id: Option<String>,
+    pub(super) keyring: Option<PathBuf>,
+    pub(super) lease: Option<RawDuration>,
+    pub(super) failback_delay: Option<RawDuration>,
+    #[serde(default)]
+    pub(super) preferred: BTreeMap<String, String>,
 }
 
 /// A size as written: a string with units, or an integer number of bytes.
