@@ -335,6 +335,7 @@ impl Group {
                         let _ = self.publish(pool, &oid, "held", addresses);
                     }
                     self.lock().owned.insert(g, started);
+                    self.enforce();
                 }
                 Err(e) => {
                     tracing::error!(group = %self.cfg.name, "ANA group {g}: lease lost ({e}); inaccessible here");
@@ -451,11 +452,19 @@ impl Group {
         let Some(registry) = self.registry.upgrade() else {
             return;
         };
-        let owned: BTreeSet<u32> = self.lock().owned.keys().copied().collect();
+        let owned: BTreeMap<u32, Instant> = self.lock().owned.clone();
+        // An owned group is usable until its watchdog limit, checked on
+        // every I/O too: a gateway frozen (SIGSTOP, a paused VM) past it
+        // refuses I/O the moment it runs again, before its watchdog does.
+        let limit = self.cfg.lease * 2 / 3;
         for port in registry.ports() {
+            for (g, renewed) in &owned {
+                port.ana
+                    .usable_until(*g, crate::base::clock::nanos(*renewed + limit));
+            }
             let changed: Vec<u32> = (1..=crate::config::MAX_ANA_GROUP)
                 .filter(|g| {
-                    let want = if owned.contains(g) {
+                    let want = if owned.contains_key(g) {
                         AnaState::Optimized
                     } else {
                         AnaState::Inaccessible

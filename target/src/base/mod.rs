@@ -1,9 +1,11 @@
 //! Base services the layers above share: errors, what hosts may hold
 //! (admission, arena budgets), work off the pollers (offload) and the
-//! completions it hands back, counters, identifiers.
+//! completions it hands back, counters, identifiers, a monotonic clock in
+//! nanoseconds.
 
 pub mod admission;
 pub mod budget;
+pub mod clock;
 pub mod completions;
 pub mod error;
 pub mod ids;

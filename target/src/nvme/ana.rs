@@ -5,6 +5,7 @@
 //! the ANA log page and on every I/O command, which a group that is not
 //! usable on that path refuses with a path status.
 
+use crate::base::clock;
 use crate::config::{AnaState, ListenerConfig, MAX_ANA_GROUP};
 use rdmablk_common::nvme::ana::{anacap, AnaGroup, AnaLog};
 use rdmablk_common::nvme::Status;
@@ -35,6 +36,10 @@ pub struct AnaStates {
     states: Box<[AtomicU8]>,
     /// Changes of each group's state.
     changes: Box<[AtomicU64]>,
+    /// Until when each group is usable whatever its state (`base::clock`
+    /// nanoseconds; 0: no limit): a gateway group's lease, so that a
+    /// gateway frozen past it refuses I/O the moment it runs again.
+    usable_until: Box<[AtomicU64]>,
     total: AtomicU64,
     /// The state of groups not otherwise set (optimized, or inaccessible
     /// in a gateway group): the reports leave those out.
@@ -51,6 +56,7 @@ impl AnaStates {
                 .map(|g| AtomicU8::new(l.ana_state(g) as u8))
                 .collect(),
             changes: (0..groups).map(|_| AtomicU64::new(0)).collect(),
+            usable_until: (0..groups).map(|_| AtomicU64::new(0)).collect(),
             total: AtomicU64::new(0),
             default: AtomicU8::new(AnaState::Optimized as u8),
             writer: Mutex::new(()),
@@ -85,11 +91,20 @@ impl AnaStates {
     #[inline]
     pub fn io_status(&self, group: u32) -> Option<Status> {
         match self.state(group) {
-            AnaState::Optimized | AnaState::NonOptimized => None,
+            AnaState::Optimized | AnaState::NonOptimized => {
+                let until = self.usable_until[Self::index(group)].load(Ordering::Acquire);
+                (until != 0 && clock::now() > until).then_some(Status::ANA_INACCESSIBLE)
+            }
             AnaState::Inaccessible => Some(Status::ANA_INACCESSIBLE),
             AnaState::PersistentLoss => Some(Status::ANA_PERSISTENT_LOSS),
             AnaState::Change => Some(Status::ANA_TRANSITION),
         }
+    }
+
+    /// Makes group `group` refuse I/O after `until` (`base::clock`
+    /// nanoseconds) whatever its state, until set again.
+    pub fn usable_until(&self, group: u32, until: u64) {
+        self.usable_until[Self::index(group)].store(until, Ordering::Release);
     }
 
     /// Sets group `group` to `state`; whether that changed it.

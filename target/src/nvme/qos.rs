@@ -13,26 +13,16 @@
 //! line is touched only by the commands it limits. Namespaces without
 //! limits never get here.
 
+use crate::base::clock;
 use crate::config::{QosKey, QosLimits};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How far a command may start ahead of its clock: a burst after an idle
 /// spell, and the slack for a poller that wakes late, without losing the
 /// budget of the time it overslept.
 pub const TOLERANCE: Duration = Duration::from_millis(5);
-
-/// The origin of the clocks.
-fn epoch() -> Instant {
-    static EPOCH: OnceLock<Instant> = OnceLock::new();
-    *EPOCH.get_or_init(Instant::now)
-}
-
-/// Nanoseconds from the epoch to `t`.
-fn nanos(t: Instant) -> u64 {
-    t.saturating_duration_since(epoch()).as_nanos() as u64
-}
 
 /// One limit's clock, on a cache line of its own.
 #[repr(align(64))]
@@ -76,7 +66,7 @@ impl Limiter {
     pub fn new(limits: QosLimits) -> Option<Arc<Limiter>> {
         (!limits.is_empty()).then(|| {
             // Clocks count from here on: before any command's time.
-            epoch();
+            clock::start();
             Arc::new(Limiter {
                 limits,
                 clocks: QosKey::ALL.map(|k| {
@@ -136,14 +126,14 @@ impl Throttle {
     /// Takes the cost of a command (a read or not, moving `bytes`) arriving
     /// at `now`; returns when it may start, if later than `now`.
     pub fn admit(&self, read: bool, bytes: u64, now: Instant) -> Option<Instant> {
-        let t = nanos(now);
+        let t = clock::nanos(now);
         let found = self
             .limiters()
             .map(|l| l.take(read, bytes, t))
             .max()
             .unwrap_or(0);
         let start = found.saturating_sub(TOLERANCE.as_nanos() as u64);
-        (start > t).then(|| epoch() + Duration::from_nanos(start))
+        (start > t).then(|| clock::instant(start))
     }
 
     /// Whether one of its limiters was replaced (a reload, `qos set`).

@@ -216,3 +216,126 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
         assert!(!d.t.log().contains("fenced gw-b"), "{}", d.t.log_tail());
     }
 }
+
+/// A frozen owner (SIGSTOP) with writes inside it loses its group: the
+/// other gateway fences it and takes the group. What a host then writes
+/// through the new owner is what reads back after the frozen gateway runs
+/// again (SIGCONT): none of its delayed writes lands. It refuses I/O on the
+/// group from the moment it runs (its lease lapsed while it was frozen) and
+/// says so.
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
+    let _machine = crate::alone();
+    const BYTES: u64 = 16 * MIB;
+    let (one, two) = (Image::create("gwf1", BYTES), Image::create("gwf2", BYTES));
+    let group = format!("frozen-{}", std::process::id());
+    let a = gateway(&group, 'a', &one, &two);
+    let b = gateway(&group, 'b', &one, &two);
+    for d in [&a, &b] {
+        wait_active(&d.t);
+    }
+    let settle = Duration::from_secs(4 * LEASE_SECS);
+    wait_owner(&[&a, &b], Some(0), 1, settle);
+
+    // Writes through gw-a only, many in flight, when it freezes.
+    let mut load = Command::new(bin_path("rdmablk"))
+        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
+        .arg(a.t.port().to_string())
+        .args([
+            "-n",
+            NQN,
+            "--nsid",
+            "1",
+            "--rw",
+            "randwrite",
+            "--bs",
+            "64k",
+            "--qd",
+            "32",
+        ])
+        .args(["--runtime", "60s", "--ctrl-loss-tmo", "60"])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .or_panic("starting rdmablk bench");
+    std::thread::sleep(Duration::from_millis(1500));
+    send_signal(a.t.pid(), libc::SIGSTOP);
+    struct Thaw(u32);
+    impl Drop for Thaw {
+        fn drop(&mut self) {
+            send_signal(self.0, libc::SIGCONT);
+        }
+    }
+    let thaw = Thaw(a.t.pid());
+    let frozen = Instant::now();
+    while ana_state(&b, 1) != Some(AnaState::Optimized) {
+        assert!(
+            frozen.elapsed() < settle,
+            "gw-b did not take group 1\n{}",
+            b.t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    eprintln!(
+        "gateway group: group 1 optimized on gw-b {:?} after gw-a froze",
+        frozen.elapsed()
+    );
+    assert!(
+        b.t.log().contains("fenced gw-a's client"),
+        "{}",
+        b.t.log_tail()
+    );
+    let _ = load.kill();
+    let _ = load.wait();
+
+    // The host writes the whole namespace through gw-b, then gw-a runs.
+    let mut host = controller(&b.t, HOST_B);
+    let pattern = Rng::new(29).bytes(BYTES as usize);
+    for (i, chunk) in pattern.chunks(256 << 10).enumerate() {
+        io(&mut host)
+            .write(1, (i * 512) as u64, chunk, 512, false)
+            .or_panic("writing through gw-b");
+    }
+    drop(thaw);
+    let thawed = Instant::now();
+    // It refuses I/O on the group at once, and says why.
+    let mut late = controller(&a.t, HOST_A);
+    let st = io(&mut late)
+        .exec(Queue::rw_sqe(nvm::READ, 1, 0, 8), None, 4096)
+        .or_panic("a read through gw-a");
+    assert_status(
+        &st,
+        Status::ANA_INACCESSIBLE,
+        "a read through the thawed gw-a",
+    );
+    eprintln!(
+        "gateway group: gw-a refused I/O {:?} after it ran again",
+        thawed.elapsed()
+    );
+    std::thread::sleep(Duration::from_secs(3)); // its delayed writes, if any, would land now
+    assert!(
+        a.t.log().contains("inaccessible here (fenced"),
+        "{}",
+        a.t.log_tail()
+    );
+    // The OSDs refused its client: what it still had to send went nowhere.
+    assert!(
+        a.t.log().contains("the cluster blocklisted this client"),
+        "{}",
+        a.t.log_tail()
+    );
+    assert_eq!(ana_state(&a, 1), Some(AnaState::Inaccessible));
+    let mut back = Vec::new();
+    for i in 0..(BYTES / (256 << 10)) {
+        back.extend(
+            io(&mut host)
+                .read(1, i * 512, 512, 512)
+                .or_panic("reading through gw-b"),
+        );
+    }
+    assert!(
+        back == pattern,
+        "data written through gw-b was overwritten after gw-a ran again"
+    );
+}
