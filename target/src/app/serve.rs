@@ -102,6 +102,19 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
             .map_err(starting("the metrics endpoint"))?;
         tracing::info!("metrics on http://{addr}/metrics");
     }
+    // Bound before the listeners: once a host can connect, `reload` and
+    // `status` reach the daemon (they wait in the backlog until it serves).
+    let control = match &daemon.control {
+        Some(path) => Some((
+            control::bind(path).map_err(|source| DaemonError::Listen {
+                url: format!("unix:{}", path.display()),
+                source,
+                hint: " (the control socket)",
+            })?,
+            path,
+        )),
+        None => None,
+    };
     let mut listeners = Vec::new();
     for (l, port) in cfg.listeners.iter().zip(ports) {
         listeners.push(Listening::start(l, port, &pollers, &registry)?);
@@ -146,12 +159,7 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         registry: registry.clone(),
         gateway,
     }));
-    if let Some(path) = &daemon.control {
-        let listener = control::bind(path).map_err(|source| DaemonError::Listen {
-            url: format!("unix:{}", path.display()),
-            source,
-            hint: " (the control socket)",
-        })?;
+    if let Some((listener, path)) = control {
         let (running, shared) = (running.clone(), shared.clone());
         std::thread::Builder::new()
             .name("control".into())

@@ -278,9 +278,12 @@ fn read_iops_and_write_bandwidth_limits_hold_across_pollers() {
 }
 
 /// The unlimited namespace beside a limited one whose host keeps 32
-/// commands waiting keeps its rate: rounds alone and beside, interleaved,
-/// medians within 20 % (this machine's noise between rounds of one run;
-/// the limited host's client takes a little of the same two cores).
+/// commands waiting is not held back with it: rounds alone and beside,
+/// interleaved, the median beside at least half the median alone. Held
+/// commands that stalled their poller, or a limit leaking to the other
+/// namespace, would cut it to a fraction (500 IOPS); the margin is for
+/// this shared machine, where rounds of one run differ by up to a third
+/// and the limited host's client takes some of the same two cores.
 #[test]
 fn an_unlimited_namespace_keeps_its_rate_beside_a_limited_one() {
     let _machine = crate::alone();
@@ -302,7 +305,7 @@ fn an_unlimited_namespace_keeps_its_rate_beside_a_limited_one() {
     };
     let (a, b) = (median(&mut alone), median(&mut beside));
     assert!(
-        b >= a * 0.8,
+        b >= a * 0.5,
         "unlimited namespace: {b:.0} IOPS beside the limited one, {a:.0} alone \
          (rounds alone {alone:?}, beside {beside:?})"
     );
