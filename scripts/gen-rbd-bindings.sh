@@ -11,7 +11,9 @@ functions=(
   rados_create2 rados_conf_read_file rados_conf_set rados_connect rados_shutdown
   rados_ioctx_create rados_ioctx_destroy rados_ioctx_set_namespace
   rados_lock_exclusive rados_unlock rados_blocklist_add rados_getaddrs rados_buffer_free
-  rados_getxattr rados_setxattr
+  rados_getxattr rados_setxattr rados_getxattrs rados_getxattrs_next rados_getxattrs_end
+  rados_create_write_op rados_release_write_op rados_write_op_cmpxattr rados_write_op_setxattr
+  rados_write_op_operate rados_watch3 rados_unwatch2 rados_notify2 rados_notify_ack
   rbd_open rbd_open_read_only rbd_close rbd_get_size rbd_get_id rbd_flush
   rbd_aio_create_completion rbd_aio_get_return_value rbd_aio_release
   rbd_aio_read rbd_aio_write rbd_aio_flush rbd_aio_discard rbd_aio_write_zeroes

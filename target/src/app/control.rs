@@ -94,7 +94,7 @@ fn answer(
                 .gateway
                 .clone();
             let mut text = status::render(shared, started);
-            for line in group.iter().flat_map(|g| g.report()) {
+            for line in group.iter().flat_map(|g| g.status().lines()) {
                 text += &line;
                 text.push('\n');
             }

@@ -37,8 +37,9 @@ const LOCK: &str = "owner";
 /// The lease object's attribute naming its owner: `GATEWAY STATE ADDRESS...`
 /// (STATE `held` or `handed-over`).
 const OWNER_ATTR: &str = "rdmablk.owner";
-/// A gateway's heartbeat attribute: a counter it moves every round.
-const HEARTBEAT_ATTR: &str = "rdmablk.heartbeat";
+/// The prefix of a gateway's heartbeat attribute on the group's members
+/// object: a counter it moves every round.
+const HEARTBEAT_ATTR: &str = "rdmablk.gateway.";
 /// The heartbeat of a gateway that stopped.
 const STOPPED: &[u8] = b"stopped";
 /// How long a fenced client stays blocklisted.
@@ -121,8 +122,13 @@ impl Group {
         format!("rdmablk.gwgroup.{}.ana.{group}", self.cfg.name)
     }
 
-    fn gateway_object(&self, gateway: &str) -> String {
-        format!("rdmablk.gwgroup.{}.gateway.{gateway}", self.cfg.name)
+    /// The object whose attributes are the gateways' heartbeats.
+    fn members_object(&self) -> String {
+        format!("rdmablk.gwgroup.{}.gateways", self.cfg.name)
+    }
+
+    fn heartbeat_attr(&self) -> String {
+        format!("{HEARTBEAT_ATTR}{}", self.cfg.gateway)
     }
 
     /// Hands the groups this gateway owns over (the daemon stops, its I/O
@@ -142,7 +148,9 @@ impl Group {
 
     /// Connects (again and again while the cluster cannot be reached),
     /// then keeps the heartbeat and, in a thread per ANA group, the leases,
-    /// until the daemon stops.
+    /// until the daemon stops. A connection the cluster blocklisted (this
+    /// gateway was fenced: it froze, or was cut off, past its lease) is
+    /// replaced by a new one: the gateway takes part again as a standby.
     fn run(self: Arc<Self>) {
         let round = self.cfg.lease / 3;
         while !self.stopping.load(Ordering::Acquire) {
@@ -165,19 +173,25 @@ impl Group {
             self.lock().since.get_or_insert_with(Instant::now);
             tracing::info!(group = %self.cfg.name, gateway = %self.cfg.gateway, "gateway group: taking part");
             let mut keepers = BTreeMap::new();
+            let fenced = Arc::new(AtomicBool::new(false));
             while !self.stopping.load(Ordering::Acquire) {
                 let started = Instant::now();
                 if let Err(e) = self.round(&pool) {
+                    if rbd::blocklisted(&e) {
+                        tracing::error!(group = %self.cfg.name, "gateway group: the cluster blocklisted this gateway's client (fenced by another gateway); connecting again as a standby");
+                        fenced.store(true, Ordering::Release);
+                        break;
+                    }
                     tracing::warn!(group = %self.cfg.name, "gateway group: {e}");
                 }
                 for g in self.groups() {
                     if keepers.contains_key(&g) {
                         continue;
                     }
-                    let (me, pool) = (self.clone(), pool.clone());
+                    let (me, pool, fenced) = (self.clone(), pool.clone(), fenced.clone());
                     let spawned = std::thread::Builder::new()
                         .name(format!("ana-lease-{g}"))
-                        .spawn(move || me.keep_group(&pool, g));
+                        .spawn(move || me.keep_group(&pool, g, &fenced));
                     match spawned {
                         Ok(t) => {
                             keepers.insert(g, t);
@@ -192,12 +206,10 @@ impl Group {
             for (_, t) in keepers {
                 let _ = t.join();
             }
-            // The others need not wait a lease to see this gateway gone.
-            let _ = pool.set_attr(
-                &self.gateway_object(&self.cfg.gateway),
-                HEARTBEAT_ATTR,
-                STOPPED,
-            );
+            if !fenced.load(Ordering::Acquire) {
+                // The others need not wait a lease to see this gateway gone.
+                let _ = pool.set_attr(&self.members_object(), &self.heartbeat_attr(), STOPPED);
+            }
         }
     }
 
@@ -210,10 +222,15 @@ impl Group {
     }
 
     /// Keeps, takes or hands back ANA group `g` every round; hands it over
-    /// when the daemon stops.
-    fn keep_group(&self, pool: &Pool, g: u32) {
+    /// when the daemon stops. Ends with the connection when it was `fenced`.
+    fn keep_group(&self, pool: &Pool, g: u32, fenced: &AtomicBool) {
         let round = self.cfg.lease / 3;
         while !self.stopping.load(Ordering::Acquire) {
+            if fenced.load(Ordering::Acquire) {
+                self.lock().owned.remove(&g);
+                self.enforce();
+                return;
+            }
             let started = Instant::now();
             let addresses = self.lock().addresses.clone();
             self.keep(pool, g, &addresses);
@@ -234,12 +251,13 @@ impl Group {
         };
         let addresses = self.addresses(pool.cluster());
         self.lock().addresses = addresses;
+        let members = self.members_object();
         pool.set_attr(
-            &self.gateway_object(&self.cfg.gateway),
-            HEARTBEAT_ATTR,
+            &members,
+            &self.heartbeat_attr(),
             beat.to_string().as_bytes(),
         )?;
-        self.watch_peers(pool);
+        self.watch_peers(&pool.get_attrs(&members)?);
         self.enforce();
         Ok(())
     }
@@ -267,36 +285,32 @@ impl Group {
         all.join(" ")
     }
 
-    /// Reads the preferred gateways' heartbeats.
-    fn watch_peers(&self, pool: &Pool) {
-        let peers: BTreeSet<&String> = self
-            .cfg
-            .preferred
-            .values()
-            .filter(|p| **p != self.cfg.gateway)
-            .collect();
-        for p in peers {
-            let beat = pool
-                .get_attr(&self.gateway_object(p), HEARTBEAT_ATTR)
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            let now = Instant::now();
-            let mut st = self.lock();
+    /// Follows the other gateways' heartbeats (`attrs`: the members
+    /// object's attributes).
+    fn watch_peers(&self, attrs: &[(String, Vec<u8>)]) {
+        let now = Instant::now();
+        let lease = self.cfg.lease;
+        let mut st = self.lock();
+        for (name, beat) in attrs {
+            let Some(p) = name.strip_prefix(HEARTBEAT_ATTR) else {
+                continue;
+            };
+            if p == self.cfg.gateway {
+                continue;
+            }
             if beat == STOPPED {
                 st.peers.remove(p);
                 continue;
             }
-            let lease = self.cfg.lease;
             let e = st
                 .peers
-                .entry(p.clone())
+                .entry(p.to_string())
                 .or_insert((beat.clone(), now, now));
-            if e.0 != beat {
+            if e.0 != *beat {
                 if e.1.elapsed() > lease {
                     e.2 = now; // back after a silence
                 }
-                e.0 = beat;
+                e.0.clone_from(beat);
                 e.1 = now;
             }
         }
@@ -500,23 +514,69 @@ impl Group {
         }
     }
 
-    /// What `status` shows: one line for the group, one per ANA group.
-    pub fn report(&self) -> Vec<String> {
+    /// The group as this gateway sees it now.
+    pub fn status(&self) -> GroupStatus {
         let st = self.lock();
-        let mut out = vec![format!(
-            "gateway group {} as {}: lease {:?}, {} failover(s), {} client(s) fenced",
-            self.cfg.name,
-            self.cfg.gateway,
-            self.cfg.lease,
-            self.failovers.load(Ordering::Relaxed),
-            self.fenced.load(Ordering::Relaxed)
-        )];
-        for (g, owner) in &st.owners {
-            let here = match st.owned.get(g) {
-                Some(t) => format!(
-                    " (this gateway, renewed {:.1}s ago)",
-                    t.elapsed().as_secs_f64()
-                ),
+        GroupStatus {
+            name: self.cfg.name.clone(),
+            gateway: self.cfg.gateway.clone(),
+            lease: self.cfg.lease,
+            failovers: self.failovers.load(Ordering::Relaxed),
+            fenced: self.fenced.load(Ordering::Relaxed),
+            peers: st
+                .peers
+                .iter()
+                .map(|(p, (_, moved, _))| (p.clone(), moved.elapsed() <= self.cfg.lease))
+                .collect(),
+            ana_groups: st
+                .owners
+                .iter()
+                .map(|(g, owner)| (*g, owner.clone(), st.owned.get(g).map(Instant::elapsed)))
+                .collect(),
+        }
+    }
+}
+
+/// What `status` and the metrics show of a gateway group.
+pub struct GroupStatus {
+    pub name: String,
+    /// This gateway.
+    pub gateway: String,
+    pub lease: Duration,
+    /// ANA groups taken from a gateway that did not hand them over.
+    pub failovers: u64,
+    /// Cluster clients blocklisted.
+    pub fenced: u64,
+    /// The other gateways that ever beat, and whether each did within the
+    /// last lease.
+    pub peers: Vec<(String, bool)>,
+    /// Each ANA group's owner as last read, with the time since this
+    /// gateway last renewed the lease where it owns the group.
+    pub ana_groups: Vec<(u32, String, Option<Duration>)>,
+}
+
+impl GroupStatus {
+    /// `status` lines: the group, its gateways, each ANA group's owner.
+    pub fn lines(&self) -> Vec<String> {
+        let peers: Vec<String> = self
+            .peers
+            .iter()
+            .map(|(p, alive)| format!("{p} {}", if *alive { "alive" } else { "silent" }))
+            .collect();
+        let mut out = vec![
+            format!(
+                "gateway group {} as {}: lease {:?}, {} failover(s), {} client(s) fenced",
+                self.name, self.gateway, self.lease, self.failovers, self.fenced
+            ),
+            format!(
+                "  gateways: {} (this one){}",
+                self.gateway,
+                peers.iter().map(|p| format!(", {p}")).collect::<String>()
+            ),
+        ];
+        for (g, owner, renewed) in &self.ana_groups {
+            let here = match renewed {
+                Some(t) => format!(" (this gateway, renewed {:.1}s ago)", t.as_secs_f64()),
                 None => String::new(),
             };
             out.push(format!("  ANA group {g}: owner {owner}{here}"));

@@ -17,7 +17,7 @@ use crate::transport;
 use nix::sys::signal::{SigSet, Signal};
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 
 /// What the daemon was asked for besides its configuration.
 pub struct Daemon {
@@ -88,6 +88,8 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         .unzip();
     let pollers = Arc::new(links);
 
+    // Set once the gateway group has started.
+    let group_status: Arc<OnceLock<Arc<Group>>> = Arc::default();
     // Before the listeners: once a host can connect, the metrics answer.
     if let Some(addr) = cfg.metrics {
         let listener = std::net::TcpListener::bind(addr).map_err(|source| DaemonError::Listen {
@@ -95,10 +97,15 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
             source,
             hint: "",
         })?;
-        let shared = shared.clone();
+        let (shared, group) = (shared.clone(), group_status.clone());
         std::thread::Builder::new()
             .name("metrics".into())
-            .spawn(move || http::serve(listener, || prometheus::render(&shared, started)))
+            .spawn(move || {
+                http::serve(listener, || {
+                    let status = group.get().map(|g| g.status());
+                    prometheus::render(&shared, started, status.as_ref())
+                })
+            })
             .map_err(starting("the metrics endpoint"))?;
         tracing::info!("metrics on http://{addr}/metrics");
     }
@@ -151,6 +158,9 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         Some(g) => Some(Group::start(g.clone(), &registry).map_err(starting("the gateway group"))?),
         None => None,
     };
+    if let Some(g) = &gateway {
+        let _ = group_status.set(g.clone());
+    }
     let running = Arc::new(Mutex::new(Running {
         path: daemon.config_path,
         cfg: cfg.clone(),

@@ -22,6 +22,7 @@
 //! answered with a status the host retries.
 
 mod ffi;
+mod objects;
 #[rustfmt::skip]
 mod sys;
 
@@ -31,6 +32,7 @@ use crate::base::ids::NamespaceIds;
 use crate::config::RbdImage;
 use ffi::{Aio, Finish, Image};
 pub use ffi::{Cluster, Pool};
+pub use objects::Watch;
 use std::collections::HashMap;
 use std::io;
 use std::path::PathBuf;
@@ -447,7 +449,7 @@ fn follow_resize(n: &dyn RbdNamespace, changed: &impl Fn()) {
         Ok(_) => {}
         // The watch also fires when the client is blocklisted: an idle
         // namespace gets a new connection too.
-        Err(e) if ffi::errno_of(&e) == Some(libc::ESHUTDOWN) => r.health.blocklisted(&image),
+        Err(e) if blocklisted(&e) => r.health.blocklisted(&image),
         Err(e) => tracing::warn!(image = %r.spec.spec(), "cannot read the image's size: {e}"),
     }
 }
@@ -601,6 +603,12 @@ pub fn connect(
     let cluster = Arc::new(Cluster::connect(&conf, id, &options)?);
     tracing::info!(conf = %conf, client = %id, "connected to the Ceph cluster");
     Ok(cluster)
+}
+
+/// Whether the cluster refused a call because it blocklisted the client
+/// (librados' EBLOCKLISTED): the connection is of no more use.
+pub fn blocklisted(e: &io::Error) -> bool {
+    ffi::errno_of(e) == Some(libc::ESHUTDOWN)
 }
 
 /// The addresses of every cluster connection images use now: what the

@@ -1,6 +1,7 @@
 //! The Prometheus text exposition (format 0.0.4) a scrape of the metrics
 //! endpoint gets, rendered from the counters.
 
+use crate::app::gateway::GroupStatus;
 use crate::base::metrics::{NsMetrics, BUCKETS, LATENCY_BOUNDS_US, OPS};
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
@@ -23,8 +24,8 @@ fn family(out: &mut String, name: &str, kind: &str, help: &str) {
     let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} {kind}");
 }
 
-/// The whole exposition.
-pub fn render(shared: &Shared, started: Instant) -> String {
+/// The whole exposition (`group`: this gateway's group, when in one).
+pub fn render(shared: &Shared, started: Instant, group: Option<&GroupStatus>) -> String {
     let mut out = String::with_capacity(16 << 10);
     let r = &shared.registry;
     family(
@@ -323,5 +324,75 @@ pub fn render(shared: &Shared, started: Instant) -> String {
             p.busy_ns.get() as f64 / 1e9
         );
     }
+    if let Some(g) = group {
+        gateway_group(&mut out, g);
+    }
     out
+}
+
+/// The gateway group's families.
+fn gateway_group(out: &mut String, g: &GroupStatus) {
+    let group = format!("group=\"{}\"", label(&g.name));
+    family(
+        out,
+        "rdmablk_gateway_up",
+        "gauge",
+        "The gateways of the group this one knows of: 1 while its heartbeat moved within the last lease (this gateway: always 1).",
+    );
+    let _ = writeln!(
+        out,
+        "rdmablk_gateway_up{{{group},gateway=\"{}\",self=\"true\"}} 1",
+        label(&g.gateway)
+    );
+    for (p, alive) in &g.peers {
+        let _ = writeln!(
+            out,
+            "rdmablk_gateway_up{{{group},gateway=\"{}\",self=\"false\"}} {}",
+            label(p),
+            u8::from(*alive)
+        );
+    }
+    family(
+        out,
+        "rdmablk_gateway_ana_group_owner",
+        "gauge",
+        "1 for each ANA group's owner, as this gateway last read its lease object.",
+    );
+    for (ana, owner, _) in &g.ana_groups {
+        let _ = writeln!(
+            out,
+            "rdmablk_gateway_ana_group_owner{{{group},ana_group=\"{ana}\",owner=\"{}\"}} 1",
+            label(owner)
+        );
+    }
+    family(
+        out,
+        "rdmablk_gateway_lease_age_seconds",
+        "gauge",
+        "Seconds since this gateway last renewed the lease of an ANA group it owns.",
+    );
+    for (ana, _, renewed) in &g.ana_groups {
+        if let Some(t) = renewed {
+            let _ = writeln!(
+                out,
+                "rdmablk_gateway_lease_age_seconds{{{group},ana_group=\"{ana}\"}} {:.3}",
+                t.as_secs_f64()
+            );
+        }
+    }
+    for (name, help, v) in [
+        (
+            "rdmablk_gateway_failovers_total",
+            "ANA groups this gateway took from a gateway that did not hand them over.",
+            g.failovers,
+        ),
+        (
+            "rdmablk_gateway_fenced_clients_total",
+            "Cluster clients of other gateways this gateway blocklisted.",
+            g.fenced,
+        ),
+    ] {
+        family(out, name, "counter", help);
+        let _ = writeln!(out, "{name}{{{group}}} {v}");
+    }
 }

@@ -34,7 +34,7 @@ pub fn library() -> io::Result<&'static Librbd> {
 }
 
 /// An error from a librados or librbd call returning `-errno`.
-fn check(what: &str, rc: c_int) -> io::Result<c_int> {
+pub(super) fn check(what: &str, rc: c_int) -> io::Result<c_int> {
     if rc < 0 {
         let kind = io::Error::from_raw_os_error(-rc).kind();
         Err(io::Error::new(
@@ -70,14 +70,14 @@ pub fn errno_of(e: &io::Error) -> Option<i32> {
     e.get_ref()?.downcast_ref::<CallError>().map(|c| c.errno)
 }
 
-fn cstring(what: &str, s: &str) -> io::Result<CString> {
+pub(super) fn cstring(what: &str, s: &str) -> io::Result<CString> {
     CString::new(s).map_err(|_| io::Error::other(format!("{what} contains a NUL byte")))
 }
 
 /// A connection to a Ceph cluster (`rados_t`), shut down on drop.
 pub struct Cluster {
     handle: rados_t,
-    lib: &'static Librbd,
+    pub(super) lib: &'static Librbd,
 }
 
 // SAFETY: a rados_t may be used from any thread, and concurrently
@@ -215,7 +215,7 @@ impl Cluster {
 /// An I/O context on one pool (`rados_ioctx_t`), destroyed on drop: object
 /// locks and attributes.
 pub struct Pool {
-    ioctx: rados_ioctx_t,
+    pub(super) ioctx: rados_ioctx_t,
     /// Dropped after the context.
     cluster: Arc<Cluster>,
 }
@@ -250,9 +250,9 @@ impl Pool {
             cstring("lock cookie", cookie)?,
             cstring("lock description", desc)?,
         );
-        let mut tv = libc::timeval {
-            tv_sec: duration.as_secs() as libc::time_t,
-            tv_usec: duration.subsec_micros() as libc::suseconds_t,
+        let mut tv = super::sys::timeval {
+            tv_sec: duration.as_secs() as super::sys::__time_t,
+            tv_usec: duration.subsec_micros() as super::sys::__suseconds_t,
         };
         // LIBRADOS_LOCK_FLAG_MUST_RENEW: fail rather than take a lock that
         // lapsed meanwhile.

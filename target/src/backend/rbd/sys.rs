@@ -11,9 +11,32 @@
     clippy::undocumented_unsafe_blocks
 )]
 
+pub type __time_t = ::std::os::raw::c_long;
+pub type __suseconds_t = ::std::os::raw::c_long;
+pub type time_t = __time_t;
+#[repr(C)]
+#[derive(Debug, Copy, Clone)]
+pub struct timeval {
+    pub tv_sec: __time_t,
+    pub tv_usec: __suseconds_t,
+}
 pub type rados_t = *mut ::std::os::raw::c_void;
 pub type rados_ioctx_t = *mut ::std::os::raw::c_void;
-pub type timeval = ::libc::timeval;
+pub type rados_xattrs_iter_t = *mut ::std::os::raw::c_void;
+pub type rados_write_op_t = *mut ::std::os::raw::c_void;
+pub type rados_watchcb2_t = ::std::option::Option<
+    unsafe extern "C" fn(
+        arg: *mut ::std::os::raw::c_void,
+        notify_id: u64,
+        handle: u64,
+        notifier_id: u64,
+        data: *mut ::std::os::raw::c_void,
+        data_len: usize,
+    ),
+>;
+pub type rados_watcherrcb_t = ::std::option::Option<
+    unsafe extern "C" fn(pre: *mut ::std::os::raw::c_void, cookie: u64, err: ::std::os::raw::c_int),
+>;
 pub type rbd_image_t = *mut ::std::os::raw::c_void;
 pub type rbd_completion_t = *mut ::std::os::raw::c_void;
 pub type rbd_callback_t = ::std::option::Option<
@@ -60,6 +83,82 @@ pub struct Librbd {
     pub rados_ioctx_destroy: unsafe extern "C" fn(io: rados_ioctx_t),
     pub rados_ioctx_set_namespace:
         unsafe extern "C" fn(io: rados_ioctx_t, nspace: *const ::std::os::raw::c_char),
+    pub rados_getxattr: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *mut ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_setxattr: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_getxattrs: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        iter: *mut rados_xattrs_iter_t,
+    ) -> ::std::os::raw::c_int,
+    pub rados_getxattrs_next: unsafe extern "C" fn(
+        iter: rados_xattrs_iter_t,
+        name: *mut *const ::std::os::raw::c_char,
+        val: *mut *const ::std::os::raw::c_char,
+        len: *mut usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_getxattrs_end: unsafe extern "C" fn(iter: rados_xattrs_iter_t),
+    pub rados_watch3: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        cookie: *mut u64,
+        watchcb: rados_watchcb2_t,
+        watcherrcb: rados_watcherrcb_t,
+        timeout: u32,
+        arg: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int,
+    pub rados_unwatch2:
+        unsafe extern "C" fn(io: rados_ioctx_t, cookie: u64) -> ::std::os::raw::c_int,
+    pub rados_notify2: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+        timeout_ms: u64,
+        reply_buffer: *mut *mut ::std::os::raw::c_char,
+        reply_buffer_len: *mut usize,
+    ) -> ::std::os::raw::c_int,
+    pub rados_notify_ack: unsafe extern "C" fn(
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        notify_id: u64,
+        cookie: u64,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
+    pub rados_create_write_op: unsafe extern "C" fn() -> rados_write_op_t,
+    pub rados_release_write_op: unsafe extern "C" fn(write_op: rados_write_op_t),
+    pub rados_write_op_cmpxattr: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        name: *const ::std::os::raw::c_char,
+        comparison_operator: u8,
+        value: *const ::std::os::raw::c_char,
+        value_len: usize,
+    ),
+    pub rados_write_op_setxattr: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        name: *const ::std::os::raw::c_char,
+        value: *const ::std::os::raw::c_char,
+        value_len: usize,
+    ),
+    pub rados_write_op_operate: unsafe extern "C" fn(
+        write_op: rados_write_op_t,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        mtime: *mut time_t,
+        flags: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int,
     pub rados_lock_exclusive: unsafe extern "C" fn(
         io: rados_ioctx_t,
         oid: *const ::std::os::raw::c_char,
@@ -85,20 +184,6 @@ pub struct Librbd {
         addrs: *mut *mut ::std::os::raw::c_char,
     ) -> ::std::os::raw::c_int,
     pub rados_buffer_free: unsafe extern "C" fn(buf: *mut ::std::os::raw::c_char),
-    pub rados_getxattr: unsafe extern "C" fn(
-        io: rados_ioctx_t,
-        o: *const ::std::os::raw::c_char,
-        name: *const ::std::os::raw::c_char,
-        buf: *mut ::std::os::raw::c_char,
-        len: usize,
-    ) -> ::std::os::raw::c_int,
-    pub rados_setxattr: unsafe extern "C" fn(
-        io: rados_ioctx_t,
-        o: *const ::std::os::raw::c_char,
-        name: *const ::std::os::raw::c_char,
-        buf: *const ::std::os::raw::c_char,
-        len: usize,
-    ) -> ::std::os::raw::c_int,
     pub rbd_open: unsafe extern "C" fn(
         io: rados_ioctx_t,
         name: *const ::std::os::raw::c_char,
@@ -206,13 +291,29 @@ impl Librbd {
         let rados_ioctx_set_namespace = __library
             .get(b"rados_ioctx_set_namespace\0")
             .map(|sym| *sym)?;
+        let rados_getxattr = __library.get(b"rados_getxattr\0").map(|sym| *sym)?;
+        let rados_setxattr = __library.get(b"rados_setxattr\0").map(|sym| *sym)?;
+        let rados_getxattrs = __library.get(b"rados_getxattrs\0").map(|sym| *sym)?;
+        let rados_getxattrs_next = __library.get(b"rados_getxattrs_next\0").map(|sym| *sym)?;
+        let rados_getxattrs_end = __library.get(b"rados_getxattrs_end\0").map(|sym| *sym)?;
+        let rados_watch3 = __library.get(b"rados_watch3\0").map(|sym| *sym)?;
+        let rados_unwatch2 = __library.get(b"rados_unwatch2\0").map(|sym| *sym)?;
+        let rados_notify2 = __library.get(b"rados_notify2\0").map(|sym| *sym)?;
+        let rados_notify_ack = __library.get(b"rados_notify_ack\0").map(|sym| *sym)?;
+        let rados_create_write_op = __library.get(b"rados_create_write_op\0").map(|sym| *sym)?;
+        let rados_release_write_op = __library.get(b"rados_release_write_op\0").map(|sym| *sym)?;
+        let rados_write_op_cmpxattr = __library
+            .get(b"rados_write_op_cmpxattr\0")
+            .map(|sym| *sym)?;
+        let rados_write_op_setxattr = __library
+            .get(b"rados_write_op_setxattr\0")
+            .map(|sym| *sym)?;
+        let rados_write_op_operate = __library.get(b"rados_write_op_operate\0").map(|sym| *sym)?;
         let rados_lock_exclusive = __library.get(b"rados_lock_exclusive\0").map(|sym| *sym)?;
         let rados_unlock = __library.get(b"rados_unlock\0").map(|sym| *sym)?;
         let rados_blocklist_add = __library.get(b"rados_blocklist_add\0").map(|sym| *sym)?;
         let rados_getaddrs = __library.get(b"rados_getaddrs\0").map(|sym| *sym)?;
         let rados_buffer_free = __library.get(b"rados_buffer_free\0").map(|sym| *sym)?;
-        let rados_getxattr = __library.get(b"rados_getxattr\0").map(|sym| *sym)?;
-        let rados_setxattr = __library.get(b"rados_setxattr\0").map(|sym| *sym)?;
         let rbd_open = __library.get(b"rbd_open\0").map(|sym| *sym)?;
         let rbd_open_read_only = __library.get(b"rbd_open_read_only\0").map(|sym| *sym)?;
         let rbd_close = __library.get(b"rbd_close\0").map(|sym| *sym)?;
@@ -250,13 +351,25 @@ impl Librbd {
             rados_ioctx_create,
             rados_ioctx_destroy,
             rados_ioctx_set_namespace,
+            rados_getxattr,
+            rados_setxattr,
+            rados_getxattrs,
+            rados_getxattrs_next,
+            rados_getxattrs_end,
+            rados_watch3,
+            rados_unwatch2,
+            rados_notify2,
+            rados_notify_ack,
+            rados_create_write_op,
+            rados_release_write_op,
+            rados_write_op_cmpxattr,
+            rados_write_op_setxattr,
+            rados_write_op_operate,
             rados_lock_exclusive,
             rados_unlock,
             rados_blocklist_add,
             rados_getaddrs,
             rados_buffer_free,
-            rados_getxattr,
-            rados_setxattr,
             rbd_open,
             rbd_open_read_only,
             rbd_close,
@@ -326,6 +439,127 @@ impl Librbd {
     ) {
         (self.rados_ioctx_set_namespace)(io, nspace)
     }
+    pub unsafe fn rados_getxattr(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *mut ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getxattr)(io, o, name, buf, len)
+    }
+    pub unsafe fn rados_setxattr(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        name: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        len: usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_setxattr)(io, o, name, buf, len)
+    }
+    pub unsafe fn rados_getxattrs(
+        &self,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        iter: *mut rados_xattrs_iter_t,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getxattrs)(io, oid, iter)
+    }
+    pub unsafe fn rados_getxattrs_next(
+        &self,
+        iter: rados_xattrs_iter_t,
+        name: *mut *const ::std::os::raw::c_char,
+        val: *mut *const ::std::os::raw::c_char,
+        len: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_getxattrs_next)(iter, name, val, len)
+    }
+    pub unsafe fn rados_getxattrs_end(&self, iter: rados_xattrs_iter_t) {
+        (self.rados_getxattrs_end)(iter)
+    }
+    pub unsafe fn rados_watch3(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        cookie: *mut u64,
+        watchcb: rados_watchcb2_t,
+        watcherrcb: rados_watcherrcb_t,
+        timeout: u32,
+        arg: *mut ::std::os::raw::c_void,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_watch3)(io, o, cookie, watchcb, watcherrcb, timeout, arg)
+    }
+    pub unsafe fn rados_unwatch2(&self, io: rados_ioctx_t, cookie: u64) -> ::std::os::raw::c_int {
+        (self.rados_unwatch2)(io, cookie)
+    }
+    pub unsafe fn rados_notify2(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+        timeout_ms: u64,
+        reply_buffer: *mut *mut ::std::os::raw::c_char,
+        reply_buffer_len: *mut usize,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_notify2)(
+            io,
+            o,
+            buf,
+            buf_len,
+            timeout_ms,
+            reply_buffer,
+            reply_buffer_len,
+        )
+    }
+    pub unsafe fn rados_notify_ack(
+        &self,
+        io: rados_ioctx_t,
+        o: *const ::std::os::raw::c_char,
+        notify_id: u64,
+        cookie: u64,
+        buf: *const ::std::os::raw::c_char,
+        buf_len: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_notify_ack)(io, o, notify_id, cookie, buf, buf_len)
+    }
+    pub unsafe fn rados_create_write_op(&self) -> rados_write_op_t {
+        (self.rados_create_write_op)()
+    }
+    pub unsafe fn rados_release_write_op(&self, write_op: rados_write_op_t) {
+        (self.rados_release_write_op)(write_op)
+    }
+    pub unsafe fn rados_write_op_cmpxattr(
+        &self,
+        write_op: rados_write_op_t,
+        name: *const ::std::os::raw::c_char,
+        comparison_operator: u8,
+        value: *const ::std::os::raw::c_char,
+        value_len: usize,
+    ) {
+        (self.rados_write_op_cmpxattr)(write_op, name, comparison_operator, value, value_len)
+    }
+    pub unsafe fn rados_write_op_setxattr(
+        &self,
+        write_op: rados_write_op_t,
+        name: *const ::std::os::raw::c_char,
+        value: *const ::std::os::raw::c_char,
+        value_len: usize,
+    ) {
+        (self.rados_write_op_setxattr)(write_op, name, value, value_len)
+    }
+    pub unsafe fn rados_write_op_operate(
+        &self,
+        write_op: rados_write_op_t,
+        io: rados_ioctx_t,
+        oid: *const ::std::os::raw::c_char,
+        mtime: *mut time_t,
+        flags: ::std::os::raw::c_int,
+    ) -> ::std::os::raw::c_int {
+        (self.rados_write_op_operate)(write_op, io, oid, mtime, flags)
+    }
     pub unsafe fn rados_lock_exclusive(
         &self,
         io: rados_ioctx_t,
@@ -364,26 +598,6 @@ impl Librbd {
     }
     pub unsafe fn rados_buffer_free(&self, buf: *mut ::std::os::raw::c_char) {
         (self.rados_buffer_free)(buf)
-    }
-    pub unsafe fn rados_getxattr(
-        &self,
-        io: rados_ioctx_t,
-        o: *const ::std::os::raw::c_char,
-        name: *const ::std::os::raw::c_char,
-        buf: *mut ::std::os::raw::c_char,
-        len: usize,
-    ) -> ::std::os::raw::c_int {
-        (self.rados_getxattr)(io, o, name, buf, len)
-    }
-    pub unsafe fn rados_setxattr(
-        &self,
-        io: rados_ioctx_t,
-        o: *const ::std::os::raw::c_char,
-        name: *const ::std::os::raw::c_char,
-        buf: *const ::std::os::raw::c_char,
-        len: usize,
-    ) -> ::std::os::raw::c_int {
-        (self.rados_setxattr)(io, o, name, buf, len)
     }
     pub unsafe fn rbd_open(
         &self,

@@ -48,14 +48,14 @@ fn http(addr: SocketAddr, request: &[u8]) -> (String, String) {
     (status, body.to_string())
 }
 
-fn scrape(addr: SocketAddr) -> String {
+pub(crate) fn scrape(addr: SocketAddr) -> String {
     let (status, body) = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
     assert_eq!(status, "HTTP/1.1 200 OK", "scrape status");
     body
 }
 
 /// The samples of a scrape, by series (name and labels as written).
-fn samples(text: &str) -> BTreeMap<String, f64> {
+pub(crate) fn samples(text: &str) -> BTreeMap<String, f64> {
     text.lines()
         .filter(|l| !l.starts_with('#') && !l.is_empty())
         .map(|l| {

@@ -13,13 +13,26 @@ use rdmablk_common::nvme::ana::{AnaLog, AnaState};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_tests::bin_path;
 
-const LEASE_SECS: u64 = 3;
+pub(super) const LEASE_SECS: u64 = 3;
 const FAILBACK_SECS: u64 = 6;
 
 /// Gateway `gw` (`gw-a`, `gw-b`, `gw-c`) of group `group`: images `one`
 /// (ANA group 1, preferred gw-a) and `two` (group 2, preferred gw-b),
 /// controller ids of its own.
 fn gateway(group: &str, gw: char, one: &Image, two: &Image) -> Daemon {
+    Daemon::start(&config(group, gw, (one, two), FAILBACK_SECS, ""))
+}
+
+/// [`gateway`]'s configuration with a failback delay of `failback`
+/// seconds and the top-level tables `extra` (as `[metrics]`); the listener
+/// on `{port}`.
+pub(super) fn config(
+    group: &str,
+    gw: char,
+    (one, two): (&Image, &Image),
+    failback: u64,
+    extra: &str,
+) -> String {
     let first = 1 + 100 * (gw as u16 - 'a' as u16);
     let conf = ceph_conf().display().to_string();
     let ns = |nsid: u32, image: &Image| {
@@ -29,21 +42,21 @@ fn gateway(group: &str, gw: char, one: &Image, two: &Image) -> Daemon {
             image.name
         )
     };
-    Daemon::start(&format!(
-        "[gateway_group]\nname = \"{group}\"\ngateway = \"gw-{gw}\"\npool = \"rbd\"\n\
-         ceph_conf = \"{conf}\"\nlease = \"{LEASE_SECS}s\"\nfailback_delay = \"{FAILBACK_SECS}s\"\n\
+    format!(
+        "{extra}\n[gateway_group]\nname = \"{group}\"\ngateway = \"gw-{gw}\"\npool = \"rbd\"\n\
+         ceph_conf = \"{conf}\"\nlease = \"{LEASE_SECS}s\"\nfailback_delay = \"{failback}s\"\n\
          preferred = {{ 1 = \"gw-a\", 2 = \"gw-b\" }}\n\n\
          [[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
          [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\ncntlid_min = {first}\ncntlid_max = {}\n{}{}",
         first + 99,
         ns(1, one),
         ns(2, two)
-    ))
+    )
 }
 
-/// The state ANA group `g` has on gateway `d`, as a host reads it.
-fn ana_state(d: &Daemon, g: u32) -> Option<AnaState> {
-    let c = Controller::open(d.t.addr(), NQN, HOST_A, &quiet()).ok()?;
+/// The state ANA group `g` has on gateway `t`, as a host reads it.
+pub(super) fn ana_state(t: &Target, g: u32) -> Option<AnaState> {
+    let c = Controller::open(t.addr(), NQN, HOST_A, &quiet()).ok()?;
     let page = c.admin().get_log(lid::ANA, 4096, 0).ok()?;
     let log = AnaLog::parse(&page)?;
     log.groups.iter().find(|x| x.grpid == g).map(|x| x.state)
@@ -51,10 +64,15 @@ fn ana_state(d: &Daemon, g: u32) -> Option<AnaState> {
 
 /// Waits (at most `within`) until ANA group `g` is optimized on exactly the
 /// gateway `owner` of `all` (any one, `None`); returns how long it took.
-fn wait_owner(all: &[&Daemon], owner: Option<usize>, g: u32, within: Duration) -> Duration {
+pub(super) fn wait_owner(
+    all: &[&Target],
+    owner: Option<usize>,
+    g: u32,
+    within: Duration,
+) -> Duration {
     let start = Instant::now();
     loop {
-        let states: Vec<Option<AnaState>> = all.iter().map(|d| ana_state(d, g)).collect();
+        let states: Vec<Option<AnaState>> = all.iter().map(|t| ana_state(t, g)).collect();
         let optimized: Vec<usize> = (0..all.len())
             .filter(|&i| states[i] == Some(AnaState::Optimized))
             .collect();
@@ -69,7 +87,7 @@ fn wait_owner(all: &[&Daemon], owner: Option<usize>, g: u32, within: Duration) -
             start.elapsed() < within,
             "ANA group {g} not owned by gateway {owner:?} within {within:?}: {states:?}\n{}",
             all.iter()
-                .map(|d| d.t.log_tail())
+                .map(|t| t.log_tail())
                 .collect::<Vec<_>>()
                 .join("\n---\n")
         );
@@ -140,8 +158,8 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
     for d in [&a, &b, &c] {
         wait_active(&d.t);
     }
-    wait_owner(&[&a, &b, &c], Some(0), 1, settle);
-    wait_owner(&[&a, &b, &c], Some(1), 2, settle);
+    wait_owner(&[&a.t, &b.t, &c.t], Some(0), 1, settle);
+    wait_owner(&[&a.t, &b.t, &c.t], Some(1), 2, settle);
 
     // Kill the owner of group 1 while writes go through all three paths.
     let bench = writes(&[&a, &b, &c], 14);
@@ -152,7 +170,7 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
     let (mut owner, mut took) = (None, Duration::ZERO);
     while owner.is_none() {
         for (i, d) in [&b, &c].iter().enumerate() {
-            if ana_state(d, 1) == Some(AnaState::Optimized) {
+            if ana_state(&d.t, 1) == Some(AnaState::Optimized) {
                 owner = Some(i);
                 took = killed.elapsed();
             }
@@ -176,7 +194,7 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
     );
     check_writes(bench, "writes across the failover");
     assert_eq!(
-        ana_state(&b, 2),
+        ana_state(&b.t, 2),
         Some(AnaState::Optimized),
         "group 2 stays with gw-b"
     );
@@ -188,7 +206,7 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
     wait_active(&a2.t);
     let bench = writes(&[&a2, &b, &c], 6 + FAILBACK_SECS);
     wait_owner(
-        &[&a2, &b, &c],
+        &[&a2.t, &b.t, &c.t],
         Some(0),
         1,
         Duration::from_secs(FAILBACK_SECS + 3 * LEASE_SECS),
@@ -210,7 +228,7 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
     // A gateway that stops hands its group over (no lease to wait out, no
     // fencing).
     stop(b.t);
-    let moved = wait_owner(&[&a2, &c], None, 2, Duration::from_secs(LEASE_SECS));
+    let moved = wait_owner(&[&a2.t, &c.t], None, 2, Duration::from_secs(LEASE_SECS));
     eprintln!("gateway group: group 2 moved {moved:?} after gw-b's SIGTERM");
     for d in [&a2, &c] {
         assert!(!d.t.log().contains("fenced gw-b"), "{}", d.t.log_tail());
@@ -236,7 +254,7 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
         wait_active(&d.t);
     }
     let settle = Duration::from_secs(4 * LEASE_SECS);
-    wait_owner(&[&a, &b], Some(0), 1, settle);
+    wait_owner(&[&a.t, &b.t], Some(0), 1, settle);
 
     // Writes through gw-a only, many in flight, when it freezes.
     let mut load = Command::new(bin_path("rdmablk"))
@@ -269,7 +287,7 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
     }
     let thaw = Thaw(a.t.pid());
     let frozen = Instant::now();
-    while ana_state(&b, 1) != Some(AnaState::Optimized) {
+    while ana_state(&b.t, 1) != Some(AnaState::Optimized) {
         assert!(
             frozen.elapsed() < settle,
             "gw-b did not take group 1\n{}",
@@ -325,7 +343,7 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
         "{}",
         a.t.log_tail()
     );
-    assert_eq!(ana_state(&a, 1), Some(AnaState::Inaccessible));
+    assert_eq!(ana_state(&a.t, 1), Some(AnaState::Inaccessible));
     let mut back = Vec::new();
     for i in 0..(BYTES / (256 << 10)) {
         back.extend(

@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 mod compare_write;
 mod failures;
 mod gateway;
+mod gateway_fio;
 mod io;
 mod namespace;
 
