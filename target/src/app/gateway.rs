@@ -8,8 +8,10 @@
 //! every write, and a fenced gateway must not be a path hosts keep using).
 //!
 //! - **Taking a group**: the preferred owner (configuration) tries at once;
-//!   the others only when the preferred gateway shows no sign of life (its
-//!   heartbeat attribute stood still for a whole lease). Before it reports
+//!   the others when the preferred gateway shows no sign of life (its
+//!   heartbeat stood still for a whole lease), or when the lease lapsed in
+//!   the hands of its owner (dead or hung: not handed over to the preferred
+//!   gateway). A standby tries every sixth of the lease. Before it reports
 //!   the group optimized, the new owner fences the previous one unless that
 //!   one handed the group over: it blocklists every cluster client the
 //!   previous owner published in the lease object (its lease connection and
@@ -24,6 +26,7 @@
 //!   `failback_delay`: it reports the group inaccessible, marks the lease
 //!   object as handed over (no fencing), and unlocks.
 
+use crate::app::records;
 use crate::backend::rbd::{self, Cluster, Pool};
 use crate::config::{AnaState, GatewayGroup};
 use crate::nvme::subsystem::Registry;
@@ -174,9 +177,16 @@ impl Group {
             tracing::info!(group = %self.cfg.name, gateway = %self.cfg.gateway, "gateway group: taking part");
             let mut keepers = BTreeMap::new();
             let fenced = Arc::new(AtomicBool::new(false));
+            let mut first = true;
             while !self.stopping.load(Ordering::Acquire) {
                 let started = Instant::now();
-                if let Err(e) = self.round(&pool) {
+                let beat = self.round(&pool);
+                if beat.is_ok() {
+                    // Before any ANA group is taken on this connection.
+                    self.share_reservations(&pool, first);
+                    first = false;
+                }
+                if let Err(e) = beat {
                     if rbd::blocklisted(&e) {
                         tracing::error!(group = %self.cfg.name, "gateway group: the cluster blocklisted this gateway's client (fenced by another gateway); connecting again as a standby");
                         fenced.store(true, Ordering::Release);
@@ -213,6 +223,18 @@ impl Group {
         }
     }
 
+    /// Gives the namespaces that share their reservations a record on
+    /// `pool`; those without PTPL start empty when `first` finds no other
+    /// gateway running (the whole group restarted).
+    fn share_reservations(&self, pool: &Arc<Pool>, first: bool) {
+        let Some(registry) = self.registry.upgrade() else {
+            return;
+        };
+        let alone = first && self.lock().peers.is_empty();
+        let me = format!("{}/{}", self.cfg.gateway, std::process::id());
+        records::share(&registry, pool, &self.cfg.name, &me, alone);
+    }
+
     /// Sleeps `d`, or less when the daemon stops.
     fn pause(&self, d: Duration) {
         let until = Instant::now() + d;
@@ -234,6 +256,10 @@ impl Group {
             let started = Instant::now();
             let addresses = self.lock().addresses.clone();
             self.keep(pool, g, &addresses);
+            // A standby looks twice as often: a lapsed lease is taken
+            // within half a round.
+            let owned = self.lock().owned.contains_key(&g);
+            let round = if owned { round } else { round / 2 };
             self.pause(round.saturating_sub(started.elapsed()));
         }
         if self.lock().owned.contains_key(&g) {
@@ -359,8 +385,22 @@ impl Group {
             }
             return;
         }
-        // Not ours: the preferred gateway tries at once, the others once it
-        // looks dead (and after a lease of watching it).
+        // Not ours: the preferred gateway tries at once; the others (after
+        // a lease of watching) once it looks dead, or once the holder, any
+        // gateway, stopped renewing: a lease that lapsed while "held" is a
+        // dead or hung owner, where one "handed-over" is the preferred
+        // gateway's to take.
+        let owner = pool
+            .get_attr(&oid, OWNER_ATTR)
+            .ok()
+            .flatten()
+            .map(|o| String::from_utf8_lossy(&o).into_owned())
+            .unwrap_or_default();
+        let mut words = owner.split(' ');
+        let (name, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        if !name.is_empty() {
+            self.lock().owners.insert(g, name.to_string());
+        }
         let may_try = match preferred {
             None => true,
             Some(p) if p == me => true,
@@ -369,7 +409,7 @@ impl Group {
                     .lock()
                     .since
                     .is_some_and(|s| s.elapsed() > self.cfg.lease);
-                watched && self.alive_since(p).is_none()
+                watched && (state == "held" || self.alive_since(p).is_none())
             }
         };
         if may_try
@@ -378,11 +418,6 @@ impl Group {
                 .is_ok()
         {
             self.take(pool, g, &oid, started, addresses);
-        }
-        if let Ok(Some(owner)) = pool.get_attr(&oid, OWNER_ATTR) {
-            let text = String::from_utf8_lossy(&owner).into_owned();
-            let name = text.split(' ').next().unwrap_or_default().to_string();
-            self.lock().owners.insert(g, name);
         }
     }
 
@@ -427,6 +462,12 @@ impl Group {
                 tracing::warn!(group = %self.cfg.name, "ANA group {g}: fenced {owner}'s client {a} (blocklisted)");
             }
             self.failovers.fetch_add(1, Ordering::Relaxed);
+        }
+        // The reservations as the previous owner left them.
+        if let Some(Err(e)) = self.registry.upgrade().map(|r| records::refresh(&r, g)) {
+            tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot read its shared reservations: {e}");
+            let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
+            return;
         }
         if let Err(e) = self.publish(pool, oid, "held", addresses) {
             tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot publish this gateway: {e}");

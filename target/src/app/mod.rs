@@ -1,14 +1,16 @@
 //! The daemon: serving a configuration (`serve`), applying a new one
 //! (`reload`), setting ANA states and QoS limits by command (`ana`,
 //! `qos`), the control socket
-//! (`control`), systemd's readiness protocol (`notify`) and the reports
-//! (`report`).
+//! (`control`), systemd's readiness protocol (`notify`), the reports
+//! (`report`), and the gateway group (`gateway`) with its shared
+//! reservations (`records`).
 
 pub mod ana;
 pub mod control;
 pub mod gateway;
 pub mod notify;
 pub mod qos;
+pub mod records;
 pub mod reload;
 pub mod report;
 pub mod serve;

@@ -13,9 +13,10 @@ use rdmablk_common::nvme::resv::{
 use rdmablk_common::nvme::Status;
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Mutex, RwLock};
+use std::sync::{Arc, Mutex, RwLock};
 
 pub mod ptpl;
+pub mod shared;
 
 #[cfg(test)]
 mod tests;
@@ -312,6 +313,8 @@ pub struct Reservations {
     aborts: AtomicU64,
     /// The latest of them: (event number, aborted host).
     aborted: Mutex<VecDeque<(u64, HostId)>>,
+    /// The gateway group's record, where the state lives when shared.
+    record: RwLock<Option<Arc<shared::Record>>>,
 }
 
 impl Reservations {
@@ -322,6 +325,7 @@ impl Reservations {
             state: RwLock::new(state),
             aborts: AtomicU64::new(0),
             aborted: Mutex::new(VecDeque::new()),
+            record: RwLock::new(None),
         }
     }
 
@@ -363,19 +367,46 @@ impl Reservations {
     ) -> Result<Outcome, Status> {
         let mut st = self.state.write().expect("reservations lock");
         let out = f(&mut st)?;
-        if !out.aborted.is_empty() {
-            let n = self.aborts.load(Ordering::Acquire) + 1;
-            let mut aborted = self.aborted.lock().expect("aborts lock");
-            for h in &out.aborted {
-                if aborted.len() == ABORTS_KEPT {
-                    aborted.pop_front();
-                }
-                aborted.push_back((n, *h));
-            }
-            self.aborts.store(n, Ordering::Release);
-        }
+        self.record_aborts(&out.aborted);
         self.held.store(st.holder.is_some(), Ordering::Release);
         Ok(out)
+    }
+
+    /// Remembers a Preempt and Abort of `hosts` (none: nothing to do);
+    /// under the state's write lock, before the new state shows.
+    fn record_aborts(&self, hosts: &[HostId]) {
+        if hosts.is_empty() {
+            return;
+        }
+        let n = self.aborts.load(Ordering::Acquire) + 1;
+        let mut aborted = self.aborted.lock().expect("aborts lock");
+        for h in hosts {
+            if aborted.len() == ABORTS_KEPT {
+                aborted.pop_front();
+            }
+            aborted.push_back((n, *h));
+        }
+        self.aborts.store(n, Ordering::Release);
+    }
+
+    /// Makes `st` the state (read from the gateway group's record), the
+    /// commands of `aborted` hosts aborted by the change that made it.
+    pub fn install(&self, st: State, aborted: &[HostId]) {
+        let mut now = self.state.write().expect("reservations lock");
+        self.record_aborts(aborted);
+        self.held.store(st.holder.is_some(), Ordering::Release);
+        *now = st;
+    }
+
+    /// The gateway group's record of the state, when it is shared.
+    pub fn record(&self) -> Option<Arc<shared::Record>> {
+        self.record.read().expect("record lock").clone()
+    }
+
+    /// Shares the state through `record` from now on (a new connection's
+    /// record replaces the old one).
+    pub fn set_record(&self, record: Arc<shared::Record>) {
+        *self.record.write().expect("record lock") = Some(record);
     }
 
     /// The state now.

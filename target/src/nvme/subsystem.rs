@@ -13,7 +13,7 @@ use crate::nvme::controller::Controller;
 use crate::nvme::port::Port;
 use crate::nvme::qos::Throttle;
 use crate::nvme::reservation::ptpl::{Identity, Persistent, StateFile};
-use crate::nvme::reservation::Reservations;
+use crate::nvme::reservation::{HostId, Reservations};
 use crate::nvme::tenancy::Tenancy;
 use crate::nvme::write_gate::WriteGate;
 use rdmablk_common::fabrics::discovery::{self, eflags, subtype, DiscoveryEntry};
@@ -133,11 +133,38 @@ impl Namespace {
     }
 }
 
+impl Namespace {
+    /// The namespace its state file or shared record is for.
+    pub fn reservations_identity(&self) -> Option<&Identity> {
+        self.state_file.as_ref().map(StateFile::identity)
+    }
+}
+
 impl Persistent for Namespace {
+    /// Writes the state file; where a gateway group shares the state, its
+    /// record takes this PTPL (the one thing changed outside a reservation
+    /// command: Set Features).
     fn persist(&self) -> std::io::Result<()> {
-        match (&self.reservations, &self.state_file) {
-            (Some(r), Some(f)) => f.save(&r.snapshot(), self.recorded_size()),
-            _ => Ok(()),
+        let Some(r) = &self.reservations else {
+            return Ok(());
+        };
+        if let Some(record) = r.record() {
+            let ptpl = r.snapshot().ptpl;
+            let res = record.change(&mut |st| {
+                st.ptpl = ptpl;
+                Ok(crate::nvme::reservation::Outcome {
+                    changed: true,
+                    ..Default::default()
+                })
+            });
+            return match res {
+                0 => Ok(()),
+                e => Err(std::io::Error::from_raw_os_error(-e)),
+            };
+        }
+        match &self.state_file {
+            Some(f) => f.save(&r.snapshot(), self.recorded_size()),
+            None => Ok(()),
         }
     }
 }
@@ -349,6 +376,19 @@ impl Subsystem {
     pub fn controller_count(&self) -> usize {
         let c = self.controllers.lock().expect("controllers lock");
         c.live.values().filter(|w| w.strong_count() > 0).count()
+    }
+
+    /// Raises each (host, notice type) of `notices` about namespace `nsid`
+    /// on the live controllers of that host.
+    pub fn reservation_notices(&self, nsid: u32, notices: &[(HostId, u8)]) {
+        if notices.is_empty() {
+            return;
+        }
+        for c in self.live_controllers() {
+            for (_, kind) in notices.iter().filter(|(h, _)| *h == c.hostid) {
+                c.reservation_notice(*kind, nsid);
+            }
+        }
     }
 
     /// The controllers alive now.

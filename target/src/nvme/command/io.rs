@@ -285,7 +285,7 @@ impl Command {
                     _ => Entries::new(),
                 };
             }
-            Step::Drain { .. } | Step::Persist => return self.reservation_done(res),
+            Step::Drain { .. } | Step::Persist | Step::Shared => return self.reservation_done(res),
             _ => {}
         }
         let Work::Io(req) = &self.work else {

@@ -131,6 +131,8 @@ pub enum Step {
     Drain { id: u64, persist: bool },
     /// A reservation command waits for its state file to be written.
     Persist,
+    /// A reservation command waits for the gateway group's record.
+    Shared,
 }
 
 /// Classifies a capsule. `sgl_len` is the length its data pointer describes;

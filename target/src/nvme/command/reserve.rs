@@ -8,6 +8,8 @@ use super::{Command, Entries, Progress, Step, Work};
 use crate::backend::{BackendOp, Later};
 use crate::nvme::controller::Controller;
 use crate::nvme::reservation::ptpl::{Persistent, Saver};
+use crate::nvme::reservation::shared::{self, Change};
+use crate::nvme::reservation::State;
 use crate::nvme::subsystem::Namespace;
 use crate::nvme::write_gate::{Entry, Pass};
 use rdmablk_common::mem::Arena;
@@ -44,6 +46,18 @@ impl Command {
         }
         let mut keys = [0u8; KEYS_LEN];
         let c = ResvCmd::parse(&self.sqe, self.copy_data(arena, &mut keys));
+        if let Some(record) = r.record() {
+            // The gateway group's record: the change runs on its thread.
+            let change: Change = Box::new(move |st: &mut State| match op {
+                nvm::RESV_REGISTER => st.register(&host, &c),
+                nvm::RESV_ACQUIRE => st.acquire(&host, &c),
+                _ => st.release(&host, &c),
+            });
+            self.step = Step::Shared;
+            return self.wait_for(Later::new(move |token, completions| {
+                record.submit(change, (completions.clone(), token))
+            }));
+        }
         let mut persist = false;
         let applied = r.apply(|st| {
             let was = st.ptpl;
@@ -62,39 +76,40 @@ impl Command {
                 return Progress::Complete;
             }
         };
-        for (h, kind) in &out.notices {
-            for c in ctrl
-                .subsys
-                .live_controllers()
-                .iter()
-                .filter(|c| c.hostid == *h)
-            {
-                c.reservation_notice(*kind, ns.nsid);
-            }
-        }
+        ctrl.subsys.reservation_notices(ns.nsid, &out.notices);
         if !out.aborted.is_empty() {
-            tracing::info!(
-                nsid = ns.nsid,
-                hosts = out.aborted.len(),
-                "preempt and abort: waiting for the writes on the backend"
-            );
-            // Every write already on the backend ends before the Acquire
-            // completes; those not yet there are aborted when they would
-            // start (`aborted_since`).
-            match ns.gate.enter_exclusive(0..u64::MAX) {
-                Entry::Pass(p) => ns.gate.leave(p),
-                Entry::Wait(id) => {
-                    self.step = Step::Drain { id, persist };
-                    return self.wait_for(Later::new(move |token, completions| {
-                        ns.gate.wait(id, token, completions)
-                    }));
-                }
+            if let Some(p) = self.drain(ns.clone(), out.aborted.len(), persist) {
+                return p;
             }
         }
         if persist {
             return self.persist(ns);
         }
         Progress::Complete
+    }
+
+    /// A Preempt and Abort of `hosts` hosts: every write already on the
+    /// backend ends before the Acquire completes (those not yet there are
+    /// aborted when they would start: `aborted_since`). The wait, unless
+    /// none is on the backend; then the state file if `persist`.
+    fn drain(&mut self, ns: Arc<Namespace>, hosts: usize, persist: bool) -> Option<Progress> {
+        tracing::info!(
+            nsid = ns.nsid,
+            hosts,
+            "preempt and abort: waiting for the writes on the backend"
+        );
+        match ns.gate.enter_exclusive(0..u64::MAX) {
+            Entry::Pass(p) => {
+                ns.gate.leave(p);
+                None
+            }
+            Entry::Wait(id) => {
+                self.step = Step::Drain { id, persist };
+                Some(self.wait_for(Later::new(move |token, completions| {
+                    ns.gate.wait(id, token, completions)
+                })))
+            }
+        }
     }
 
     /// Waits for the state file of `ns` to be written.
@@ -127,6 +142,32 @@ impl Command {
                     if let Progress::Waiting(e) = self.persist(req.ns.clone()) {
                         self.ops_in_flight -= 1;
                         return e;
+                    }
+                }
+            }
+            Step::Shared => {
+                self.step = Step::Run;
+                match res {
+                    0 => {}
+                    shared::ABORTED => {
+                        if let Some(Progress::Waiting(e)) = self.drain(req.ns.clone(), 1, false) {
+                            self.ops_in_flight -= 1;
+                            return e;
+                        }
+                    }
+                    r if r > 0 && r & shared::STATUS != 0 => {
+                        self.status = Status {
+                            sct: (r >> 8) as u8,
+                            sc: r as u8,
+                        }
+                    }
+                    e => {
+                        tracing::error!(
+                            nsid = req.ns.nsid,
+                            "the gateway group's reservation record failed: {}; the command fails",
+                            std::io::Error::from_raw_os_error(-e)
+                        );
+                        self.status = Status::INTERNAL_ERROR;
                     }
                 }
             }

@@ -45,6 +45,10 @@ struct Contents {
     #[serde(flatten)]
     identity: Identity,
     generation: u32,
+    /// Persist Through Power Loss: a state file exists only with it (this
+    /// is left out); a gateway group's record says.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    ptpl: Option<bool>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     reservation: Option<Holder>,
     #[serde(default, rename = "registrant")]
@@ -67,11 +71,13 @@ struct Registrant {
     key: String,
 }
 
-fn hex(h: &HostId) -> String {
+/// A host identifier in hexadecimal.
+pub(super) fn hex(h: &HostId) -> String {
     h.iter().map(|b| format!("{b:02x}")).collect()
 }
 
-fn unhex(s: &str) -> Result<HostId, String> {
+/// A host identifier from hexadecimal.
+pub(super) fn unhex(s: &str) -> Result<HostId, String> {
     let bad = || format!("{s:?} is not a 128-bit host identifier in hexadecimal");
     if s.len() != 32 {
         return Err(bad());
@@ -106,6 +112,11 @@ impl StateFile {
         &self.path
     }
 
+    /// The namespace it is for.
+    pub fn identity(&self) -> &Identity {
+        &self.identity
+    }
+
     /// The state the file holds for this namespace: none when there is no
     /// file; a file that cannot be used is renamed `.refused` and logged.
     pub fn load(&self, size: Option<u64>) -> State {
@@ -129,44 +140,11 @@ impl StateFile {
     }
 
     fn parse(&self, text: &str, size: Option<u64>) -> Result<State, String> {
-        let c: Contents = toml::from_str(text).map_err(|e| format!("not a state file: {e}"))?;
-        if c.format != FORMAT {
-            return Err(format!("format {} (this build reads {FORMAT})", c.format));
-        }
         let identity = Identity {
             size,
             ..self.identity.clone()
         };
-        if c.identity != identity {
-            return Err(format!(
-                "it is for another namespace: {:?}, this one is {identity:?}",
-                c.identity
-            ));
-        }
-        let mut registrants = Vec::new();
-        for r in &c.registrants {
-            let key = u64::from_str_radix(r.key.trim_start_matches("0x"), 16)
-                .map_err(|_| format!("key {:?} is not a 64-bit hexadecimal number", r.key))?;
-            registrants.push((unhex(&r.host)?, key));
-        }
-        let holder = match &c.reservation {
-            None => None,
-            Some(h) => {
-                let t = ResvType::from_u8(h.rtype)
-                    .ok_or_else(|| format!("reservation type {} does not exist", h.rtype))?;
-                let host = unhex(&h.host)?;
-                if !registrants.iter().any(|(r, _)| *r == host) {
-                    return Err("the reservation's holder is not a registrant".into());
-                }
-                Some((t, host))
-            }
-        };
-        Ok(State {
-            generation: c.generation,
-            ptpl: true,
-            registrants,
-            holder,
-        })
+        decode(&identity, text)
     }
 
     fn refuse(&self, why: &str) -> State {
@@ -200,30 +178,14 @@ impl StateFile {
             .recursive(true)
             .mode(0o700)
             .create(dir)?;
-        let contents = Contents {
-            format: FORMAT,
-            identity: Identity {
-                size,
-                ..self.identity.clone()
-            },
-            generation: st.generation,
-            reservation: st.holder.map(|(t, h)| Holder {
-                rtype: t as u8,
-                host: hex(&h),
-            }),
-            registrants: st
-                .registrants
-                .iter()
-                .map(|(h, k)| Registrant {
-                    host: hex(h),
-                    key: format!("{k:#x}"),
-                })
-                .collect(),
+        let identity = Identity {
+            size,
+            ..self.identity.clone()
         };
         let text = format!(
             "# rdmablk-target: reservations of one namespace, kept through power loss.\n\
              # Written by the daemon; a file that does not match its namespace is refused.\n{}",
-            toml::to_string(&contents).map_err(std::io::Error::other)?
+            encode(&identity, st, false)
         );
         let mut tmp = self.path.clone().into_os_string();
         tmp.push(".new");
@@ -242,6 +204,69 @@ impl StateFile {
 }
 
 use std::os::unix::fs::{DirBuilderExt, OpenOptionsExt};
+
+/// `st` as a state file (`with_ptpl` false: PTPL goes without saying) or
+/// a gateway group's record holds it, for namespace `identity`.
+pub fn encode(identity: &Identity, st: &State, with_ptpl: bool) -> String {
+    let contents = Contents {
+        format: FORMAT,
+        identity: identity.clone(),
+        generation: st.generation,
+        ptpl: with_ptpl.then_some(st.ptpl),
+        reservation: st.holder.map(|(t, h)| Holder {
+            rtype: t as u8,
+            host: hex(&h),
+        }),
+        registrants: st
+            .registrants
+            .iter()
+            .map(|(h, k)| Registrant {
+                host: hex(h),
+                key: format!("{k:#x}"),
+            })
+            .collect(),
+    };
+    toml::to_string(&contents).expect("plain strings and numbers serialize")
+}
+
+/// The state `text` (a state file or record) holds for namespace
+/// `identity`; why it cannot be used otherwise.
+pub fn decode(identity: &Identity, text: &str) -> Result<State, String> {
+    let c: Contents = toml::from_str(text).map_err(|e| format!("not a state file: {e}"))?;
+    if c.format != FORMAT {
+        return Err(format!("format {} (this build reads {FORMAT})", c.format));
+    }
+    if c.identity != *identity {
+        return Err(format!(
+            "it is for another namespace: {:?}, this one is {identity:?}",
+            c.identity
+        ));
+    }
+    let mut registrants = Vec::new();
+    for r in &c.registrants {
+        let key = u64::from_str_radix(r.key.trim_start_matches("0x"), 16)
+            .map_err(|_| format!("key {:?} is not a 64-bit hexadecimal number", r.key))?;
+        registrants.push((unhex(&r.host)?, key));
+    }
+    let holder = match &c.reservation {
+        None => None,
+        Some(h) => {
+            let t = ResvType::from_u8(h.rtype)
+                .ok_or_else(|| format!("reservation type {} does not exist", h.rtype))?;
+            let host = unhex(&h.host)?;
+            if !registrants.iter().any(|(r, _)| *r == host) {
+                return Err("the reservation's holder is not a registrant".into());
+            }
+            Some((t, host))
+        }
+    };
+    Ok(State {
+        generation: c.generation,
+        ptpl: c.ptpl.unwrap_or(true),
+        registrants,
+        holder,
+    })
+}
 
 /// What the saver is asked: a namespace's state to write, and whom to tell.
 pub trait Persistent: Send + Sync {

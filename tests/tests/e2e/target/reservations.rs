@@ -31,18 +31,18 @@ const BS: u32 = 512;
 // ---- hosts -------------------------------------------------------------------
 
 /// A host: its NQN and its Host Identifier (Connect data HOSTID).
-struct Host {
-    name: &'static str,
-    nqn: &'static str,
-    id: [u8; 16],
+pub(crate) struct Host {
+    pub(crate) name: &'static str,
+    pub(crate) nqn: &'static str,
+    pub(crate) id: [u8; 16],
 }
 
-const A: Host = Host {
+pub(crate) const A: Host = Host {
     name: "A",
     nqn: HOST_A,
     id: 0x6c3e2f0a_2b1d_4c5e_9f8a_1a2b3c4d5e6f_u128.to_be_bytes(),
 };
-const B: Host = Host {
+pub(crate) const B: Host = Host {
     name: "B",
     nqn: HOST_B,
     id: 0x0f9e8d7c_6b5a_4c3d_8e2f_1a0b9c8d7e6f_u128.to_be_bytes(),
@@ -58,7 +58,7 @@ fn open_as(t: &Target, h: &Host) -> Controller {
     open_nqn(t, DEFAULT_NQN, h)
 }
 
-fn open_nqn(t: &Target, nqn: &str, h: &Host) -> Controller {
+pub(crate) fn open_nqn(t: &Target, nqn: &str, h: &Host) -> Controller {
     let opts = Opts {
         hostid: h.id,
         ..quiet()
@@ -107,33 +107,33 @@ fn start(namespaces: &[&str]) -> Daemon {
 /// Reservation Register Action (CDW10 bits 2:0), Ignore Existing Key (bit
 /// 3) and Change Persist Through Power Loss State (bits 31:30): NVMe Base
 /// 2.1, 7.6.
-const REGISTER: u32 = 0;
+pub(crate) const REGISTER: u32 = 0;
 const UNREGISTER: u32 = 1;
 const REPLACE: u32 = 2;
 const IEKEY: u32 = 1 << 3;
 const CPTPL_INVALID: u32 = 0b01 << 30;
 const CPTPL_CLEAR: u32 = 0b10 << 30;
-const CPTPL_SET: u32 = 0b11 << 30;
+pub(crate) const CPTPL_SET: u32 = 0b11 << 30;
 /// Reservation Acquire Action (7.5) and Reservation Release Action (7.7).
-const ACQUIRE: u32 = 0;
-const PREEMPT: u32 = 1;
+pub(crate) const ACQUIRE: u32 = 0;
+pub(crate) const PREEMPT: u32 = 1;
 const PREEMPT_AND_ABORT: u32 = 2;
 const RELEASE: u32 = 0;
 const CLEAR: u32 = 1;
 
 /// RTYPE in CDW10 bits 15:8 of Acquire and Release.
-fn rt(rtype: u8) -> u32 {
+pub(crate) fn rt(rtype: u8) -> u32 {
     (rtype as u32) << 8
 }
 
 /// Completion dword 0 of the Asynchronous Event Request (NVMe Base 2.1,
 /// 5.1.2) for a notice: type I/O Command Specific Status (6h), information
 /// Reservation Log Page Available (00h), log page 80h.
-const RESV_NOTICE_AER: u32 = 0x0080_0006;
+pub(crate) const RESV_NOTICE_AER: u32 = 0x0080_0006;
 
 /// Reservation Notification Log Page types (NVMe Base 2.1, 5.1.12, the
 /// Reservation Notification log page).
-const REGISTRATION_PREEMPTED: u8 = 1;
+pub(crate) const REGISTRATION_PREEMPTED: u8 = 1;
 const RESERVATION_RELEASED: u8 = 2;
 const RESERVATION_PREEMPTED: u8 = 3;
 
@@ -149,12 +149,12 @@ fn resv(q: &mut Queue, opcode: u8, nsid: u32, cdw10: u32, keys: &[u64]) -> Compl
 }
 
 /// Reservation Register: data CRKEY, NRKEY.
-fn reg(q: &mut Queue, cdw10: u32, crkey: u64, nrkey: u64) -> Completion {
+pub(crate) fn reg(q: &mut Queue, cdw10: u32, crkey: u64, nrkey: u64) -> Completion {
     resv(q, nvm::RESV_REGISTER, NSID, cdw10, &[crkey, nrkey])
 }
 
 /// Reservation Acquire: data CRKEY, PRKEY.
-fn acq(q: &mut Queue, cdw10: u32, crkey: u64, prkey: u64) -> Completion {
+pub(crate) fn acq(q: &mut Queue, cdw10: u32, crkey: u64, prkey: u64) -> Completion {
     resv(q, nvm::RESV_ACQUIRE, NSID, cdw10, &[crkey, prkey])
 }
 
@@ -174,7 +174,7 @@ fn report_raw(q: &mut Queue, nsid: u32, len: u32, eds: bool) -> Completion {
 }
 
 /// The Reservation Status Extended Data Structure of namespace `nsid`.
-fn report_ns(q: &mut Queue, nsid: u32) -> Report {
+pub(crate) fn report_ns(q: &mut Queue, nsid: u32) -> Report {
     let done = report_raw(q, nsid, 4096, true);
     assert_status(&done, Status::SUCCESS, "Reservation Report (EDS)");
     parse_report(&done.data)
@@ -199,12 +199,12 @@ fn want(c: Completion, status: Status, what: &str) {
 }
 
 #[track_caller]
-fn ok(c: Completion, what: &str) {
+pub(crate) fn ok(c: Completion, what: &str) {
     want(c, Status::SUCCESS, what);
 }
 
 #[track_caller]
-fn conflict(c: Completion, what: &str) {
+pub(crate) fn conflict(c: Completion, what: &str) {
     want(c, Status::RESERVATION_CONFLICT, what);
 }
 
@@ -215,24 +215,24 @@ fn conflict(c: Completion, what: &str) {
 /// a Registered Controller Extended Data Structure of 64 bytes each (CNTLID
 /// 0-1, RCSTS 2, RKEY 8-15, HOSTID 16-31).
 #[derive(Clone, Debug, PartialEq, Eq)]
-struct Report {
-    gen: u32,
-    rtype: u8,
+pub(crate) struct Report {
+    pub(crate) gen: u32,
+    pub(crate) rtype: u8,
     /// Number of registrants (REGCTL), listed or not.
-    regctl: u16,
-    ptpls: u8,
+    pub(crate) regctl: u16,
+    pub(crate) ptpls: u8,
     /// Those the buffer holds, sorted by host identifier (the order is not
     /// specified).
-    registrants: Vec<Registrant>,
+    pub(crate) registrants: Vec<Registrant>,
 }
 
 #[derive(Clone, Debug, PartialEq, Eq, PartialOrd, Ord)]
-struct Registrant {
-    hostid: [u8; 16],
-    rkey: u64,
+pub(crate) struct Registrant {
+    pub(crate) hostid: [u8; 16],
+    pub(crate) rkey: u64,
     /// RCSTS bit 0: holds the reservation.
-    holds: bool,
-    cntlid: u16,
+    pub(crate) holds: bool,
+    pub(crate) cntlid: u16,
 }
 
 /// A registrant as the target must report it: the host (CNTLID FFFFh, as
@@ -306,15 +306,15 @@ fn parse_report(b: &[u8]) -> Report {
 /// Page Count (0-7), type (8), Number of Available Log Pages (9), NSID
 /// (12-15), the rest reserved.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-struct Notice {
-    count: u64,
-    kind: u8,
-    available: u8,
-    nsid: u32,
+pub(crate) struct Notice {
+    pub(crate) count: u64,
+    pub(crate) kind: u8,
+    pub(crate) available: u8,
+    pub(crate) nsid: u32,
 }
 
 /// Reads log page 80h (RAE clear): the oldest notice of the controller.
-fn notice(c: &Controller) -> Notice {
+pub(crate) fn notice(c: &Controller) -> Notice {
     let page = c
         .admin()
         .get_log(lid::RESERVATION, 64, 0)
@@ -347,7 +347,7 @@ fn settle(c: &Controller) {
 }
 
 #[track_caller]
-fn aer_says_log_80h(c: &Controller, aer: u16, what: &str) {
+pub(crate) fn aer_says_log_80h(c: &Controller, aer: u16, what: &str) {
     let done = c
         .admin()
         .wait(aer)

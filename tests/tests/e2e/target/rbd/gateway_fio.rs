@@ -8,6 +8,9 @@
 //! gets its group back. fio ends without an error, every verification
 //! clean; the gateways' metrics count exactly the failovers made.
 //!
+//! Both images have the exclusive-lock feature: the new owner's first
+//! write takes the lock, breaking the fenced gateway's hold on it.
+//!
 //! The time from each kill to the first write completed through the new
 //! owner (its `rdmablk_namespace_bytes_total`, scraped every 10 ms) is
 //! printed: median and maximum over the rounds.
@@ -177,9 +180,11 @@ fn first_write(others: &[&Gateway], before: &[f64], from: Instant, what: &str) -
 fn fio_over_every_path_rides_kills_a_freeze_and_failbacks() {
     let _machine = crate::alone();
     let dir = TempDir::new("gateway-fio");
+    // Images with an exclusive lock (Ceph's default features): librbd
+    // moves it to whichever gateway writes, breaking a fenced holder's.
     let (one, two) = (
-        Image::create("gwfio1", 32 * MIB),
-        Image::create("gwfio2", 32 * MIB),
+        Image::create_with("gwfio1", 32 * MIB, "layering,exclusive-lock"),
+        Image::create_with("gwfio2", 32 * MIB, "layering,exclusive-lock"),
     );
     let group = format!("fio-{}", std::process::id());
     let mut a = Gateway::new(&dir, &group, 'a', (&one, &two));

@@ -31,6 +31,7 @@ mod compare_write;
 mod failures;
 mod gateway;
 mod gateway_fio;
+mod gateway_resv;
 mod io;
 mod namespace;
 
@@ -67,6 +68,11 @@ struct Image {
 
 impl Image {
     fn create(label: &str, bytes: u64) -> Image {
+        Image::create_with(label, bytes, "layering")
+    }
+
+    /// An image with the RBD `features` given (comma-separated).
+    fn create_with(label: &str, bytes: u64, features: &str) -> Image {
         let name = format!("{label}-{}", std::process::id());
         let size = format!("{}M", bytes / MIB);
         let _ = rbd(&["rm", &format!("rbd/{name}")]);
@@ -76,7 +82,7 @@ impl Image {
             "--size",
             &size,
             "--image-feature",
-            "layering",
+            features,
         ])
         .assert_success("rbd create");
         Image { name }

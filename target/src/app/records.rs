@@ -1,0 +1,89 @@
+//! The gateway group's shared reservations: every RBD namespace with
+//! reservations gets a record ([`crate::nvme::reservation::shared`]) in
+//! the group's pool, `rdmablk.gwgroup.GROUP.resv.NQN.nsNSID`, on each
+//! connection of this gateway to the cluster; a gateway that takes an ANA
+//! group reads the records of its namespaces first.
+
+use crate::backend::rbd::Pool;
+use crate::backend::Backend;
+use crate::nvme::reservation::shared::{self, Record};
+use crate::nvme::reservation::{HostId, State};
+use crate::nvme::subsystem::{Namespace, Registry, Subsystem};
+use std::sync::{Arc, Weak};
+
+/// A namespace of a subsystem, as its record reaches it.
+struct Holder {
+    ns: Weak<Namespace>,
+    subsys: Weak<Subsystem>,
+    nsid: u32,
+}
+
+impl shared::Holder for Holder {
+    fn install(&self, st: State, aborted: &[HostId]) {
+        if let Some(r) = self
+            .ns
+            .upgrade()
+            .as_ref()
+            .and_then(|n| n.reservations.as_ref())
+        {
+            r.install(st, aborted);
+        }
+    }
+
+    fn notices(&self, notices: &[(HostId, u8)]) {
+        if let Some(s) = self.subsys.upgrade() {
+            s.reservation_notices(self.nsid, notices);
+        }
+    }
+}
+
+/// Gives every namespace of `registry` that shares its reservations a
+/// record on `pool` (those that have one there keep it). `reset`: records
+/// without PTPL start empty (no other gateway of the group runs).
+pub fn share(registry: &Registry, pool: &Arc<Pool>, group: &str, me: &str, reset: bool) {
+    for s in registry.subsystems() {
+        for ns in s.namespaces().iter() {
+            let (Some(r), Some(identity)) = (&ns.reservations, ns.reservations_identity()) else {
+                continue;
+            };
+            if !matches!(ns.backend, Backend::Rbd(_)) || r.record().is_some_and(|x| x.on(pool)) {
+                continue;
+            }
+            let oid = format!("rdmablk.gwgroup.{group}.resv.{}.ns{}", s.nqn, ns.nsid);
+            let holder = Arc::new(Holder {
+                ns: Arc::downgrade(ns),
+                subsys: Arc::downgrade(&s),
+                nsid: ns.nsid,
+            });
+            match Record::open(
+                pool,
+                oid.clone(),
+                identity.clone(),
+                me.to_string(),
+                holder,
+                reset,
+            ) {
+                Ok(record) => {
+                    tracing::info!(subsystem = %s.nqn, nsid = ns.nsid, "reservations shared by the gateway group ({oid})");
+                    r.set_record(record);
+                }
+                Err(e) => {
+                    tracing::error!(subsystem = %s.nqn, nsid = ns.nsid, "cannot share reservations through {oid}: {e}")
+                }
+            }
+        }
+    }
+}
+
+/// Reads the records of the namespaces in ANA group `g` (before this
+/// gateway serves them).
+pub fn refresh(registry: &Registry, g: u32) -> std::io::Result<()> {
+    for s in registry.subsystems() {
+        for ns in s.namespaces().iter().filter(|n| n.ana_group() == g) {
+            if let Some(record) = ns.reservations.as_ref().and_then(|r| r.record()) {
+                record.refresh()?;
+            }
+        }
+    }
+    Ok(())
+}
