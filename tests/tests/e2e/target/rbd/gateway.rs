@@ -38,7 +38,7 @@ pub(super) fn config(
     let ns = |nsid: u32, image: &Image| {
         format!(
             "  [[subsystem.namespace]]\n  nsid = {nsid}\n  backend = \"rbd\"\n  pool = \"rbd\"\n  \
-             image = \"{}\"\n  ceph_conf = \"{conf}\"\n  ana_group = {nsid}\n  reservations = false\n",
+             image = \"{}\"\n  ceph_conf = \"{conf}\"\n  ana_group = {nsid}\n",
             image.name
         )
     };

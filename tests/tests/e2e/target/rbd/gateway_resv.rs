@@ -45,8 +45,7 @@ fn reservations_are_shared_by_the_gateways_of_a_group() {
     );
     let group = format!("resv-{}", std::process::id());
     let gateway = |gw| {
-        let toml = config(&group, gw, (&one, &two), 3, "").replace("  reservations = false\n", "");
-        let d = Daemon::start(&toml);
+        let d = Daemon::start(&config(&group, gw, (&one, &two), 3, ""));
         wait_active(&d.t);
         d
     };
