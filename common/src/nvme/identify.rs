@@ -62,6 +62,8 @@ pub struct ControllerId {
     pub ver: u32,
     /// Optional asynchronous events supported.
     pub oaes: u32,
+    /// Controller attributes (bit 0: 128-bit host identifiers).
+    pub ctratt: u32,
     pub cntrltype: u8,
     /// Command Retry Delay Times 1 to 3, in 100 ms units: how long a host
     /// that enabled Advanced Command Retry waits for a status's CRD.
@@ -127,6 +129,7 @@ impl ControllerId {
         put_u16(&mut b, 78, self.cntlid);
         put_u32(&mut b, 80, self.ver);
         put_u32(&mut b, 92, self.oaes);
+        put_u32(&mut b, 96, self.ctratt);
         b[111] = self.cntrltype;
         for (i, t) in self.crdt.iter().enumerate() {
             put_u16(&mut b, 128 + 2 * i, *t);
@@ -173,6 +176,7 @@ impl ControllerId {
             cntlid: get_u16(b, 78),
             ver: get_u32(b, 80),
             oaes: get_u32(b, 92),
+            ctratt: get_u32(b, 96),
             cntrltype: b[111],
             crdt: [get_u16(b, 128), get_u16(b, 130), get_u16(b, 132)],
             acl: b[258],

@@ -2,6 +2,13 @@
 //! handshake at once on non-blocking sockets, each within one deadline for
 //! the whole handshake, and turns away clients beyond the export's limit.
 //!
+//! Handshakes are bounded apart from the clients served: a client takes a
+//! place among the export's clients only once it speaks (its first bytes
+//! after the greeting), and when the handshakes in progress reach their
+//! bound, a new connection takes the place of the oldest one still silent.
+//! Clients that connect and say nothing, however many and however often,
+//! neither fill the export nor keep a client that speaks out.
+//!
 //! The handshake itself (`handshake.rs`) is written against a blocking
 //! stream. Here it is replayed over the bytes a client has sent so far: a
 //! read past them is `WouldBlock`, which ends the replay until the bytes it
@@ -35,7 +42,8 @@ const STOP_CHECK: Duration = Duration::from_millis(500);
 pub struct Greeter {
     pub export: Arc<Export>,
     pub engines: Vec<(Sender<NewClient>, Waker)>,
-    /// Clients the export serves at most (handshakes included).
+    /// Clients the export serves at most (those in their handshake that
+    /// spoke included).
     pub max_clients: usize,
     pub stop: Arc<AtomicBool>,
 }
@@ -53,9 +61,10 @@ pub trait Accept {
 struct Pending {
     sock: std::fs::File,
     peer: String,
-    seat: Seat,
-    /// Whether the client may be served (the export was not full when it came).
-    admitted: bool,
+    /// Its place among the export's clients, taken when it first spoke,
+    /// and whether it may be served (the export was not full then).
+    seat: Option<(Seat, bool)>,
+    accepted: Instant,
     input: Vec<u8>,
     /// The client closed its side.
     eof: bool,
@@ -167,7 +176,7 @@ impl Greeter {
                 } else if ev.is_empty() {
                     Step::Wait
                 } else {
-                    self.progress(&mut pending[i])
+                    self.progress(&mut pending[i], &clients)
                 };
                 match step {
                     Step::Wait => i += 1,
@@ -202,16 +211,22 @@ impl Greeter {
                     return;
                 }
             };
-            // Handshakes of clients beyond the limit are still answered (with
-            // a refusal), but not without bound.
-            if pending.len() >= 2 * self.max_clients.max(1) {
-                tracing::warn!(%peer, "NBD client refused: too many handshakes in progress");
-                continue;
-            }
-            let (seat, seated) = Seat::claim(clients);
-            let admitted = seated <= self.max_clients;
-            if !admitted {
-                tracing::warn!(%peer, max = self.max_clients, "NBD export is full; the client is told so");
+            // Handshakes are bounded: the oldest silent one makes room, or
+            // the newcomer is refused when every one has spoken.
+            if pending.len() >= self.max_handshakes() {
+                let silent = (0..pending.len())
+                    .filter(|&i| pending[i].seat.is_none())
+                    .min_by_key(|&i| pending[i].accepted);
+                match silent {
+                    Some(i) => {
+                        let old = pending.swap_remove(i);
+                        tracing::debug!(peer = %old.peer, "NBD client silent since it connected, closed for a new one");
+                    }
+                    None => {
+                        tracing::warn!(%peer, "NBD client refused: too many handshakes in progress");
+                        continue;
+                    }
+                }
             }
             if tcp {
                 let nodelay = nix::sys::socket::sockopt::TcpNoDelay;
@@ -220,8 +235,8 @@ impl Greeter {
             let mut p = Pending {
                 sock: std::fs::File::from(fd),
                 peer,
-                seat,
-                admitted,
+                seat: None,
+                accepted: Instant::now(),
                 input: Vec::new(),
                 eof: false,
                 need: 0,
@@ -231,7 +246,7 @@ impl Greeter {
                 chosen: None,
             };
             // The greeting goes out at once.
-            if let Step::Wait = self.replay(&mut p) {
+            if let Step::Wait = self.replay(&mut p, clients) {
                 if flush(&mut p).is_ok() {
                     pending.push(p);
                 }
@@ -242,7 +257,7 @@ impl Greeter {
     /// Reads what arrived, replays the handshake when it can go further,
     /// writes what it answered, and hands a client that chose the export
     /// over to an engine.
-    fn progress(&self, p: &mut Pending) -> Step {
+    fn progress(&self, p: &mut Pending, clients: &Arc<AtomicUsize>) -> Step {
         if p.chosen.is_none() {
             let mut buf = [0u8; 4096];
             loop {
@@ -267,7 +282,7 @@ impl Greeter {
                 }
             }
             if p.input.len() >= p.need || p.eof {
-                if let Step::Done = self.replay(p) {
+                if let Step::Done = self.replay(p, clients) {
                     return Step::Done;
                 }
             }
@@ -281,8 +296,24 @@ impl Greeter {
         }
     }
 
+    /// Handshakes in progress at most.
+    fn max_handshakes(&self) -> usize {
+        2 * self.max_clients.max(1)
+    }
+
     /// Runs the handshake over the input so far; queues the new replies.
-    fn replay(&self, p: &mut Pending) -> Step {
+    /// A client that spoke takes its place among the export's clients (the
+    /// greeting, all it had before, does not depend on it).
+    fn replay(&self, p: &mut Pending, clients: &Arc<AtomicUsize>) -> Step {
+        if p.seat.is_none() && !p.input.is_empty() {
+            let (seat, seated) = Seat::claim(clients);
+            let admitted = seated <= self.max_clients;
+            if !admitted {
+                tracing::warn!(peer = %p.peer, max = self.max_clients, "NBD export is full; the client is told so");
+            }
+            p.seat = Some((seat, admitted));
+        }
+        let admitted = p.seat.as_ref().is_some_and(|(_, a)| *a);
         let mut r = Replay {
             input: &p.input,
             at: 0,
@@ -290,7 +321,7 @@ impl Greeter {
             wanted: 0,
             out: Vec::new(),
         };
-        let result = negotiate(&mut r, &self.export, p.admitted);
+        let result = negotiate(&mut r, &self.export, admitted);
         let (at, wanted) = (r.at, r.wanted);
         p.unsent
             .extend_from_slice(&r.out[p.produced.min(r.out.len())..]);
@@ -324,17 +355,27 @@ impl Greeter {
     /// Gives a client that chose the export to the next engine, its socket
     /// blocking again (the engine's io_uring waits on it).
     fn hand_over(&self, p: Pending, negotiated: Negotiated, next: &mut usize) {
-        if let Err(e) = set_nonblocking(&p.sock, false) {
-            tracing::warn!(peer = %p.peer, "NBD client dropped: {e}");
+        // A client that chose the export spoke, so it has its place.
+        let Pending {
+            sock,
+            peer,
+            seat: Some((seat, _)),
+            ..
+        } = p
+        else {
+            return;
+        };
+        if let Err(e) = set_nonblocking(&sock, false) {
+            tracing::warn!(%peer, "NBD client dropped: {e}");
             return;
         }
         let (tx, waker) = &self.engines[*next % self.engines.len()];
         *next += 1;
         let client = NewClient {
-            fd: OwnedFd::from(p.sock),
+            fd: OwnedFd::from(sock),
             negotiated,
-            peer: p.peer,
-            seat: p.seat,
+            peer,
+            seat,
         };
         if tx.send(client).is_ok() {
             waker.wake();

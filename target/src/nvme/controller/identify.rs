@@ -90,6 +90,8 @@ impl Controller {
             } else {
                 aen::NS_ATTR | aen::ANA_CHANGE
             },
+            // 128-bit host identifiers (Connect's, Reservation Report's).
+            ctratt: 1,
             cntrltype: if disc {
                 cntrltype::DISCOVERY
             } else {
@@ -99,8 +101,10 @@ impl Controller {
             crdt: if disc { [0; 3] } else { CRDT },
             acl: 3,
             aerl: (MAX_AERS - 1) as u8,
-            // Extended data for Get Log Page (64-bit offsets).
-            lpa: 1 << 2,
+            // The Commands Supported and Effects log (bit 1), extended
+            // data for Get Log Page (bit 2: 64-bit offsets). Not bit 0:
+            // SMART / Health Information is for the controller only.
+            lpa: 1 << 1 | 1 << 2,
             elpe: 0,
             kas: KAS,
             // ANA: reported by NVM subsystems only.

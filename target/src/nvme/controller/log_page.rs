@@ -30,6 +30,11 @@ impl Controller {
             }
             _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
             lid::ERROR => vec![0; 64],
+            // For the whole controller only (Identify LPA bit 0 clear):
+            // NVMe Base 2.1, 5.1.12.1.3.
+            lid::SMART if sqe.nsid() != 0 && sqe.nsid() != u32::MAX => {
+                return Reply::status(Status::INVALID_FIELD)
+            }
             lid::SMART => smart_log(),
             lid::FW_SLOT => {
                 let mut b = vec![0u8; 512];

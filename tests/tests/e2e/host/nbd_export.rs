@@ -357,3 +357,110 @@ fn a_trickling_handshake_is_cut_at_its_deadline() {
         e.report()
     );
 }
+
+/// 1,000 clients that connect and say nothing, reconnecting as fast as they
+/// can for 30 s, neither fill the export nor keep others out: a new client
+/// (nbdinfo, then nbdcopy reading the whole export back) is greeted and
+/// served every time meanwhile, each within 5 s (the slowest printed),
+/// the bytes it reads those written before.
+#[test]
+fn silent_handshakes_cannot_lock_clients_out() {
+    const SILENT: usize = 1000;
+    let _machine = crate::alone();
+    raise_open_files(SILENT as u64 + 512);
+    let t = Target::start(&["--memory", "8MiB"]);
+    let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
+    let data = Rng::new(30).bytes(8 << 20);
+    let dir = rdmablk_tests::TempDir::new("nbd-silent");
+    let (src, back) = (dir.join("src.img"), dir.join("back.img"));
+    std::fs::write(&src, &data).expect("the image to write");
+    run(
+        "nbdcopy",
+        Command::new("nbdcopy").arg(&src).arg(e.uri()),
+        Duration::from_secs(60),
+    )
+    .assert_success("nbdcopy into the export");
+
+    let stop = Arc::new(AtomicBool::new(false));
+    let churned = Arc::new(AtomicU64::new(0));
+    let silent = {
+        let (socket, stop, churned) = (e.socket().to_path_buf(), stop.clone(), churned.clone());
+        std::thread::spawn(move || {
+            let mut held: Vec<Option<UnixStream>> = (0..SILENT).map(|_| None).collect();
+            let mut i = 0;
+            while !stop.load(Ordering::Acquire) {
+                held[i] = UnixStream::connect(&socket).ok();
+                churned.fetch_add(1, Ordering::Relaxed);
+                i = (i + 1) % SILENT;
+            }
+        })
+    };
+    let start = Instant::now();
+    let mut slowest = Duration::ZERO;
+    let mut rounds = 0;
+    while start.elapsed() < Duration::from_secs(30) {
+        let t0 = Instant::now();
+        let info = run(
+            "nbdinfo",
+            Command::new("nbdinfo").arg(e.uri()),
+            Duration::from_secs(10),
+        );
+        assert!(
+            info.status.success(),
+            "nbdinfo among silent clients\n{}\n{}",
+            info.report(),
+            e.report()
+        );
+        let _ = std::fs::remove_file(&back);
+        let copy = run(
+            "nbdcopy",
+            Command::new("nbdcopy").arg(e.uri()).arg(&back),
+            Duration::from_secs(10),
+        );
+        assert!(
+            copy.status.success(),
+            "nbdcopy among silent clients\n{}\n{}",
+            copy.report(),
+            e.report()
+        );
+        let took = t0.elapsed();
+        assert!(
+            std::fs::read(&back).expect("the copy") == data,
+            "nbdcopy read other bytes than written"
+        );
+        slowest = slowest.max(took);
+        rounds += 1;
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    stop.store(true, Ordering::Release);
+    silent.join().expect("the silent clients");
+    eprintln!(
+        "NBD export: {rounds} rounds of nbdinfo + nbdcopy among {SILENT} silent clients ({} connects in 30 s), slowest {slowest:?}",
+        churned.load(Ordering::Relaxed)
+    );
+    assert!(
+        slowest < Duration::from_secs(5),
+        "slowest round {slowest:?}\n{}",
+        e.report()
+    );
+    assert!(
+        churned.load(Ordering::Relaxed) > SILENT as u64,
+        "the silent clients reconnected"
+    );
+}
+
+/// Raises this process's open-file limit to at least `n` (up to the hard
+/// limit).
+fn raise_open_files(n: u64) {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the call to fill.
+    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
+    if lim.rlim_cur < n {
+        lim.rlim_cur = n.min(lim.rlim_max);
+        // SAFETY: a valid rlimit, read above.
+        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
+    }
+}

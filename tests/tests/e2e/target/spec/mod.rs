@@ -21,6 +21,7 @@ use rdmablk_tests::{two_subsystems_config, Rng, Target};
 use std::io;
 use std::time::{Duration, Instant};
 
+mod claims;
 mod commands;
 mod controller;
 mod flow_control;
