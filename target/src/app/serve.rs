@@ -87,6 +87,16 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         .into_iter()
         .unzip();
     let pollers = Arc::new(links);
+    // A controller that ends has its queues closed at once, by their
+    // pollers (not at their next tick).
+    {
+        let pollers = Arc::downgrade(&pollers);
+        crate::nvme::controller::on_end(move || {
+            for p in pollers.upgrade().iter().flat_map(|p| p.iter()) {
+                p.wake();
+            }
+        });
+    }
 
     // Set once the gateway group has started.
     let group_status: Arc<OnceLock<Arc<Group>>> = Arc::default();

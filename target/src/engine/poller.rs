@@ -250,6 +250,7 @@ pub fn spawn(
         release_in: types::Timespec::new(),
         shared,
         stop_at: None,
+        ends_seen: crate::nvme::controller::ends(),
     };
     let thread = std::thread::Builder::new()
         .name(format!("poller-{id}"))
@@ -289,6 +290,8 @@ struct Poller {
     shared: Arc<Shared>,
     /// When the stop was noticed.
     stop_at: Option<Instant>,
+    /// Controllers ended (`nvme::controller::ends`) as last looked at.
+    ends_seen: u64,
 }
 
 impl Poller {
@@ -462,6 +465,12 @@ impl Poller {
 
     fn on_wake(&mut self) {
         self.wakeup.drain();
+        // A controller ended: its queues here close now, not at the tick.
+        let ends = crate::nvme::controller::ends();
+        if ends != self.ends_seen {
+            self.ends_seen = ends;
+            self.on_tick();
+        }
         if self.shared.stop.load(Ordering::Acquire) && self.stop_at.is_none() {
             self.stop_at = Some(Instant::now());
             tracing::debug!(

@@ -33,7 +33,7 @@ use aen::Events;
 use rdmablk_common::nvme::Status;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 /// I/O queues a controller grants at most.
@@ -45,6 +45,23 @@ const VERSION: u32 = 0x0001_0300;
 /// Command Retry Delay Times 1 to 3 (Identify Controller CRDT1..3), in
 /// 100 ms units: 100 ms, 1 s, 10 s.
 pub const CRDT: [u16; 3] = [1, 10, 100];
+
+/// Controllers ended so far, by any cause.
+static ENDS: AtomicU64 = AtomicU64::new(0);
+/// Told when a controller ends (the daemon wakes its pollers, which close
+/// the ended controller's queues at once).
+static ON_END: OnceLock<Box<dyn Fn() + Send + Sync>> = OnceLock::new();
+
+/// The number of controllers ended so far: a queue's poller that sees it
+/// move checks its queues' controllers.
+pub fn ends() -> u64 {
+    ENDS.load(Ordering::Acquire)
+}
+
+/// Sets what a controller's end tells (once, at start).
+pub fn on_end(tell: impl Fn() + Send + Sync + 'static) {
+    let _ = ON_END.set(Box::new(tell));
+}
 
 /// A controller: one association of a host with a subsystem.
 pub struct Controller {
@@ -181,6 +198,10 @@ impl Controller {
     pub fn kill(&self, why: &str) {
         if !self.dead.swap(true, Ordering::AcqRel) {
             tracing::info!(cntlid = self.cntlid, subsystem = %self.subsys.nqn, host = %self.hostnqn, "controller ends: {why}");
+            ENDS.fetch_add(1, Ordering::AcqRel);
+            if let Some(tell) = ON_END.get() {
+                tell();
+            }
         }
     }
 
