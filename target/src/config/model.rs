@@ -218,8 +218,8 @@ pub struct NamespaceConfig {
     /// Its ANA group, 1 to [`MAX_ANA_GROUP`] (`ana_group`, default 1).
     pub ana_group: u32,
     /// Whether it takes reservations (`reservations`, default true): a
-    /// namespace that another gateway also serves must not, as its
-    /// registrations would not be shared.
+    /// namespace that another gateway outside a gateway group also serves
+    /// must not, as its registrations would not be shared.
     pub reservations: bool,
     /// The hosts that see it (`hosts`); `None`: every host allowed on the
     /// subsystem.
