@@ -20,6 +20,16 @@ for mode in plain digests sqflow; do
   size=$(blockdev --getsize64 "$dev")
   [ "$size" = 268435456 ] || fail "$dev has $size bytes, expected 268435456"
   say "$mode: $dev, $size bytes"
+  if [ $mode = plain ]; then
+    # Identify LPA bit 1 announces the Commands Supported and Effects log,
+    # which lists Identify (admin 06h) among the commands supported.
+    ctrl=/dev/$(basename "$dev" | sed 's/n[0-9]*$//')
+    /usr/bin/nvme id-ctrl "$ctrl" | grep -E "^lpa +: 0x6$" > /dev/null ||
+      fail "id-ctrl lpa: $(/usr/bin/nvme id-ctrl "$ctrl" | grep ^lpa)"
+    /usr/bin/nvme effects-log "$ctrl" > /tmp/effects.log 2>&1 || fail "nvme effects-log: $(cat /tmp/effects.log)"
+    grep -q "Identify" /tmp/effects.log || fail "effects log without Identify: $(head -20 /tmp/effects.log)"
+    say "lpa 0x6; nvme effects-log: $(grep -c '^[AI]' /tmp/effects.log) command(s) listed"
+  fi
   verify_blockdev "$dev" 16
   verify_ext4 "$dev"
   if [ $mode = sqflow ]; then
