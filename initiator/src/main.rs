@@ -212,9 +212,9 @@ struct ConnectArgs {
     )]
     nbd: Option<Listen>,
     /// NBD clients served at most (handshakes that began included); beyond,
-    /// a client is told the export is full (NBD_REP_ERR_POLICY). Twice as
-    /// many handshakes run at once; a client silent since it connected
-    /// makes room for a new one.
+    /// a client is told the export is full (NBD_REP_ERR_POLICY). Four times
+    /// as many handshakes (at least 1024) run at once; a client silent
+    /// since it connected makes room for a new one.
     #[arg(long, value_name = "N", default_value_t = 256, requires = "nbd")]
     nbd_max_clients: usize,
     /// Serve the namespace as a ublk block device, /dev/ublkbN (Linux 6.0+,

@@ -251,16 +251,9 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
 /// a descriptor, and `limits.connections` should be what binds, not the
 /// default soft limit of 1024.
 fn raise_open_files_limit() {
-    use nix::sys::resource::{getrlimit, setrlimit, Resource};
-    match getrlimit(Resource::RLIMIT_NOFILE) {
-        Ok((soft, hard)) if soft < hard => {
-            if let Err(e) = setrlimit(Resource::RLIMIT_NOFILE, hard, hard) {
-                tracing::warn!("cannot raise the open files limit from {soft} to {hard}: {e}");
-            } else {
-                tracing::debug!("open files limit raised from {soft} to {hard}");
-            }
-        }
-        Ok(_) => {}
-        Err(e) => tracing::warn!("cannot read the open files limit: {e}"),
+    match rdmablk_common::usage::raise_open_files_limit() {
+        Ok(Some((soft, hard))) => tracing::debug!("open files limit raised from {soft} to {hard}"),
+        Ok(None) => {}
+        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
     }
 }

@@ -187,6 +187,10 @@ pub fn serve(
         clients.push((tx, waker));
         Ok(NbdDriver::new(info, rx, stop.clone(), give_up.clone()))
     })?;
+    // Every client and handshake is a descriptor.
+    if let Err(e) = rdmablk_common::usage::raise_open_files_limit() {
+        tracing::warn!("cannot raise the open files limit: {e}");
+    }
     let listener = Arc::new(Listener::bind(listen)?);
     set_nonblocking(&listener.listening(), true)
         .map_err(|e| format!("listening on {}: {e}", listen.uri()))?;

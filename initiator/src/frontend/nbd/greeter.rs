@@ -5,7 +5,9 @@
 //! Handshakes are bounded apart from the clients served: a client takes a
 //! place among the export's clients only once it speaks (its first bytes
 //! after the greeting), and when the handshakes in progress reach their
-//! bound, a new connection takes the place of the oldest one still silent.
+//! bound, a new connection takes the place of the oldest one still silent
+//! (greeted before the accepts at hand: one greeted among them has had no
+//! chance to answer yet; with none, the newcomer is refused).
 //! Clients that connect and say nothing, however many and however often,
 //! neither fill the export nor keep a client that speaks out.
 //!
@@ -35,6 +37,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// may send (`MAX_OPTIONS` of them, each well under 8 KiB) is not needed;
 /// a real client sends a few hundred bytes.
 const MAX_INPUT: usize = 128 << 10;
+/// Handshakes in progress at least, whatever `--nbd-max-clients`.
+const MIN_HANDSHAKES: usize = 1024;
 /// How often the stop flag is looked at.
 const STOP_CHECK: Duration = Duration::from_millis(500);
 
@@ -195,13 +199,17 @@ impl Greeter {
         }
     }
 
-    /// Takes every connection waiting on the listener.
+    /// Takes every connection waiting on the listener (a full backlog
+    /// would turn clients away before they are seen).
     fn accept_all(
         &self,
         listener: &dyn Accept,
         clients: &Arc<AtomicUsize>,
         pending: &mut Vec<Pending>,
     ) {
+        // Only clients greeted before these accepts can be silent: one
+        // greeted among them has had no chance to answer yet.
+        let burst = Instant::now();
         loop {
             let (fd, peer, tcp) = match listener.accept_one() {
                 Ok(Some(c)) => c,
@@ -212,10 +220,10 @@ impl Greeter {
                 }
             };
             // Handshakes are bounded: the oldest silent one makes room, or
-            // the newcomer is refused when every one has spoken.
+            // the newcomer is refused when none is.
             if pending.len() >= self.max_handshakes() {
                 let silent = (0..pending.len())
-                    .filter(|&i| pending[i].seat.is_none())
+                    .filter(|&i| pending[i].seat.is_none() && pending[i].accepted < burst)
                     .min_by_key(|&i| pending[i].accepted);
                 match silent {
                     Some(i) => {
@@ -296,9 +304,10 @@ impl Greeter {
         }
     }
 
-    /// Handshakes in progress at most.
+    /// Handshakes in progress at most: four times the clients served, at
+    /// least [`MIN_HANDSHAKES`].
     fn max_handshakes(&self) -> usize {
-        2 * self.max_clients.max(1)
+        (4 * self.max_clients).max(MIN_HANDSHAKES)
     }
 
     /// Runs the handshake over the input so far; queues the new replies.
