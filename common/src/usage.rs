@@ -35,6 +35,29 @@ pub fn thread_cpu() -> Duration {
     )
 }
 
+/// Raises the soft open files limit to the hard one (every connection is a
+/// descriptor); the limits before and after when it moved.
+pub fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
+    let mut lim = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    // SAFETY: `lim` is a valid rlimit for the call to fill.
+    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    if lim.rlim_cur >= lim.rlim_max {
+        return Ok(None);
+    }
+    let before = lim.rlim_cur;
+    lim.rlim_cur = lim.rlim_max;
+    // SAFETY: a valid rlimit, read above.
+    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(Some((before, lim.rlim_max)))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -86,27 +109,4 @@ mod tests {
             "50 ms of this thread's spinning never showed in its CPU time"
         );
     }
-}
-
-/// Raises the soft open files limit to the hard one (every connection is a
-/// descriptor); the limits before and after when it moved.
-pub fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit for the call to fill.
-    if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    if lim.rlim_cur >= lim.rlim_max {
-        return Ok(None);
-    }
-    let before = lim.rlim_cur;
-    lim.rlim_cur = lim.rlim_max;
-    // SAFETY: a valid rlimit, read above.
-    if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
-        return Err(std::io::Error::last_os_error());
-    }
-    Ok(Some((before, lim.rlim_max)))
 }
