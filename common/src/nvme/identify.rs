@@ -1,5 +1,7 @@
 //! Identify data structures (CNS 00h namespace, 01h controller, 02h active
-//! namespace list, 03h namespace identification descriptors).
+//! namespace list, 03h namespace identification descriptors, 06h the NVM
+//! command set's controller data, 08h command set independent namespace
+//! data).
 
 use crate::bytes::{get_str, get_u16, get_u32, get_u64, put_str, put_u16, put_u32, put_u64};
 
@@ -12,6 +14,22 @@ pub mod cns {
     pub const CONTROLLER: u8 = 0x01;
     pub const ACTIVE_NS_LIST: u8 = 0x02;
     pub const NS_DESCRIPTORS: u8 = 0x03;
+    /// The I/O command set specific Identify Namespace data structure.
+    pub const CS_NAMESPACE: u8 = 0x05;
+    /// The I/O command set specific Identify Controller data structure.
+    pub const CS_CONTROLLER: u8 = 0x06;
+    /// The active namespace list of an I/O command set.
+    pub const CS_ACTIVE_NS_LIST: u8 = 0x07;
+    /// The I/O command set independent Identify Namespace data structure.
+    pub const INDEPENDENT_NS: u8 = 0x08;
+}
+
+/// The NVM command set's Command Set Identifier.
+pub const CSI_NVM: u8 = 0;
+
+/// The Command Set Identifier an Identify command names (CDW11 bits 31:24).
+pub fn csi_of(cdw11: u32) -> u8 {
+    (cdw11 >> 24) as u8
 }
 
 /// Controller type (CNTRLTYPE).
@@ -287,6 +305,93 @@ impl NamespaceId {
     }
 }
 
+/// The NVM command set's Identify Controller data structure (CNS 06h,
+/// NVM Command Set 1.0, 4.1.5.2): its per-command limits.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct NvmControllerId {
+    /// Verify Size Limit: 4 KiB << VSL bytes; 0 = no limit.
+    pub vsl: u8,
+    /// Write Zeroes Size Limit: 4 KiB << WZSL bytes; 0 = no limit.
+    pub wzsl: u8,
+    /// Write Uncorrectable Size Limit: 4 KiB << WUSL bytes; 0 = no limit.
+    pub wusl: u8,
+    /// Dataset Management Ranges Limit: ranges per command; 0 = no limit.
+    pub dmrl: u8,
+    /// Dataset Management Range Size Limit: blocks per range; 0 = no limit.
+    pub dmrsl: u32,
+    /// Dataset Management Size Limit: blocks per command; 0 = no limit.
+    pub dmsl: u64,
+}
+
+impl NvmControllerId {
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        b[0] = self.vsl;
+        b[1] = self.wzsl;
+        b[2] = self.wusl;
+        b[3] = self.dmrl;
+        put_u32(&mut b, 4, self.dmrsl);
+        put_u64(&mut b, 8, self.dmsl);
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Self {
+        NvmControllerId {
+            vsl: b[0],
+            wzsl: b[1],
+            wusl: b[2],
+            dmrl: b[3],
+            dmrsl: get_u32(b, 4),
+            dmsl: get_u64(b, 8),
+        }
+    }
+}
+
+/// The I/O command set independent Identify Namespace data structure
+/// (CNS 08h, NVMe Base 2.0, 5.17.2.14).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct IndependentNamespaceId {
+    /// Namespace features (bit 4: rotational media).
+    pub nsfeat: u8,
+    /// Namespace multi-path I/O and sharing (bit 0: may be shared).
+    pub nmic: u8,
+    /// Reservation capabilities (`resv::rescap`).
+    pub rescap: u8,
+    /// The namespace's ANA group (0: it reports none).
+    pub anagrpid: u32,
+    /// Namespace attributes (bit 0: write protected).
+    pub nsattr: u8,
+    /// Namespace status (bit 0: ready for I/O).
+    pub nstat: u8,
+}
+
+impl IndependentNamespaceId {
+    /// NSTAT bit 0: the namespace is ready.
+    pub const READY: u8 = 1;
+
+    pub fn encode(&self) -> Vec<u8> {
+        let mut b = vec![0u8; IDENTIFY_LEN];
+        b[0] = self.nsfeat;
+        b[1] = self.nmic;
+        b[2] = self.rescap;
+        put_u32(&mut b, 4, self.anagrpid);
+        b[8] = self.nsattr;
+        b[14] = self.nstat;
+        b
+    }
+
+    pub fn parse(b: &[u8]) -> Self {
+        IndependentNamespaceId {
+            nsfeat: b[0],
+            nmic: b[1],
+            rescap: b[2],
+            anagrpid: get_u32(b, 4),
+            nsattr: b[8],
+            nstat: b[14],
+        }
+    }
+}
+
 /// Encodes an active namespace list: the nsids above `after`, ascending.
 pub fn encode_ns_list(nsids: impl IntoIterator<Item = u32>, after: u32) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
@@ -314,15 +419,19 @@ pub mod nidt {
     pub const CSI: u8 = 4;
 }
 
-/// Encodes a namespace identification descriptor list.
-pub fn encode_ns_descriptors(nguid: &[u8; 16], uuid: &[u8; 16]) -> Vec<u8> {
+/// Encodes a namespace identification descriptor list: the identifiers
+/// `ids` has, then the command set (NVM).
+pub fn encode_ns_descriptors(ids: &NamespaceIdentifiers) -> Vec<u8> {
     let mut b = vec![0u8; IDENTIFY_LEN];
     let mut at = 0;
+    let csi = [CSI_NVM];
     for (kind, id) in [
-        (nidt::NGUID, &nguid[..]),
-        (nidt::UUID, &uuid[..]),
-        (nidt::CSI, &[0u8][..]),
+        (nidt::EUI64, ids.eui64.as_ref().map(|i| &i[..])),
+        (nidt::NGUID, ids.nguid.as_ref().map(|i| &i[..])),
+        (nidt::UUID, ids.uuid.as_ref().map(|i| &i[..])),
+        (nidt::CSI, Some(&csi[..])),
     ] {
+        let Some(id) = id else { continue };
         b[at] = kind;
         b[at + 1] = id.len() as u8;
         b[at + 4..at + 4 + id.len()].copy_from_slice(id);
@@ -428,12 +537,25 @@ mod tests {
 
     #[test]
     fn descriptor_list_round_trip() {
-        let b = encode_ns_descriptors(&[1; 16], &[2; 16]);
+        let given = NamespaceIdentifiers {
+            eui64: None,
+            nguid: Some([1; 16]),
+            uuid: Some([2; 16]),
+        };
+        let b = encode_ns_descriptors(&given);
         let ids = NamespaceIdentifiers::parse(&b);
-        assert_eq!(
-            (ids.nguid, ids.uuid, ids.eui64),
-            (Some([1; 16]), Some([2; 16]), None)
-        );
+        assert_eq!(ids, given);
+        // NVMe Base 2.0, Figure 281: NIDT, NIDL, two reserved bytes, NID;
+        // the command set (NIDT 4h, one byte: 0h, NVM) last.
+        assert_eq!((b[0], b[1]), (nidt::NGUID, 16));
+        assert_eq!((b[40], b[41], b[44]), (nidt::CSI, 1, CSI_NVM));
+        let all = NamespaceIdentifiers {
+            eui64: Some([5; 8]),
+            ..given
+        };
+        let b = encode_ns_descriptors(&all);
+        assert_eq!((b[0], b[1], &b[4..12]), (nidt::EUI64, 8, &[5u8; 8][..]));
+        assert_eq!(NamespaceIdentifiers::parse(&b), all);
         let id = NamespaceId {
             eui64: [3; 8],
             nguid: [9; 16],
@@ -463,6 +585,38 @@ mod tests {
         assert_eq!(get_u32(&b, 92), 3);
         assert_eq!(NamespaceId::parse(&b), ns);
         assert_eq!(ns.block_size(), 4096);
+    }
+
+    #[test]
+    fn nvm_controller_and_independent_namespace_at_spec_offsets() {
+        let nvm = NvmControllerId {
+            wzsl: 13,
+            dmrl: 255,
+            dmrsl: 0x1234_5678,
+            dmsl: 1 << 40,
+            ..Default::default()
+        };
+        let b = nvm.encode();
+        // NVM Command Set 1.0, Figure 97: WZSL byte 1, DMRL 3, DMRSL 7:4, DMSL 15:8.
+        assert_eq!((b[1], b[3]), (13, 255));
+        assert_eq!(get_u32(&b, 4), 0x1234_5678);
+        assert_eq!(get_u64(&b, 8), 1 << 40);
+        assert_eq!(NvmControllerId::parse(&b), nvm);
+
+        let ns = IndependentNamespaceId {
+            nmic: 1,
+            rescap: 0xff,
+            anagrpid: 7,
+            nsattr: 1,
+            nstat: IndependentNamespaceId::READY,
+            ..Default::default()
+        };
+        let b = ns.encode();
+        // NVMe Base 2.0, Figure 285: NMIC 1, RESCAP 2, ANAGRPID 7:4, NSATTR 8, NSTAT 14.
+        assert_eq!((b[1], b[2], b[8], b[14]), (1, 0xff, 1, 1));
+        assert_eq!(get_u32(&b, 4), 7);
+        assert_eq!(IndependentNamespaceId::parse(&b), ns);
+        assert_eq!(csi_of(0x0200_0000), 2);
     }
 
     #[test]

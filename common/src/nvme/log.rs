@@ -4,14 +4,33 @@ use super::Sqe;
 
 /// Log page identifiers.
 pub mod lid {
+    pub const SUPPORTED: u8 = 0x00;
     pub const ERROR: u8 = 0x01;
     pub const SMART: u8 = 0x02;
     pub const FW_SLOT: u8 = 0x03;
     pub const CHANGED_NS: u8 = 0x04;
     pub const CMD_EFFECTS: u8 = 0x05;
     pub const ANA: u8 = 0x0c;
+    /// Feature Identifiers Supported and Effects.
+    pub const FEATURES: u8 = 0x12;
+    /// NVMe-MI Commands Supported and Effects.
+    pub const MI_EFFECTS: u8 = 0x13;
     pub const DISCOVERY: u8 = 0x70;
     pub const RESERVATION: u8 = 0x80;
+}
+
+/// Bits of an entry of the Supported Log Pages, Commands Supported and
+/// Effects and Feature Identifiers Supported and Effects logs (NVMe Base
+/// 2.0, Figures 204, 210 and 245).
+pub mod entry {
+    /// Supported (LSUPP, CSUPP, FSUPP).
+    pub const SUPPORTED: u32 = 1;
+    /// The command or feature may change logical block content (LBCC, UDCC).
+    pub const CHANGES_DATA: u32 = 1 << 1;
+    /// Scope: namespaces (CSP / FSP bit 0).
+    pub const SCOPE_NAMESPACE: u32 = 1 << 20;
+    /// Scope: the controller (CSP / FSP bit 1).
+    pub const SCOPE_CONTROLLER: u32 = 1 << 21;
 }
 
 /// Get Log Page parameters decoded from a command.

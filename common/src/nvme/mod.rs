@@ -114,6 +114,8 @@ pub mod property {
     pub const CSTS: u32 = 0x1c;
     /// NVM Subsystem Reset (4 bytes).
     pub const NSSR: u32 = 0x20;
+    /// Controller Ready Timeouts (4 bytes, NVMe 2.0).
+    pub const CRTO: u32 = 0x68;
 
     pub const CC_EN: u32 = 1;
     pub const CC_SHN_SHIFT: u32 = 14;

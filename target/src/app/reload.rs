@@ -266,6 +266,14 @@ fn namespace_changes(
         if n.reservations != o.reservations {
             return Err(refuse(format!("{nkey}.reservations"), RESTART));
         }
+        if n.ids != o.ids {
+            return Err(refuse(
+                format!("{nkey}.nguid/uuid/eui64"),
+                "changed while the namespace is served; hosts would find another disk \
+                 under the same nsid: remove the namespace (reload), then add it back \
+                 with the new identifiers, or restart (the running configuration stays)",
+            ));
+        }
         if !same_storage(&o.backend, &n.backend) {
             // Other storage under the same nsid: a removal and an addition.
             changes.push(NsChange::Remove(live));

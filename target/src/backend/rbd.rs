@@ -28,7 +28,6 @@ mod sys;
 
 use super::{Access, BackendOp, FixedBuf};
 use crate::base::completions::Completions;
-use crate::base::ids::NamespaceIds;
 use crate::config::RbdImage;
 use ffi::{Aio, Finish, Image};
 pub use ffi::{Cluster, Pool};
@@ -278,8 +277,9 @@ pub trait RbdNamespace: Send + Sync {
     fn size(&self) -> u64;
     /// Makes `bytes` (a whole number of blocks, not less than now) its size.
     fn grow_to(&self, bytes: u64);
-    /// Sets its identifiers, before it becomes active.
-    fn set_ids(&self, ids: NamespaceIds);
+    /// Sets its identifiers (those the configuration does not give derived
+    /// from `key`), before it becomes active.
+    fn derive_ids(&self, key: &str);
 }
 
 /// The life of an RBD namespace after it is made: open (retrying until it
@@ -490,11 +490,11 @@ fn activate(n: &dyn RbdNamespace, opened: Image) -> io::Result<bool> {
             )));
         }
         n.grow_to(blocks * r.block_size as u64);
-        n.set_ids(NamespaceIds::derive(&format!(
+        n.derive_ids(&format!(
             "rbd:{}/{}/{id}",
             s.pool,
             s.namespace.as_deref().unwrap_or("")
-        )));
+        ));
     }
     let closing = r.closing.lock().unwrap_or_else(PoisonError::into_inner);
     if *closing {

@@ -4,9 +4,9 @@
 use super::error::{invalid, ConfigError};
 use super::listener::{parse_socket_addr, parse_transport};
 use super::model::{
-    default_poller_count, AnaState, BackendConfig, Config, HostAuth, Limits, ListenerConfig,
-    NamespaceConfig, Pollers, QosLimits, SubsystemConfig, DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE,
-    DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
+    default_poller_count, AnaState, BackendConfig, Config, GivenIds, HostAuth, Limits,
+    ListenerConfig, NamespaceConfig, Pollers, QosLimits, SubsystemConfig, DEFAULT_ARENA_BYTES,
+    DEFAULT_BLOCK_SIZE, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
 };
 use super::nqn::EXAMPLE_NQN;
 use super::private_file;
@@ -232,6 +232,58 @@ fn ana_group_state(key: &str, group: &str, state: &str) -> Result<(u32, AnaState
 }
 
 /// What is wrong with an ANA group id out of range.
+/// A namespace's `nguid`, `uuid` or `eui64` (`name`) of `digits` hex
+/// digits, when given.
+fn given_id<const N: usize>(
+    key: &str,
+    name: &str,
+    text: Option<&str>,
+    digits: &str,
+) -> Result<Option<[u8; N]>, ConfigError> {
+    let example = match name {
+        "uuid" => "\"3a9f0c4e-1b2d-4c5e-8f70-0123456789ab\"",
+        "nguid" => "\"3a9f0c4e1b2d4c5e8f700123456789ab\"",
+        _ => "\"002538b571b12345\"",
+    };
+    text.map(|t| {
+        parse_hex(t).map_err(|why| {
+            invalid(
+                format!("{key}.{name}"),
+                format!(
+                    "{t:?} is not a valid {name}: {why}; write its {digits} hex digits \
+                     as nvme-cli shows them, e.g. {name} = {example}"
+                ),
+            )
+        })
+    })
+    .transpose()
+}
+
+/// Parses an identifier of `N` bytes written as hex digits, with `-` or
+/// `:` between them allowed (a UUID's form, nvme-cli's and nvmet's).
+fn parse_hex<const N: usize>(text: &str) -> Result<[u8; N], String> {
+    let digits: Vec<u8> = text.bytes().filter(|c| !matches!(c, b'-' | b':')).collect();
+    if digits.len() != 2 * N {
+        return Err(format!(
+            "{} hex digits, not {} (dashes and colons aside)",
+            2 * N,
+            digits.len()
+        ));
+    }
+    if let Some(&c) = digits.iter().find(|c| !c.is_ascii_hexdigit()) {
+        return Err(format!("{:?} is not a hex digit", c as char));
+    }
+    let mut out = [0u8; N];
+    for (i, pair) in digits.chunks_exact(2).enumerate() {
+        let hex = |c: u8| (c as char).to_digit(16).unwrap_or(0) as u8;
+        out[i] = hex(pair[0]) << 4 | hex(pair[1]);
+    }
+    if out == [0; N] {
+        return Err("all zeroes, which NVMe reserves for \"none\"".into());
+    }
+    Ok(out)
+}
+
 pub(super) fn ana_group_problem(group: impl fmt::Display) -> String {
     format!("ANA group {group} is out of range; use 1 to {MAX_ANA_GROUP}")
 }
@@ -525,6 +577,11 @@ fn convert_namespace(
         .enumerate()
         .map(|(h, q)| qos::convert_host(&format!("{key}.host_qos[{h}]"), q))
         .collect::<Result<Vec<_>, _>>()?;
+    let ids = GivenIds {
+        nguid: given_id(&key, "nguid", raw.nguid.as_deref(), "32")?,
+        uuid: given_id(&key, "uuid", raw.uuid.as_deref(), "32")?,
+        eui64: given_id(&key, "eui64", raw.eui64.as_deref(), "16")?,
+    };
     Ok(NamespaceConfig {
         nsid,
         backend,
@@ -535,5 +592,6 @@ fn convert_namespace(
         hosts: raw.hosts,
         qos: limits,
         host_qos,
+        ids,
     })
 }

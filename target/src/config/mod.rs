@@ -33,8 +33,8 @@ mod validate;
 
 pub use error::ConfigError;
 pub use model::{
-    AnaState, BackendConfig, Config, GatewayGroup, HostAuth, HostQos, Limits, ListenerConfig,
-    NamespaceConfig, Pollers, QosKey, QosLimits, SubsystemConfig, Transport,
+    AnaState, BackendConfig, Config, GatewayGroup, GivenIds, HostAuth, HostQos, Limits,
+    ListenerConfig, NamespaceConfig, Pollers, QosKey, QosLimits, SubsystemConfig, Transport,
     DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::{validate_nqn, DEFAULT_NQN};

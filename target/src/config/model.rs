@@ -228,6 +228,9 @@ pub struct NamespaceConfig {
     pub qos: QosLimits,
     /// Limits of single hosts on it (`[[subsystem.namespace.host_qos]]`).
     pub host_qos: Vec<HostQos>,
+    /// The identifiers it keeps from where it was served before (`nguid`,
+    /// `uuid`, `eui64`); those not given are derived.
+    pub ids: GivenIds,
 }
 
 impl NamespaceConfig {
@@ -244,6 +247,7 @@ impl NamespaceConfig {
             hosts: None,
             qos: QosLimits::default(),
             host_qos: Vec::new(),
+            ids: GivenIds::default(),
         }
     }
 
@@ -253,6 +257,15 @@ impl NamespaceConfig {
             .as_ref()
             .is_none_or(|h| h.iter().any(|n| n == nqn))
     }
+}
+
+/// The identifiers the configuration gives a namespace (`nguid`, `uuid`,
+/// `eui64`): those a host knew it by where it was served before.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct GivenIds {
+    pub nguid: Option<[u8; 16]>,
+    pub uuid: Option<[u8; 16]>,
+    pub eui64: Option<[u8; 8]>,
 }
 
 /// A QoS limit's kind: what it counts, for which commands.

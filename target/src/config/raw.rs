@@ -120,6 +120,9 @@ pub(super) struct RawNamespace {
     pub(super) ana_group: Option<i64>,
     pub(super) reservations: Option<bool>,
     pub(super) hosts: Option<Vec<String>>,
+    pub(super) nguid: Option<String>,
+    pub(super) uuid: Option<String>,
+    pub(super) eui64: Option<String>,
     pub(super) qos: Option<RawQos>,
     #[serde(default)]
     pub(super) host_qos: Vec<RawQos>,

@@ -395,6 +395,33 @@ fn validate_namespaces(key: &str, namespaces: &[NamespaceConfig]) -> Result<(), 
             BackendConfig::Rbd(image) => rbd::validate(&ns_key, image)?,
         }
     }
+    unique_ids(key, namespaces)
+}
+
+/// No two namespaces of a subsystem given the same NGUID, UUID or EUI-64:
+/// a host would take them for one namespace reached by two paths.
+fn unique_ids(key: &str, namespaces: &[NamespaceConfig]) -> Result<(), ConfigError> {
+    let mut seen: HashMap<(&str, Vec<u8>), usize> = HashMap::new();
+    for (j, ns) in namespaces.iter().enumerate() {
+        let ids = &ns.ids;
+        for (name, id) in [
+            ("nguid", ids.nguid.map(|i| i.to_vec())),
+            ("uuid", ids.uuid.map(|i| i.to_vec())),
+            ("eui64", ids.eui64.map(|i| i.to_vec())),
+        ] {
+            let Some(id) = id else { continue };
+            if let Some(first) = seen.insert((name, id), j) {
+                return Err(invalid(
+                    format!("{key}.namespace[{j}].{name}"),
+                    format!(
+                        "the same {name} as {key}.namespace[{first}]; hosts would take the \
+                         two for one namespace: give each its own, or leave it out to have \
+                         one derived"
+                    ),
+                ));
+            }
+        }
+    }
     Ok(())
 }
 

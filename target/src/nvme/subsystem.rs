@@ -7,7 +7,7 @@ use crate::base::admission::Admission;
 use crate::base::error::DaemonError;
 use crate::base::ids::{self, NamespaceIds};
 use crate::base::metrics::NsMetrics;
-use crate::config::{self, BackendConfig, Config, NamespaceConfig, SubsystemConfig};
+use crate::config::{self, BackendConfig, Config, GivenIds, NamespaceConfig, SubsystemConfig};
 use crate::nvme::ana::AnaStates;
 use crate::nvme::controller::Controller;
 use crate::nvme::port::Port;
@@ -36,9 +36,12 @@ pub struct Namespace {
     /// Its ANA group (a reload may move it).
     ana_group: AtomicU32,
     pub backend: Backend,
-    /// NGUID and UUID, stable across restarts: set when the namespace is
-    /// made, or when its RBD image opens (they derive from the image's id).
+    /// NGUID, UUID and EUI-64, stable across restarts: set when the
+    /// namespace is made, or when its RBD image opens (those not given
+    /// derive from the image's id).
     ids: OnceLock<NamespaceIds>,
+    /// The identifiers the configuration gives.
+    given_ids: GivenIds,
     /// Commands, bytes, errors and latency, per poller.
     pub metrics: NsMetrics,
     /// Its registrations and reservation; `None` where the configuration
@@ -123,13 +126,13 @@ impl Namespace {
         self.ids.get().copied().unwrap_or(NamespaceIds {
             nguid: [0; 16],
             uuid: [0; 16],
+            eui64: None,
         })
     }
 
-    /// Sets the identifiers of a namespace made without them (RBD), before
-    /// it becomes active.
-    pub fn set_ids(&self, ids: NamespaceIds) {
-        let _ = self.ids.set(ids);
+    /// The identifiers its configuration gives.
+    pub fn given_ids(&self) -> &GivenIds {
+        &self.given_ids
     }
 }
 
@@ -597,8 +600,8 @@ impl RbdNamespace for Namespace {
         Namespace::grow_to(self, bytes)
     }
 
-    fn set_ids(&self, ids: NamespaceIds) {
-        Namespace::set_ids(self, ids)
+    fn derive_ids(&self, key: &str) {
+        let _ = self.ids.set(NamespaceIds::derive(key, &self.given_ids));
     }
 }
 
@@ -686,8 +689,9 @@ pub fn open_namespace(
         ids: if rbd {
             OnceLock::new()
         } else {
-            OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid)))
+            OnceLock::from(NamespaceIds::derive(&format!("{nqn}/{}", n.nsid), &n.ids))
         },
+        given_ids: n.ids,
         metrics: NsMetrics::new(pollers),
         reservations,
         state_file,

@@ -1,6 +1,7 @@
 //! `rdmablk-target status`: what the running daemon serves and to whom, with
 //! each namespace's current IOPS and bandwidth (over a short sample).
 
+use crate::base::ids::{hex_text, uuid_text};
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::units::format_size;
@@ -83,6 +84,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                 format_size(bw as u64),
                 n.metrics.in_flight()
             );
+            identifiers(&mut out, n);
             tenancy(&mut out, n);
             if let Some(r) = &n.reservations {
                 let st = r.snapshot();
@@ -121,6 +123,29 @@ pub fn render(shared: &Shared, started: Instant) -> String {
     let discovery = r.discovery.live_controllers().len();
     let _ = writeln!(out, "discovery controllers: {discovery}");
     out
+}
+
+/// The identifiers of namespace `n` hosts see, each marked "given" when
+/// the configuration gives it (once it is active: an RBD namespace's
+/// derive from its image).
+fn identifiers(out: &mut String, n: &Namespace) {
+    if !n.is_active() {
+        return;
+    }
+    let (ids, given) = (n.ids(), n.given_ids());
+    let mark = |g: bool| if g { " (given)" } else { "" };
+    let _ = write!(
+        out,
+        "    nguid {}{}, uuid {}{}",
+        hex_text(&ids.nguid),
+        mark(given.nguid.is_some()),
+        uuid_text(&ids.uuid),
+        mark(given.uuid.is_some()),
+    );
+    if let Some(eui64) = ids.eui64 {
+        let _ = write!(out, ", eui64 {} (given)", hex_text(&eui64));
+    }
+    out.push('\n');
 }
 
 /// Who sees namespace `n` (when not every host), its QoS limits and what

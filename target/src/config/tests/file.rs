@@ -7,7 +7,7 @@ use crate::config::model::MAX_POLLERS;
 use crate::config::nqn::validate_nqn;
 use crate::config::{
     embedded_default, holds_inline_secrets, load, parse, AnaState, BackendConfig, ConfigError,
-    Limits, ListenerConfig, NamespaceConfig, Pollers, QosLimits, Transport, DEFAULT_NQN,
+    GivenIds, Limits, ListenerConfig, NamespaceConfig, Pollers, QosLimits, Transport, DEFAULT_NQN,
     MAX_CNTLID,
 };
 use rdmablk_common::auth::Secret;
@@ -99,6 +99,7 @@ fn embedded_default_is_valid() {
             hosts: None,
             qos: QosLimits::default(),
             host_qos: Vec::new(),
+            ids: GivenIds::default(),
         }]
     );
     assert_eq!(config.pollers, Pollers::default());

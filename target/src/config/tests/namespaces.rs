@@ -230,3 +230,72 @@ fn tenancy_rules() {
         "may not connect to the subsystem",
     );
 }
+
+/// `nguid`, `uuid` and `eui64`: read as nvme-cli and nvmet write them,
+/// refused with the key named when malformed, all zeroes or used twice in
+/// a subsystem.
+#[test]
+fn identifier_rules() {
+    let config = parse(&minimal(
+        "uuid = \"3A9F0C4E-1B2D-4C5E-8F70-0123456789AB\"\n\
+         nguid = \"3a9f0c4e-1b2d-4c5e-8f70-0123456789ac\"\neui64 = \"00:25:38:b5:71:b1:23:45\"",
+        "[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\n\
+         nguid = \"3a9f0c4e1b2d4c5e8f700123456789ad\"",
+    ))
+    .expect("valid");
+    let ns = &config.subsystems[0].namespaces;
+    let uuid = ns[0].ids.uuid.expect("uuid");
+    assert_eq!((uuid[0], uuid[15]), (0x3a, 0xab));
+    assert_eq!(ns[0].ids.nguid.expect("nguid")[15], 0xac);
+    assert_eq!(
+        ns[0].ids.eui64,
+        Some([0x00, 0x25, 0x38, 0xb5, 0x71, 0xb1, 0x23, 0x45])
+    );
+    assert_eq!((ns[1].ids.uuid, ns[1].ids.eui64), (None, None));
+
+    let key = "subsystem[0].namespace[0]";
+    for (extra, name, part) in [
+        (
+            "uuid = \"3a9f0c4e-1b2d-4c5e-8f70\"",
+            "uuid",
+            "32 hex digits, not 20",
+        ),
+        (
+            "nguid = \"3a9f0c4e1b2d4c5e8f700123456789zz\"",
+            "nguid",
+            "'z' is not a hex digit",
+        ),
+        ("eui64 = \"0000000000000000\"", "eui64", "all zeroes"),
+        (
+            "eui64 = \"002538b5 71b1234\"",
+            "eui64",
+            "' ' is not a hex digit",
+        ),
+        (
+            "eui64 = \"002538b571b1234567\"",
+            "eui64",
+            "e.g. eui64 = \"002538b571b12345\"",
+        ),
+    ] {
+        assert_invalid(&minimal(extra, ""), &format!("{key}.{name}"), part);
+    }
+    assert!(matches!(
+        parse(&minimal("eui64 = 42", "")),
+        Err(ConfigError::Syntax(_))
+    ));
+    for name in ["uuid", "nguid", "eui64"] {
+        let id = if name == "eui64" {
+            "002538b571b12345"
+        } else {
+            "3a9f0c4e1b2d4c5e8f700123456789ab"
+        };
+        assert_invalid(
+            &minimal(
+                &format!("{name} = \"{id}\""),
+                &format!("[[subsystem.namespace]]\nbackend = \"null\"\nsize = \"1GiB\"\n{name} = \"{id}\""),
+            ),
+            &format!("subsystem[0].namespace[1].{name}"),
+            &format!("the same {name} as subsystem[0].namespace[0]"),
+        );
+    }
+}

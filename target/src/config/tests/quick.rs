@@ -3,8 +3,8 @@
 use crate::config::nqn::DISCOVERY_NQN;
 use crate::config::quick::parse_listen_url;
 use crate::config::{
-    embedded_default, from_quick_args, BackendConfig, Config, ConfigError, ListenerConfig,
-    NamespaceConfig, QosLimits, QuickArgs, Transport,
+    embedded_default, from_quick_args, BackendConfig, Config, ConfigError, GivenIds,
+    ListenerConfig, NamespaceConfig, QosLimits, QuickArgs, Transport,
 };
 use std::path::PathBuf;
 
@@ -65,6 +65,7 @@ fn quick_file_over_rdma_with_nqn() {
             hosts: None,
             qos: QosLimits::default(),
             host_qos: Vec::new(),
+            ids: GivenIds::default(),
         }]
     );
 }

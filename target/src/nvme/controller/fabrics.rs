@@ -13,6 +13,10 @@ use std::time::Instant;
 /// Keep-alive granularity in 100 ms units (KAS).
 pub(super) const KAS: u16 = 10;
 
+/// How long enabling the controller may take at most, in 500 ms units
+/// (CAP.TO and CRTO.CRWMT): 7.5 s.
+const READY_TIMEOUT: u16 = 15;
+
 impl Controller {
     fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
@@ -56,8 +60,10 @@ impl Controller {
         } else {
             self.caps.max_queue_entries - 1
         } as u64;
-        // MQES, CQR (contiguous queues required), TO = 7.5 s, CSS = NVM command set.
-        mqes | 1 << 16 | 15 << 24 | 1 << 37
+        // MQES, CQR (contiguous queues required), TO, CSS = NVM command
+        // set, CRMS.CRWMS (ready with media: NVMe Base 2.0, 3.1.4.1 makes
+        // it 1).
+        mqes | 1 << 16 | (READY_TIMEOUT as u64) << 24 | 1 << 37 | 1 << 59
     }
 
     fn property_get(&self, p: &PropertyCmd) -> Reply {
@@ -67,6 +73,9 @@ impl Controller {
             (property::VS, false) => VERSION as u64,
             (property::CC, false) => st.cc as u64,
             (property::CSTS, false) => st.csts as u64,
+            // CRTO (NVMe Base 2.0, 3.1.4.21): ready with media within
+            // CAP.TO; CRIMT 0, as CRMS.CRIMS is clear.
+            (property::CRTO, false) => READY_TIMEOUT as u64,
             _ => return Reply::status(Status::INVALID_FIELD),
         };
         Reply::Done {

@@ -1,12 +1,15 @@
-//! Get Log Page: the discovery log (discovery controllers), and Error
-//! Information, SMART / Health Information, Firmware Slot Information,
-//! Changed Namespace List, Commands Supported and Effects and Asymmetric
-//! Namespace Access (I/O controllers).
+//! Get Log Page: the discovery log (discovery controllers), and Supported
+//! Log Pages, Error Information, SMART / Health Information, Firmware Slot
+//! Information, Changed Namespace List, Commands Supported and Effects,
+//! Asymmetric Namespace Access, Feature Identifiers Supported and Effects,
+//! NVMe-MI Commands Supported and Effects and Reservation Notification (I/O
+//! controllers).
 
 use super::{aen, Controller, Reply};
+use rdmablk_common::bytes::put_u32;
 use rdmablk_common::nvme::ana;
-use rdmablk_common::nvme::log::{lid, LogRequest};
-use rdmablk_common::nvme::{admin, nvm, Sqe, Status, FABRICS_OPCODE};
+use rdmablk_common::nvme::log::{entry, lid, LogRequest};
+use rdmablk_common::nvme::{admin, feature, nvm, Sqe, Status, FABRICS_OPCODE};
 use std::collections::BTreeMap;
 
 /// Namespaces the Changed Namespace List holds; beyond, it says "more than
@@ -29,6 +32,7 @@ impl Controller {
                     .discovery_log(&self.hostnqn, self.arrival.local)
             }
             _ if self.subsys.is_discovery() => return Reply::status(Status::INVALID_LOG_PAGE),
+            lid::SUPPORTED => supported_logs(self.takes_reservations()),
             lid::ERROR => vec![0; 64],
             // For the whole controller only (Identify LPA bit 0 clear):
             // NVMe Base 2.1, 5.1.12.1.3.
@@ -43,9 +47,12 @@ impl Controller {
                 b
             }
             lid::CHANGED_NS => self.changed_ns_log(req.rae),
-            lid::CMD_EFFECTS => effects_log(),
+            lid::CMD_EFFECTS => effects_log(self.takes_reservations()),
             lid::ANA => self.ana_log(req.lsp & ana::LSP_RGO != 0, req.rae),
-            lid::RESERVATION => self.reservation_log(req.rae),
+            lid::FEATURES => features_log(self.takes_reservations()),
+            // No NVMe-MI command is supported: every entry is zero.
+            lid::MI_EFFECTS => vec![0; 4096],
+            lid::RESERVATION if self.takes_reservations() => self.reservation_log(req.rae),
             _ => return Reply::status(Status::INVALID_LOG_PAGE),
         };
         // NVMe Base 2.0, 5.16: an offset past the end of the log is an
@@ -110,14 +117,56 @@ fn smart_log() -> Vec<u8> {
     b
 }
 
-/// Commands Supported and Effects: which opcodes exist and which change data.
-fn effects_log() -> Vec<u8> {
-    const CSUPP: u32 = 1;
-    const LBCC: u32 = 1 << 1;
+/// Supported Log Pages (NVMe Base 2.0, 5.16.1.1): every log page this
+/// controller serves; no Index Offset, no log specific parameters claimed.
+fn supported_logs(reservations: bool) -> Vec<u8> {
+    let mut b = vec![0u8; 1024];
+    let mut lids = vec![
+        lid::SUPPORTED,
+        lid::ERROR,
+        lid::SMART,
+        lid::FW_SLOT,
+        lid::CHANGED_NS,
+        lid::CMD_EFFECTS,
+        lid::ANA,
+        lid::FEATURES,
+        lid::MI_EFFECTS,
+    ];
+    if reservations {
+        lids.push(lid::RESERVATION);
+    }
+    for l in lids {
+        put_u32(&mut b, l as usize * 4, entry::SUPPORTED);
+    }
+    b
+}
+
+/// Commands Supported and Effects (NVMe Base 2.0, 5.16.1.6): which
+/// opcodes exist, which change data, and their scope (the controller for
+/// admin commands, namespaces for I/O commands).
+fn effects_log(reservations: bool) -> Vec<u8> {
+    let admin_cmd = entry::SUPPORTED | entry::SCOPE_CONTROLLER;
+    let reads = entry::SUPPORTED | entry::SCOPE_NAMESPACE;
+    let writes = reads | entry::CHANGES_DATA;
+    let mut io = vec![
+        (nvm::FLUSH, reads),
+        (nvm::READ, reads),
+        (nvm::COMPARE, reads),
+        (nvm::WRITE, writes),
+        (nvm::WRITE_ZEROES, writes),
+        (nvm::DSM, writes),
+    ];
+    if reservations {
+        for opc in [
+            nvm::RESV_REGISTER,
+            nvm::RESV_REPORT,
+            nvm::RESV_ACQUIRE,
+            nvm::RESV_RELEASE,
+        ] {
+            io.push((opc, reads));
+        }
+    }
     let mut b = vec![0u8; 4096];
-    let put = |b: &mut [u8], base: usize, opc: u8, v: u32| {
-        rdmablk_common::bytes::put_u32(b, base + opc as usize * 4, v)
-    };
     for opc in [
         admin::GET_LOG_PAGE,
         admin::IDENTIFY,
@@ -128,21 +177,40 @@ fn effects_log() -> Vec<u8> {
         admin::KEEP_ALIVE,
         FABRICS_OPCODE,
     ] {
-        put(&mut b, 0, opc, CSUPP);
+        put_u32(&mut b, opc as usize * 4, admin_cmd);
     }
-    for opc in [
-        nvm::FLUSH,
-        nvm::READ,
-        nvm::COMPARE,
-        nvm::RESV_REGISTER,
-        nvm::RESV_REPORT,
-        nvm::RESV_ACQUIRE,
-        nvm::RESV_RELEASE,
-    ] {
-        put(&mut b, 1024, opc, CSUPP);
+    for (opc, effects) in io {
+        put_u32(&mut b, 1024 + opc as usize * 4, effects);
     }
-    for opc in [nvm::WRITE, nvm::WRITE_ZEROES, nvm::DSM] {
-        put(&mut b, 1024, opc, CSUPP | LBCC);
+    b
+}
+
+/// Feature Identifiers Supported and Effects (NVMe Base 2.0, 5.16.1.18):
+/// the features Get Features answers, and their scope.
+fn features_log(reservations: bool) -> Vec<u8> {
+    let controller = entry::SUPPORTED | entry::SCOPE_CONTROLLER;
+    let namespace = entry::SUPPORTED | entry::SCOPE_NAMESPACE;
+    let mut fids = vec![
+        (feature::ARBITRATION, controller),
+        (feature::POWER_MGMT, controller),
+        (feature::TEMP_THRESHOLD, controller),
+        (feature::ERROR_RECOVERY, controller),
+        (feature::VOLATILE_WC, controller),
+        (feature::NUM_QUEUES, controller),
+        (feature::IRQ_COALESCE, controller),
+        (feature::WRITE_ATOMIC, controller),
+        (feature::ASYNC_EVENT, controller),
+        (feature::KEEP_ALIVE, controller),
+        (feature::HOST_BEHAVIOR, controller),
+        (feature::HOST_ID, controller),
+    ];
+    if reservations {
+        fids.push((feature::RESV_MASK, namespace));
+        fids.push((feature::RESV_PERSIST, namespace));
+    }
+    let mut b = vec![0u8; 1024];
+    for (fid, effects) in fids {
+        put_u32(&mut b, fid as usize * 4, effects);
     }
     b
 }

@@ -40,8 +40,9 @@ use std::time::{Duration, Instant};
 pub const MAX_IO_QUEUES: u16 = 64;
 /// Outstanding Asynchronous Event Requests at most (AERL + 1).
 pub const MAX_AERS: usize = 4;
-/// NVMe version 1.3.0.
-const VERSION: u32 = 0x0001_0300;
+/// NVMe version 2.0.0: the mandatory features of NVMe Base 2.0 for an I/O
+/// controller over Fabrics are implemented (docs/architecture.md lists them).
+const VERSION: u32 = 0x0002_0000;
 /// Command Retry Delay Times 1 to 3 (Identify Controller CRDT1..3), in
 /// 100 ms units: 100 ms, 1 s, 10 s.
 pub const CRDT: [u16; 3] = [1, 10, 100];

@@ -72,6 +72,16 @@ impl Controller {
     }
 
     /// The namespace (with reservations) a feature 82h or 83h command names.
+    /// Whether a namespace of the subsystem takes reservations: ONCS bit
+    /// 5, the reservation commands, log page 80h and features 82h and 83h
+    /// are announced then.
+    pub(super) fn takes_reservations(&self) -> bool {
+        self.subsys
+            .namespaces()
+            .iter()
+            .any(|n| n.reservations.is_some())
+    }
+
     fn resv_namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
         let ns = self
             .subsys
