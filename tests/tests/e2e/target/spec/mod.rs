@@ -5,7 +5,7 @@
 
 use rdmablk_common::bytes::get_u16;
 use rdmablk_common::fabrics::{cattr, fctype, PropertyCmd, DISCOVERY_NQN};
-use rdmablk_common::nvme::identify::{cns, NamespaceId};
+use rdmablk_common::nvme::identify::{cns, IndependentNamespaceId, NamespaceId, NvmControllerId};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{
     admin, crd_of, dnr_of, feature, nvm, property, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE,
