@@ -112,3 +112,34 @@ fn check_accepts_a_valid_config() {
         );
     }
 }
+
+/// Malformed and repeated namespace identifiers are refused, naming the key.
+#[test]
+fn check_refuses_malformed_and_repeated_identifiers() {
+    let _machine = crate::shared();
+    let dir = TempDir::new("check-ids");
+    let memory = "  backend = \"memory\"\n  size = \"16MiB\"\n";
+    for (name, body, key) in [
+        (
+            "short-uuid.toml",
+            format!("{memory}  uuid = \"3a9f0c4e-1b2d-4c5e-8f70\"\n"),
+            "subsystem[0].namespace[0].uuid",
+        ),
+        (
+            "zero-eui64.toml",
+            format!("{memory}  eui64 = \"0000000000000000\"\n"),
+            "subsystem[0].namespace[0].eui64",
+        ),
+        (
+            "twice.toml",
+            format!(
+                "{memory}  nguid = \"0123456789abcdef0011223344556677\"\n\
+                 [[subsystem.namespace]]\n{memory}  nguid = \"0123456789abcdef0011223344556677\"\n"
+            ),
+            "subsystem[0].namespace[1].nguid",
+        ),
+    ] {
+        let r = check(&dir, name, &body);
+        assert_refused(&r, key, name);
+    }
+}

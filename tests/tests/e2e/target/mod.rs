@@ -9,6 +9,7 @@ mod auth;
 mod check;
 mod compare_write;
 mod fuzz;
+mod identifiers;
 mod limits;
 mod metrics;
 mod rbd;
