@@ -2,6 +2,10 @@
 # digests, and with SQ flow control disabled: reads then end with a C2HData
 # carrying SUCCESS), block device of the right size, O_DIRECT
 # write/read-back, ext4, disconnect; the daemon stays healthy and exits 0.
+# NVMe 2.0: the host reads VER 2.0, the NVM command set's limits (CNS 06h:
+# its write-zeroes and discard limits follow them) and scans namespaces
+# with CNS 08h; a namespace configured with uuid/nguid/eui64 shows exactly
+# those in nvme ns-descs and nvme id-ns.
 . /scenarios/lib.sh
 /usr/bin/modprobe nvme-tcp || fail "modprobe nvme-tcp"
 NQN=nqn.2026-11.io.rdmablk:vm-kernel-host
@@ -21,20 +25,38 @@ for mode in plain digests sqflow; do
   [ "$size" = 268435456 ] || fail "$dev has $size bytes, expected 268435456"
   say "$mode: $dev, $size bytes"
   if [ $mode = plain ]; then
-    # Identify LPA bit 1 announces the Commands Supported and Effects log,
-    # which lists Identify (admin 06h) among the commands supported.
+    # Identify LPA bits 1, 2 and 5 announce the Commands Supported and
+    # Effects log (which lists Identify, admin 06h, among the commands
+    # supported), extended data and the logs NVMe 2.0 makes mandatory.
     ctrl=/dev/$(basename "$dev" | sed 's/n[0-9]*$//')
-    /usr/bin/nvme id-ctrl "$ctrl" | grep -E "^lpa +: 0x6$" > /dev/null ||
-      fail "id-ctrl lpa: $(/usr/bin/nvme id-ctrl "$ctrl" | grep ^lpa)"
-    # (nvme-cli 2.4's effects-log reads CAP by passthrough, which a
-    # fabrics controller does not take: the log is read as it is.)
+    /usr/bin/nvme id-ctrl "$ctrl" > /tmp/id-ctrl.txt || fail "nvme id-ctrl"
+    grep -E "^lpa +: 0x26$" /tmp/id-ctrl.txt > /dev/null || fail "id-ctrl lpa: $(grep ^lpa /tmp/id-ctrl.txt)"
+    grep -E "^ver +: 0x20000$" /tmp/id-ctrl.txt > /dev/null || fail "id-ctrl ver: $(grep ^ver /tmp/id-ctrl.txt)"
+    # (nvme-cli 2.4's effects-log does not work against this controller,
+    # maybe as it reads CAP by passthrough first: the log is read raw.)
     /usr/bin/nvme get-log "$ctrl" --log-id=5 --log-len=4096 -b > /tmp/effects.bin 2> /tmp/effects.err ||
       fail "nvme get-log 05h: $(cat /tmp/effects.err)"
     # Admin opcode 06h's entry: its dword at byte 24, bit 0 (CSUPP).
     csupp=$(od -An -tu4 -j24 -N4 /tmp/effects.bin | tr -d ' ')
     [ -n "$csupp" ] && [ $((csupp & 1)) = 1 ] ||
       fail "effects log ($(stat -c %s /tmp/effects.bin) bytes): Identify not supported ($csupp)"
-    say "lpa 0x6; effects log: Identify supported ($(stat -c %s /tmp/effects.bin) bytes)"
+    say "ver 2.0, lpa 0x26; effects log: Identify supported ($(stat -c %s /tmp/effects.bin) bytes)"
+    # CNS 06h, and the host's queue limits from it (Linux: write zeroes
+    # 4 KiB << WZSL, else MDTS; discard DMRSL blocks, 0 = UINT_MAX sectors;
+    # DMRL ranges, 0 = 256).
+    /usr/bin/nvme nvm-id-ctrl "$ctrl" > /tmp/nvm-id-ctrl.txt 2>&1 || fail "nvme nvm-id-ctrl: $(cat /tmp/nvm-id-ctrl.txt)"
+    field() { awk -F: -v f="$1" '$1 ~ "^"f" *$" {gsub(/ /, "", $2); print $2}' /tmp/nvm-id-ctrl.txt; }
+    wzsl=$(field wzsl); dmrl=$(field dmrl); dmrsl=$(field dmrsl)
+    [ -n "$wzsl" ] && [ "$wzsl" != 0 ] || fail "nvm-id-ctrl wzsl: $(cat /tmp/nvm-id-ctrl.txt)"
+    q=/sys/block/$(basename "$dev")/queue
+    want=$((4096 << wzsl)); got=$(cat $q/write_zeroes_max_bytes)
+    [ "$got" = "$want" ] || fail "write_zeroes_max_bytes $got, CNS 06h WZSL $wzsl says $want"
+    want=$([ "$dmrsl" = 0 ] && echo $((4294967295 * 512)) || echo $((dmrsl * 512)))
+    got=$(cat $q/discard_max_hw_bytes)
+    [ "$got" = "$want" ] || fail "discard_max_hw_bytes $got, CNS 06h DMRSL $dmrsl says $want"
+    want=$([ "$dmrl" = 0 ] && echo 256 || echo $dmrl); got=$(cat $q/max_discard_segments)
+    [ "$got" = "$want" ] || fail "max_discard_segments $got, CNS 06h DMRL $dmrl says $want"
+    say "CNS 06h wzsl $wzsl dmrl $dmrl dmrsl $dmrsl: write_zeroes_max_bytes $(cat $q/write_zeroes_max_bytes), discard_max_hw_bytes $(cat $q/discard_max_hw_bytes)"
   fi
   verify_blockdev "$dev" 16
   verify_ext4 "$dev"
@@ -47,4 +69,36 @@ done
 kill -0 $TARGET_PID || fail "rdmablk-target died"
 stop_target
 grep -E " (WARN|ERROR) " /tmp/target.log | head -5
+
+# Identifiers given by the configuration, as a namespace moved here keeps them.
+UUID=3a9f0c4e-1b2d-4c5e-8f70-0123456789ab NGUID=0123456789abcdef0011223344556677 EUI64=002538b571b12345
+cat > /tmp/ids.toml <<TOML
+[[listener]]
+transport = "tcp"
+address = "127.0.0.1:4420"
+[[subsystem]]
+nqn = "$NQN"
+allow_any_host = true
+  [[subsystem.namespace]]
+  backend = "memory"
+  size = "64MiB"
+  uuid = "$UUID"
+  nguid = "$NGUID"
+  eui64 = "$EUI64"
+TOML
+start_target /tmp/target.log --config /tmp/ids.toml
+/usr/bin/nvme connect -t tcp -a 127.0.0.1 -s 4420 -n $NQN || fail "nvme connect (identifiers)"
+wait_for 20 nvme_blk $NQN || fail "no block device for $NQN (identifiers)"
+dev=$(nvme_blk $NQN)
+/usr/bin/nvme ns-descs "$dev" > /tmp/ns-descs.txt 2>&1 || fail "nvme ns-descs: $(cat /tmp/ns-descs.txt)"
+for want in "uuid *: $UUID" "nguid *: $NGUID" "eui64 *: $EUI64"; do
+  grep -Eq "^$want\$" /tmp/ns-descs.txt || fail "ns-descs lacks '$want': $(cat /tmp/ns-descs.txt)"
+done
+/usr/bin/nvme id-ns "$dev" > /tmp/id-ns.txt || fail "nvme id-ns"
+grep -Eq "^nguid *: $NGUID$" /tmp/id-ns.txt || fail "id-ns nguid: $(grep -E '^(nguid|eui64)' /tmp/id-ns.txt)"
+grep -Eq "^eui64 *: $EUI64$" /tmp/id-ns.txt || fail "id-ns eui64: $(grep -E '^(nguid|eui64)' /tmp/id-ns.txt)"
+[ "$(cat /sys/block/$(basename $dev)/wwid)" = "uuid.$UUID" ] || fail "wwid $(cat /sys/block/$(basename $dev)/wwid)"
+say "identifiers: ns-descs and id-ns show uuid $UUID, nguid $NGUID, eui64 $EUI64; wwid $(cat /sys/block/$(basename $dev)/wwid)"
+/usr/bin/nvme disconnect -n $NQN || fail "nvme disconnect (identifiers)"
+stop_target
 say "kernel host over TCP: all checks passed"
