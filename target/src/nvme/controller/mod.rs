@@ -41,7 +41,7 @@ pub const MAX_IO_QUEUES: u16 = 64;
 /// Outstanding Asynchronous Event Requests at most (AERL + 1).
 pub const MAX_AERS: usize = 4;
 /// NVMe version 2.0.0: the mandatory features of NVMe Base 2.0 for an I/O
-/// controller over Fabrics are implemented (docs/architecture.md lists them).
+/// controller over Fabrics are implemented (the README lists them).
 const VERSION: u32 = 0x0002_0000;
 /// Command Retry Delay Times 1 to 3 (Identify Controller CRDT1..3), in
 /// 100 ms units: 100 ms, 1 s, 10 s.
