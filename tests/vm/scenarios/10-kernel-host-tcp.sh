@@ -32,15 +32,13 @@ for mode in plain digests sqflow; do
     /usr/bin/nvme id-ctrl "$ctrl" > /tmp/id-ctrl.txt || fail "nvme id-ctrl"
     grep -E "^lpa +: 0x26$" /tmp/id-ctrl.txt > /dev/null || fail "id-ctrl lpa: $(grep ^lpa /tmp/id-ctrl.txt)"
     grep -E "^ver +: 0x20000$" /tmp/id-ctrl.txt > /dev/null || fail "id-ctrl ver: $(grep ^ver /tmp/id-ctrl.txt)"
-    # (nvme-cli 2.4's effects-log does not work against this controller,
-    # maybe as it reads CAP by passthrough first: the log is read raw.)
-    /usr/bin/nvme get-log "$ctrl" --log-id=5 --log-len=4096 -b > /tmp/effects.bin 2> /tmp/effects.err ||
-      fail "nvme get-log 05h: $(cat /tmp/effects.err)"
-    # Admin opcode 06h's entry: its dword at byte 24, bit 0 (CSUPP).
-    csupp=$(od -An -tu4 -j24 -N4 /tmp/effects.bin | tr -d ' ')
-    [ -n "$csupp" ] && [ $((csupp & 1)) = 1 ] ||
-      fail "effects log ($(stat -c %s /tmp/effects.bin) bytes): Identify not supported ($csupp)"
-    say "ver 2.0, lpa 0x26; effects log: Identify supported ($(stat -c %s /tmp/effects.bin) bytes)"
+    # nvme effects-log (nvme-cli 2.3) needs --csi here: without it, it
+    # first reads CAP the way show-regs does, which fails on a fabrics
+    # controller (show-regs does; get-property works).
+    /usr/bin/nvme effects-log "$ctrl" --csi=0 > /tmp/effects.txt 2>&1 || fail "nvme effects-log: $(cat /tmp/effects.txt)"
+    grep -Eq "^ACS6 +\[Identify +\] [0-9a-f]*[13579bdf]$" /tmp/effects.txt ||
+      fail "effects log: Identify not supported: $(cat /tmp/effects.txt)"
+    say "ver 2.0, lpa 0x26; nvme effects-log: $(grep -c '^ACS' /tmp/effects.txt) admin and $(grep -c '^IOCS' /tmp/effects.txt) I/O commands"
     # CNS 06h, and the host's queue limits from it (Linux: write zeroes
     # 4 KiB << WZSL, else MDTS; discard DMRSL blocks, 0 = UINT_MAX sectors;
     # DMRL ranges, 0 = 256).
