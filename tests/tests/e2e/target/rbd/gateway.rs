@@ -332,8 +332,11 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
         thawed.elapsed()
     );
     std::thread::sleep(Duration::from_secs(3)); // its delayed writes, if any, would land now
+
+    // Whichever notices first, the renewal that fails (blocklisted) or
+    // the lease running late, says the group is inaccessible here.
     assert!(
-        a.t.log().contains("inaccessible here (fenced"),
+        a.t.log().contains("inaccessible here"),
         "{}",
         a.t.log_tail()
     );
