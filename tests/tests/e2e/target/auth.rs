@@ -434,3 +434,58 @@ fn diffie_hellman_does_not_stall_the_poller() {
         t.log_tail()
     );
 }
+
+/// A failed re-authentication ends the controller (NVMe Base 2.1,
+/// 8.3.4.5.1; nvmet): the moment the AUTH_Failure1 is returned, every queue
+/// of the controller closes (within 20 ms here, on a shared machine; it
+/// takes microseconds), and a command sent after that gets no answer.
+#[test]
+fn a_failed_reauthentication_closes_the_controllers_queues_at_once() {
+    let _machine = crate::alone();
+    let dir = TempDir::new("auth");
+    let host = secret(6, 32, Some(Hash::Sha256));
+    let t = start_with(
+        &dir,
+        &format!("dhchap_secret = \"{host}\""),
+        "[pollers]\ncount = 2\n",
+    );
+    let opts = Opts {
+        io_queues: 2,
+        kato_ms: 0,
+        auto_keep_alive: false,
+        ..opts(secrets(&host, None))
+    };
+    let mut c = Controller::open(t.addr(), DEFAULT_NQN, HOST_A, &opts).or_panic("connect");
+    io_works(&mut c);
+    let wrong = secrets(&secret(7, 32, Some(Hash::Sha256)), None);
+    let refused = authenticate(&mut c.admin(), 2, &wrong, HOST_A, DEFAULT_NQN)
+        .or_panic("re-authentication")
+        .expect_err("a wrong secret re-authenticated");
+    let ended = std::time::Instant::now();
+    assert!(matches!(refused, AuthError::Refused(_)), "{refused:?}");
+    let mut slowest = std::time::Duration::ZERO;
+    for q in c.io.iter_mut() {
+        assert!(
+            q.is_closed_by_peer(std::time::Duration::from_secs(1)),
+            "an I/O queue stayed open after the failed re-authentication\n{}",
+            t.log_tail()
+        );
+        slowest = slowest.max(ended.elapsed());
+    }
+    assert!(
+        c.admin()
+            .is_closed_by_peer(std::time::Duration::from_secs(1)),
+        "the admin queue stayed open\n{}",
+        t.log_tail()
+    );
+    eprintln!("re-authentication failed: the I/O queues closed within {slowest:?}");
+    assert!(
+        slowest < std::time::Duration::from_millis(20),
+        "queues closed {slowest:?} after the failure\n{}",
+        t.log_tail()
+    );
+    assert!(
+        c.admin().keep_alive().is_err(),
+        "a command on the ended controller's admin queue was answered"
+    );
+}
