@@ -149,8 +149,10 @@ impl Command {
                 self.step = Step::Run;
                 match res {
                     0 => {}
-                    shared::ABORTED => {
-                        if let Some(Progress::Waiting(e)) = self.drain(req.ns.clone(), 1, false) {
+                    aborted @ 1..shared::STATUS => {
+                        let hosts = aborted as usize;
+                        if let Some(Progress::Waiting(e)) = self.drain(req.ns.clone(), hosts, false)
+                        {
                             self.ops_in_flight -= 1;
                             return e;
                         }

@@ -37,11 +37,10 @@ const WATCH_TIMEOUT: Duration = Duration::from_secs(30);
 /// Attempts of a change that other gateways keep changing first.
 const ATTEMPTS: usize = 16;
 
-/// The `res` a waiting command gets: 0 done; [`ABORTED`] done, and a
-/// Preempt and Abort aborted hosts (the command waits for their writes);
-/// `STATUS | (sct << 8) | sc` refused with that status; -errno when the
-/// cluster failed.
-pub const ABORTED: i32 = 1;
+/// The `res` a waiting command gets: 0 done; 1 to [`STATUS`] - 1 done,
+/// and a Preempt and Abort aborted that many hosts (the command waits for
+/// their writes); `STATUS | (sct << 8) | sc` refused with that status;
+/// -errno when the cluster failed.
 pub const STATUS: i32 = 0x1_0000;
 
 /// A reservation command's change of the state.
@@ -199,7 +198,8 @@ impl Record {
             if let Err(e) = self.pool.notify(&self.oid, &payload, NOTIFY_TIMEOUT) {
                 tracing::warn!(oid = %self.oid, "shared reservations: not every gateway acknowledged the change: {e}");
             }
-            return if out.aborted.is_empty() { 0 } else { ABORTED };
+            // (At most the registrants of a namespace: far below STATUS.)
+            return out.aborted.len().min(STATUS as usize - 1) as i32;
         }
         tracing::error!(oid = %self.oid, "shared reservations: other gateways changed the record first {ATTEMPTS} times in a row");
         -libc::EAGAIN
