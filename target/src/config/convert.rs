@@ -232,13 +232,12 @@ fn ana_group_state(key: &str, group: &str, state: &str) -> Result<(u32, AnaState
 }
 
 /// What is wrong with an ANA group id out of range.
-/// A namespace's `nguid`, `uuid` or `eui64` (`name`) of `digits` hex
-/// digits, when given.
+/// A namespace's `nguid`, `uuid` or `eui64` (`name`) of `N` bytes, when
+/// given.
 fn given_id<const N: usize>(
     key: &str,
     name: &str,
     text: Option<&str>,
-    digits: &str,
 ) -> Result<Option<[u8; N]>, ConfigError> {
     let example = match name {
         "uuid" => "\"3a9f0c4e-1b2d-4c5e-8f70-0123456789ab\"",
@@ -250,8 +249,9 @@ fn given_id<const N: usize>(
             invalid(
                 format!("{key}.{name}"),
                 format!(
-                    "{t:?} is not a valid {name}: {why}; write its {digits} hex digits \
-                     as nvme-cli shows them, e.g. {name} = {example}"
+                    "{t:?} is not a valid {name}: {why}; write its {} hex digits \
+                     as nvme-cli shows them, e.g. {name} = {example}",
+                    2 * N
                 ),
             )
         })
@@ -578,9 +578,9 @@ fn convert_namespace(
         .map(|(h, q)| qos::convert_host(&format!("{key}.host_qos[{h}]"), q))
         .collect::<Result<Vec<_>, _>>()?;
     let ids = GivenIds {
-        nguid: given_id(&key, "nguid", raw.nguid.as_deref(), "32")?,
-        uuid: given_id(&key, "uuid", raw.uuid.as_deref(), "32")?,
-        eui64: given_id(&key, "eui64", raw.eui64.as_deref(), "16")?,
+        nguid: given_id(&key, "nguid", raw.nguid.as_deref())?,
+        uuid: given_id(&key, "uuid", raw.uuid.as_deref())?,
+        eui64: given_id(&key, "eui64", raw.eui64.as_deref())?,
     };
     Ok(NamespaceConfig {
         nsid,

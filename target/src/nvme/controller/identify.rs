@@ -40,23 +40,26 @@ impl Controller {
         match cns {
             cns::CONTROLLER => Reply::data(self.identify_controller().encode()),
             cns::NAMESPACE => match self.subsys.visible_namespace(nsid, &self.hostnqn) {
-                Some(ns) => Reply::data(
-                    NamespaceId {
-                        nsze: ns.blocks(),
-                        ncap: ns.blocks(),
-                        nuse: ns.blocks(),
-                        nsfeat: 0,
-                        nmic: 1,
-                        rescap: rescap_of(&ns),
-                        dlfeat: 1 | 1 << 3,
-                        anagrpid: ns.ana_group(),
-                        nsattr: ns.read_only() as u8,
-                        nguid: ns.ids().nguid,
-                        eui64: ns.ids().eui64.unwrap_or([0; 8]),
-                        lba_shift: ns.lba_shift() as u8,
-                    }
-                    .encode(),
-                ),
+                Some(ns) => {
+                    let ids = ns.ids();
+                    Reply::data(
+                        NamespaceId {
+                            nsze: ns.blocks(),
+                            ncap: ns.blocks(),
+                            nuse: ns.blocks(),
+                            nsfeat: 0,
+                            nmic: 1,
+                            rescap: rescap_of(&ns),
+                            dlfeat: 1 | 1 << 3,
+                            anagrpid: ns.ana_group(),
+                            nsattr: ns.read_only() as u8,
+                            nguid: ids.nguid,
+                            eui64: ids.eui64.unwrap_or([0; 8]),
+                            lba_shift: ns.lba_shift() as u8,
+                        }
+                        .encode(),
+                    )
+                }
                 None => self.inactive(nsid),
             },
             cns::ACTIVE_NS_LIST | cns::CS_ACTIVE_NS_LIST
