@@ -15,7 +15,17 @@ fn send(q: &mut SyncQueue, m: &Message) -> Result<(), HostError> {
 
 fn receive(q: &mut SyncQueue) -> Result<Message, HostError> {
     let len = message::RECEIVE_LEN;
-    let (_, data) = q.exec_ok("AUTH_Receive", message::command(false, len), &[], len)?;
+    let (_, data) = q
+        .exec_ok("AUTH_Receive", message::command(false, len), &[], len)
+        .map_err(|e| match e {
+            // nvmet ends the controller as it refuses, and its AUTH_Failure1
+            // may not reach us before the connection closes.
+            HostError::Protocol(why) => HostError::Protocol(format!(
+                "authentication did not complete: {why} (a target that refuses \
+                 the secrets may close at once)"
+            )),
+            e => e,
+        })?;
     Message::decode(&data).map_err(|e| HostError::Protocol(format!("authentication: {e}")))
 }
 
