@@ -8,13 +8,16 @@
 #
 #   bench/suite.sh [--full] [OUT_DIR]     (default bench/results/suite-DATE)
 #
-# Paths: rdmablk bench -> rdmablk-target over NVMe/TCP; fio's nbd engine ->
+# Paths: rdmablk bench -> rdmablk-target over NVMe/TCP, both with their
+# defaults (adaptive polling), and rdmablk bench --busy-poll (the polling
+# reference, as spdk_nvme_perf) against the same target; fio's nbd engine ->
 # rdmablk connect --nbd -> rdmablk-target; fio's nbd engine -> qemu-nbd (raw
 # file on tmpfs, io_uring) and -> nbdkit memory as local references; fio on
 # /dev/ublkbN from rdmablk connect --ublk where the kernel has ublk.
-# Quick matrix (default, under 10 minutes): randread and randwrite, 4k and
-# 128k, QD 1 and 32, 3 rounds of 5 s. --full: randread, randwrite, randrw;
-# 4k, 16k, 128k, 1m; QD 1, 4, 16, 32, 64, 128; 3 rounds of 10 s.
+# Quick matrix (default, about 20 minutes): randread and randwrite, 4k and
+# 128k, QD 1, 4, 16, 32 and 64, 3 rounds of 3 s. --full: randread,
+# randwrite, randrw; 4k, 16k, 128k, 1m; QD 1, 4, 16, 32, 64, 128; 3 rounds
+# of 10 s.
 # SUITE_ROUNDS and SUITE_SECS override the rounds and seconds (a smoke run).
 # Latency is of reads, of writes for randwrite.
 set -euo pipefail
@@ -25,7 +28,7 @@ out=${1:-bench/results/suite-$(date +%Y%m%d-%H%M%S)}
 if $full; then
   rws="randread randwrite randrw"; bss="4k 16k 128k 1m"; qds="1 4 16 32 64 128"; rounds=3; secs=10
 else
-  rws="randread randwrite"; bss="4k 128k"; qds="1 32"; rounds=3; secs=5
+  rws="randread randwrite"; bss="4k 128k"; qds="1 4 16 32 64"; rounds=3; secs=3
 fi
 rounds=${SUITE_ROUNDS:-$rounds}; secs=${SUITE_SECS:-$secs}
 size=512M
@@ -57,7 +60,7 @@ for s in rdmablk nbdkit qemu; do
   for _ in $(seq 100); do [ -S "$work/$s.sock" ] && break; sleep 0.1; done
   [ -S "$work/$s.sock" ] || { echo "no socket for $s" >&2; exit 1; }
 done
-paths="bench rdmablk qemu nbdkit"
+paths="bench busy rdmablk qemu nbdkit"
 ublk_dev=""
 if [ -e /dev/ublk-control ]; then
   taskset -c 0 $bin/rdmablk connect -t tcp -a 127.0.0.1 -s $port -n $nqn --ublk --ublk-id 7 \
@@ -69,7 +72,8 @@ fi
 
 label() {
   case $1 in
-    bench) echo "rdmablk bench" ;;
+    bench) echo "rdmablk bench -> rdmablk-target" ;;
+    busy) echo "rdmablk bench --busy-poll" ;;
     rdmablk) echo "fio nbd -> rdmablk export" ;;
     qemu) echo "fio nbd -> qemu-nbd (tmpfs)" ;;
     nbdkit) echo "fio nbd -> nbdkit memory" ;;
@@ -81,9 +85,11 @@ label() {
 measure() {
   local path=$1 rw=$2 bs=$3 qd=$4 round=$5 name
   name=$(label "$path")
-  if [ "$path" = bench ]; then
+  if [ "$path" = bench ] || [ "$path" = busy ]; then
+    local poll=""
+    [ "$path" = busy ] && poll=--busy-poll
     taskset -c 1 $bin/rdmablk bench -t tcp -a 127.0.0.1 -s $port -n $nqn --rw "$rw" --bs "$bs" --qd "$qd" \
-      --runtime ${secs}s --json 2>/dev/null |
+      --runtime ${secs}s --json $poll 2>/dev/null |
       python3 -c '
 import json, sys
 j = json.load(sys.stdin); d = j["write"] if sys.argv[2] == "randwrite" else j["read"]

@@ -12,6 +12,7 @@ pub mod mem;
 pub mod nvme;
 pub mod rdma;
 pub mod ring;
+pub mod spin;
 pub mod tcp;
 pub mod units;
 pub mod usage;

@@ -2,7 +2,7 @@
 //!
 //! Sizes are whole numbers of bytes with an optional binary unit; every unit
 //! is a power of 1024 (`4k` = `4KiB` = 4096). Durations are whole numbers
-//! with an optional `ms`, `s`, `m` or `h` unit; a bare number means seconds.
+//! with an optional `us`, `ms`, `s`, `m` or `h` unit; a bare number means seconds.
 
 use std::time::Duration;
 
@@ -12,8 +12,8 @@ const SIZE_SYNTAX: &str = "a whole number of bytes with an optional binary unit 
      e.g. 4096, 4KiB, 64MiB or 10GiB";
 
 /// Valid duration syntax, quoted in every duration error.
-const DURATION_SYNTAX: &str = "a whole number with an optional unit ms, s, m or h \
-     (seconds if none), e.g. 500ms, 10s, 2m or 1h";
+const DURATION_SYNTAX: &str = "a whole number with an optional unit us, ms, s, m or h \
+     (seconds if none), e.g. 50us, 500ms, 10s, 2m or 1h";
 
 const KIB: u64 = 1 << 10;
 const MIB: u64 = 1 << 20;
@@ -97,8 +97,8 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
         .ok_or_else(|| overflow(s, SIZE_SYNTAX))
 }
 
-/// Parses a duration such as `500ms`, `10s`, `2m` or `1h`; a bare number
-/// means seconds.
+/// Parses a duration such as `50us`, `500ms`, `10s`, `2m` or `1h`; a bare
+/// number means seconds.
 ///
 /// Units are case-insensitive and may be separated from the number by
 /// whitespace. Negative, fractional and overflowing values and unknown units
@@ -106,6 +106,7 @@ pub fn parse_size(s: &str) -> Result<u64, UnitError> {
 pub fn parse_duration(s: &str) -> Result<Duration, UnitError> {
     let (number, unit) = split_number(s, DURATION_SYNTAX)?;
     let seconds_per_unit = match unit.to_ascii_lowercase().as_str() {
+        "us" | "µs" => return Ok(Duration::from_micros(number)),
         "ms" => return Ok(Duration::from_millis(number)),
         "" | "s" => 1,
         "m" => 60,
@@ -319,6 +320,8 @@ mod tests {
     fn duration_units() {
         assert_eq!(parse_duration("10s"), Ok(Duration::from_secs(10)));
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("50us"), Ok(Duration::from_micros(50)));
+        assert_eq!(parse_duration("7µs"), Ok(Duration::from_micros(7)));
         assert_eq!(parse_duration("2m"), Ok(Duration::from_secs(120)));
         assert_eq!(parse_duration("1h"), Ok(Duration::from_secs(3600)));
         assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));

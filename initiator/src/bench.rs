@@ -2,7 +2,7 @@
 //! while, measures IOPS, bandwidth and latency percentiles, and optionally
 //! verifies every block it reads back against what it wrote.
 
-use crate::host::engine::{Cx, Driver};
+use crate::host::engine::{Activity, Cx, Driver};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
 use rdmablk_common::mem::{Arena, ArenaBuf};
@@ -178,6 +178,11 @@ pub struct Stats {
     /// CPU time (user and system) the process spent while the run went on:
     /// set for the whole run, not per thread.
     pub cpu: Duration,
+    /// Commands submitted (an I/O larger than MDTS takes several).
+    pub commands: u64,
+    /// What the engines did: their sleeps (each ended by a wake-up) and
+    /// socket sends.
+    pub activity: Activity,
 }
 
 impl Stats {
@@ -187,6 +192,16 @@ impl Stats {
         self.verify_errors += o.verify_errors;
         self.elapsed = self.elapsed.max(o.elapsed);
         self.cpu += o.cpu;
+        self.commands += o.commands;
+        self.activity.sleeps += o.activity.sleeps;
+        self.activity.sends += o.activity.sends;
+    }
+
+    /// Commands per socket send and per wake-up (None where there were
+    /// none: NVMe/RDMA has no socket sends; busy polling never sleeps).
+    pub fn batching(&self) -> (Option<f64>, Option<f64>) {
+        let per = |n: u64| (n > 0).then(|| self.commands as f64 / n as f64);
+        (per(self.activity.sends), per(self.activity.sleeps))
     }
 
     /// The process's CPU time per I/O, microseconds (0 without I/O).
@@ -459,6 +474,7 @@ impl Bench {
             let ok = unsafe { cx.paths.submit(sqe, ptr, len, !write, slot as u64) };
             debug_assert!(ok, "free slots were checked");
         }
+        self.stats.commands += parts as u64;
         if self.job.verify {
             self.in_flight_units.insert(unit);
         }
@@ -576,6 +592,10 @@ impl Driver for Bench {
             self.finish(slot, cx);
         }
     }
+
+    fn on_end(&mut self, activity: Activity) {
+        self.stats.activity = activity;
+    }
 }
 
 /// Formats nanoseconds as microseconds with two decimals.
@@ -624,6 +644,9 @@ struct StatsJson {
     runtime_s: f64,
     /// The process's CPU time (user + system) per I/O.
     cpu_us_per_io: f64,
+    /// Commands per socket send (NVMe/TCP) and per wake-up of an engine.
+    commands_per_send: Option<f64>,
+    commands_per_wakeup: Option<f64>,
     verify_errors: u64,
     read: DirJson,
     write: DirJson,
@@ -657,6 +680,8 @@ pub fn to_json(s: &Stats) -> String {
         bw_bytes: (bytes as f64 / secs).round() as u64,
         runtime_s: (secs * 1000.0).round() / 1000.0,
         cpu_us_per_io: (s.cpu_us_per_io() * 100.0).round() / 100.0,
+        commands_per_send: s.batching().0.map(tenths),
+        commands_per_wakeup: s.batching().1.map(tenths),
         verify_errors: s.verify_errors,
         read: DirJson::new(&s.read, secs),
         write: DirJson::new(&s.write, secs),
@@ -690,6 +715,13 @@ pub fn to_text(s: &Stats) -> String {
         s.cpu.as_secs_f64(),
         s.cpu_us_per_io(),
         s.verify_errors
+    );
+    let shown = |x: Option<f64>, none: &str| x.map_or(none.to_string(), |v| format!("{v:.1}"));
+    let (per_send, per_wakeup) = s.batching();
+    out += &format!(
+        "  batching: {} commands per send, {} per wake-up\n",
+        shown(per_send, "-"),
+        shown(per_wakeup, "- (never slept)")
     );
     out
 }

@@ -17,6 +17,7 @@ use rdmablk::hostid;
 use rdmablk_common::auth::host::HostSecrets;
 use rdmablk_common::auth::Secret;
 use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, DiscoveryEntry};
+use rdmablk_common::spin::{PollMode, SpinBounds};
 use rdmablk_common::tcp::Digests;
 use rdmablk_common::units;
 use std::net::{SocketAddr, ToSocketAddrs};
@@ -228,6 +229,8 @@ struct ConnectArgs {
     /// Requests in flight per ublk queue.
     #[arg(long, value_name = "N", default_value_t = 64, requires = "ublk")]
     queue_depth: u16,
+    #[command(flatten)]
+    poll: PollArgs,
     /// I/O queues (one thread each; one ublk queue each); NBD clients are
     /// spread over them.
     #[arg(
@@ -241,6 +244,41 @@ struct ConnectArgs {
     /// meanwhile) before failing it and exiting.
     #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 600)]
     ctrl_loss_tmo: u64,
+}
+
+/// How each I/O queue's thread waits for completions.
+#[derive(Args)]
+struct PollArgs {
+    /// Spin on each queue's io_uring (and NVMe/RDMA completion queue) and
+    /// never sleep: the lowest latency, one core kept fully busy whatever
+    /// the load (as SPDK's perf does); pin it with taskset.
+    #[arg(long)]
+    busy_poll: bool,
+    /// Adaptive polling (the default): after its last completion a queue's
+    /// thread keeps polling for a window, then sleeps; the window starts
+    /// here and shrinks back here when sleeps are long.
+    #[arg(long, value_name = "DURATION", default_value = "5us")]
+    spin_min: String,
+    /// The longest the window grows to (while completions keep arriving
+    /// just after the thread went to sleep). 0: sleep as soon as idle.
+    #[arg(long, value_name = "DURATION", default_value = "100us")]
+    spin_max: String,
+}
+
+impl PollArgs {
+    fn mode(&self) -> Result<PollMode, String> {
+        let window =
+            |flag: &str, v: &str| units::parse_duration(v).map_err(|e| format!("--{flag}: {e}"));
+        let min = window("spin-min", &self.spin_min)?;
+        let max = window("spin-max", &self.spin_max)?;
+        let bounds =
+            SpinBounds::new(min, max).map_err(|e| format!("--spin-min/--spin-max: {e}"))?;
+        Ok(if self.busy_poll {
+            PollMode::Busy
+        } else {
+            PollMode::Adaptive(bounds)
+        })
+    }
 }
 
 #[derive(Args)]
@@ -268,11 +306,8 @@ struct BenchArgs {
     /// Print the result as one JSON object.
     #[arg(long)]
     json: bool,
-    /// Spin on each queue's io_uring instead of sleeping until something
-    /// completes: more IOPS and lower latency from one core, which it keeps
-    /// fully busy (as SPDK's perf does); pin it with taskset.
-    #[arg(long)]
-    busy_poll: bool,
+    #[command(flatten)]
+    poll: PollArgs,
     /// Seconds without a usable path (all lost or none ANA-usable) before
     /// the run fails; meanwhile lost paths are reconnected and I/O waits.
     #[arg(short = 'l', long = "ctrl-loss-tmo", default_value_t = 10)]
@@ -608,6 +643,7 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
             return Err("--queue-depth 0: use at least 1".into());
         }
     }
+    let poll = c.poll.mode()?;
     let att = open(&c.subsys, c.nr_io_queues).map_err(|e| e.to_string())?;
     let ctrl_loss_tmo = Duration::from_secs(c.ctrl_loss_tmo);
     match &c.nbd {
@@ -617,6 +653,7 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
             c.nr_io_queues,
             ctrl_loss_tmo,
             c.nbd_max_clients,
+            poll,
         )?,
         None => ublk::serve(
             att,
@@ -625,6 +662,7 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
                 queues: c.nr_io_queues,
                 depth: c.queue_depth,
                 ctrl_loss_tmo,
+                poll,
             },
         )?,
     }
@@ -634,6 +672,7 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
 fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
     let bs = units::parse_size(&b.bs).map_err(|e| format!("--bs: {e}"))? as usize;
     let runtime = units::parse_duration(&b.runtime).map_err(|e| format!("--runtime: {e}"))?;
+    let poll = b.poll.mode()?;
     if b.qd == 0 || b.qd > 4096 {
         return Err(format!("--qd {}: use 1 to 4096", b.qd));
     }
@@ -675,7 +714,7 @@ fn run_bench(b: &BenchArgs) -> Result<ExitCode, String> {
         queues: queues as u16,
         arena_bytes: (qd * bs.next_power_of_two().max(4096) + (8 << 20)).next_multiple_of(4 << 20),
         name: "bench",
-        busy_poll: b.busy_poll,
+        poll,
     };
     let engines = Engines::spawn(&keeper, spec, |q, _| {
         let q = q as u64;

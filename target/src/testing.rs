@@ -156,6 +156,8 @@ pub struct Rig {
     pub budget: PollerBudget,
     /// I/O commands answered through [`Rig::io`].
     pub answered: u64,
+    /// Socket sends made through [`Rig::io`].
+    pub sends: u64,
     pub submitted: Vec<squeue::Entry>,
     /// Off-ring completions (none: rigs have no RBD namespace).
     pub completions: Arc<Completions>,
@@ -177,6 +179,7 @@ impl Rig {
             arena: Arena::new(16 << 20, false).expect("arena"),
             budget: PollerBudget::new(discovery),
             answered: 0,
+            sends: 0,
             submitted: Vec::new(),
             completions: Completions::new(Wakeup::new().expect("eventfd")),
             wake_at: None,
@@ -191,6 +194,7 @@ impl Rig {
             registry: &self.registry,
             stopping: false,
             answered: &mut self.answered,
+            sends: &mut self.sends,
             poller: 0,
             completions: &self.completions,
             wake_at: &mut self.wake_at,

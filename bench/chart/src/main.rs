@@ -1,7 +1,7 @@
 //! rdmablk-chart: renders the results `bench/suite.sh` writes (one JSON
 //! array of measurements) as SVG charts, one pair per access pattern and
-//! block size: IOPS against queue depth, and latency (p50 and p99) against
-//! queue depth, a line per path, medians over the rounds.
+//! block size: IOPS, and latency (p50 and p99), at each queue depth
+//! measured, a bar per path, medians over the rounds.
 //!
 //! rdmablk-chart RESULTS.json OUT_DIR
 
@@ -72,66 +72,97 @@ fn group(runs: &[Run]) -> BTreeMap<(String, String), Series> {
 
 type Draw = Result<(), Box<dyn std::error::Error>>;
 
-/// One line chart: `y` of each path against queue depth (log2 axis).
+/// Colours told apart on screen and in print, also by most colour-blind
+/// readers (Okabe and Ito's set, without its yellow).
+const COLOURS: [RGBColor; 7] = [
+    RGBColor(0, 114, 178),
+    RGBColor(213, 94, 0),
+    RGBColor(0, 158, 115),
+    RGBColor(230, 159, 0),
+    RGBColor(204, 121, 167),
+    RGBColor(86, 180, 233),
+    RGBColor(0, 0, 0),
+];
+
+/// One bar chart: for each queue depth measured, a group of bars, one per
+/// path (`y` gives the bar, and optionally a lighter one behind it). Queue
+/// depths are categories, evenly spaced: nothing is drawn between two
+/// depths, where nothing was measured.
 fn chart(
     file: &Path,
     title: &str,
     y_label: &str,
     series: &Series,
-    y: impl Fn(&(f64, f64, f64)) -> Vec<(&'static str, f64)>,
+    y: impl Fn(&(f64, f64, f64)) -> (f64, Option<f64>),
 ) -> Draw {
-    let root = SVGBackend::new(file, (800, 480)).into_drawing_area();
+    let root = SVGBackend::new(file, (900, 500)).into_drawing_area();
     root.fill(&WHITE)?;
-    let qds: Vec<u32> = series.values().flat_map(|p| p.keys().copied()).collect();
-    let max_qd = qds.iter().copied().max().unwrap_or(1).max(2);
+    let qds: Vec<u32> = series
+        .values()
+        .flat_map(|p| p.keys().copied())
+        .collect::<std::collections::BTreeSet<u32>>()
+        .into_iter()
+        .collect();
+    let groups = qds.len().max(1);
     let max_y = series
         .values()
-        .flat_map(|p| p.values().flat_map(&y))
-        .map(|(_, v)| v)
+        .flat_map(|p| p.values().map(&y))
+        .map(|(v, behind)| v.max(behind.unwrap_or(0.0)))
         .fold(0.0, f64::max)
-        * 1.1;
+        * 1.15;
     let mut c = ChartBuilder::on(&root)
         .caption(title, ("sans-serif", 22))
         .margin(12)
         .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d((1u32..max_qd).log_scale(), 0.0..max_y.max(1.0))?;
+        .y_label_area_size(80)
+        .build_cartesian_2d(0.0..groups as f64, 0.0..max_y.max(1.0))?;
+    // Key points fall every half group at this count: a label at each
+    // group's centre, none elsewhere.
+    let label = |x: &f64| {
+        let i = x - 0.5;
+        if (i - i.round()).abs() > 1e-6 || i < -1e-6 {
+            return String::new();
+        }
+        qds.get(i.round() as usize)
+            .map_or(String::new(), |qd| format!("QD {qd}"))
+    };
     c.configure_mesh()
         .disable_x_mesh()
+        .x_labels(4 * groups)
+        .x_label_formatter(&label)
         .x_desc("queue depth")
         .y_desc(y_label)
         .y_label_formatter(&|v| format!("{v:.0}"))
         .draw()?;
+    let width = 0.8 / series.len().max(1) as f64;
     for (i, (path, points)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        let names: Vec<&str> = points
-            .values()
-            .next()
-            .map(|p| y(p).iter().map(|(n, _)| *n).collect())
-            .unwrap_or_default();
-        for (k, name) in names.iter().enumerate() {
-            let line: Vec<(u32, f64)> = points.iter().map(|(qd, p)| (*qd, y(p)[k].1)).collect();
-            let style = if k == 0 {
-                color.stroke_width(2)
-            } else {
-                color.stroke_width(1)
-            };
-            let label = if name.is_empty() {
-                path.clone()
-            } else {
-                format!("{path} {name}")
-            };
-            c.draw_series(LineSeries::new(line.clone(), style))?
-                .label(label)
-                .legend(move |(x, yy)| PathElement::new(vec![(x, yy), (x + 18, yy)], color));
-            c.draw_series(
-                line.iter()
-                    .map(|&(x, v)| Circle::new((x, v), 3, color.filled())),
-            )?;
-        }
+        let colour = COLOURS[i % COLOURS.len()];
+        let (qds, y) = (&qds, &y);
+        let bars = |light: bool| -> Vec<Rectangle<(f64, f64)>> {
+            points
+                .iter()
+                .filter_map(|(qd, p)| {
+                    let g = qds.iter().position(|q| q == qd)? as f64;
+                    let x0 = g + 0.1 + i as f64 * width;
+                    let (v, behind) = y(p);
+                    let (top, style) = if light {
+                        (behind?, colour.mix(0.35).filled())
+                    } else {
+                        (v, colour.filled())
+                    };
+                    Some(Rectangle::new([(x0, 0.0), (x0 + width * 0.9, top)], style))
+                })
+                .collect()
+        };
+        c.draw_series(bars(true))?;
+        c.draw_series(bars(false))?
+            .label(path.clone())
+            .legend(move |(x, yy)| {
+                Rectangle::new([(x, yy - 5), (x + 14, yy + 5)], colour.filled())
+            });
     }
     c.configure_series_labels()
-        .background_style(WHITE.mix(0.8))
+        .background_style(WHITE.mix(0.85))
         .border_style(BLACK)
         .position(SeriesLabelPosition::UpperLeft)
         .draw()?;
@@ -164,15 +195,15 @@ fn main() {
         let iops = out.join(format!("{rw}-{bs}-iops.svg"));
         let lat = out.join(format!("{rw}-{bs}-latency.svg"));
         let drawn = chart(&iops, &format!("{rw} {bs}: IOPS"), "IOPS", &series, |p| {
-            vec![("", p.0)]
+            (p.0, None)
         })
         .and_then(|()| {
             chart(
                 &lat,
-                &format!("{rw} {bs}: latency"),
+                &format!("{rw} {bs}: latency, p50 (solid) and p99 (light)"),
                 "latency (us)",
                 &series,
-                |p| vec![("p99", p.2), ("p50", p.1)],
+                |p| (p.1, Some(p.2)),
             )
         });
         match drawn {
@@ -219,25 +250,46 @@ mod tests {
     fn draws_an_svg_with_every_path() {
         let dir = std::env::temp_dir().join(format!("rdmablk-chart-{}", std::process::id()));
         std::fs::create_dir_all(&dir).expect("dir");
-        let runs = vec![
-            run("rdmablk bench", 1, 1e4),
-            run("rdmablk bench", 32, 1e5),
-            run("qemu-nbd", 1, 8e3),
-            run("qemu-nbd", 32, 6e4),
-        ];
+        let mut runs = Vec::new();
+        for qd in [1, 4, 16, 32, 64] {
+            runs.push(run("rdmablk bench", qd, 1e4 * qd as f64));
+            runs.push(run("qemu-nbd", qd, 8e3 * qd as f64));
+        }
         let g = group(&runs);
         let file = dir.join("c.svg");
         chart(
             &file,
             "t",
-            "IOPS",
+            "latency",
             &g[&("randread".into(), "4k".into())],
-            |p| vec![("", p.0)],
+            |p| (p.1, Some(p.2)),
         )
         .expect("drawn");
         let svg = std::fs::read_to_string(&file).expect("svg");
         assert!(
             svg.starts_with("<svg") && svg.contains("rdmablk bench") && svg.contains("qemu-nbd"),
+            "{svg}"
+        );
+        // Every depth measured is labelled once, and nothing else is.
+        for qd in [1, 4, 16, 32, 64] {
+            assert_eq!(
+                svg.matches(&format!("\nQD {qd}\n")).count(),
+                1,
+                "QD {qd}: {svg}"
+            );
+        }
+        assert_eq!(svg.matches("\nQD ").count(), 5, "{svg}");
+        // Per depth, the first path's two bars (p99 light, p50 solid), and
+        // its legend swatch; no line in its colour joins two depths.
+        let blue = "#0072B2";
+        assert_eq!(
+            svg.matches(&format!("fill=\"{blue}\"")).count(),
+            2 * 5 + 1,
+            "{svg}"
+        );
+        assert_eq!(
+            svg.matches(&format!("stroke=\"{blue}\"")).count(),
+            0,
             "{svg}"
         );
         std::fs::remove_dir_all(&dir).ok();

@@ -13,6 +13,7 @@ use super::state::{self, Connection, PathReport, StateFile};
 use crate::host::engine::{Driver, Engine, Lost, PathChange, Reconnect, Waker};
 use crate::host::{Attachment, Paths, Session};
 use path::{PathKeeper, PathShared};
+use rdmablk_common::spin::PollMode;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, Receiver, Sender};
 use std::sync::Arc;
@@ -35,8 +36,8 @@ pub struct EngineSpec<'a> {
     pub arena_bytes: usize,
     /// Threads are named `name-Q`.
     pub name: &'a str,
-    /// Spin on the rings instead of sleeping in them.
-    pub busy_poll: bool,
+    /// How the engines wait for work.
+    pub poll: PollMode,
 }
 
 /// The engine threads of a front-end, each returning its driver.
@@ -58,7 +59,7 @@ impl<D: Driver + Send + 'static> Engines<D> {
             queues: n,
             arena_bytes,
             name,
-            busy_poll,
+            poll,
         } = spec;
         let (lost_tx, lost) = mpsc::channel();
         let mut links = Vec::new();
@@ -83,7 +84,7 @@ impl<D: Driver + Send + 'static> Engines<D> {
             };
             let engine = Engine::new(Paths::new(queues), arena_bytes, TICK, reconnect)
                 .map_err(|e| format!("I/O engine: {e}"))?
-                .with_busy_poll(busy_poll);
+                .with_poll_mode(poll);
             let mut driver = make(q, engine.waker())?;
             links.push(EngineLink {
                 changes: changes_tx,

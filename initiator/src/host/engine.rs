@@ -1,13 +1,16 @@
 //! The per-thread event loop of the host: one io_uring carries the I/O
 //! queues of the engine's paths (one per path to the namespace) and
 //! whatever its driver (a front-end or the benchmark) does, with a
-//! registered buffer arena for data. No locks, no runtime.
+//! registered buffer arena for data. No locks, no runtime. After its last
+//! work it keeps polling for an adaptive window (`common::spin`), then
+//! sleeps in the ring.
 
 use super::paths::Paths;
 use super::{Done, HostError, IoQueue};
 use io_uring::{opcode, squeue, types};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::{Op, Ring, Submissions};
+use rdmablk_common::spin::{PollMode, Spin};
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
@@ -90,10 +93,21 @@ pub trait Driver {
     fn on_tick(&mut self, _cx: &mut Cx) {}
     /// Another thread called [`Waker::wake`].
     fn on_wake(&mut self, _cx: &mut Cx) {}
+    /// The engine stopped; what it did meanwhile.
+    fn on_end(&mut self, _activity: Activity) {}
     /// Driver operations still in the ring.
     fn ops_in_flight(&self) -> usize {
         0
     }
+}
+
+/// How an engine's run went, for the benchmark's batching figures.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct Activity {
+    /// Times it slept in its ring (each ended by a wake-up).
+    pub sleeps: u64,
+    /// Socket sends its NVMe/TCP queues made.
+    pub sends: u64,
 }
 
 /// Wakes an engine from another thread.
@@ -128,8 +142,8 @@ pub struct Engine {
     wakeup: Waker,
     tick: types::Timespec,
     reconnect: Reconnect,
-    /// Spin on the ring instead of sleeping in it.
-    busy_poll: bool,
+    /// When it sleeps in the ring rather than polling.
+    spin: Spin,
 }
 
 impl Engine {
@@ -150,15 +164,16 @@ impl Engine {
             wakeup: Waker::new()?,
             tick: types::Timespec::from(tick),
             reconnect,
-            busy_poll: false,
+            spin: Spin::new(PollMode::default()),
         })
     }
 
-    /// Spins on the ring (checking for completions without sleeping) rather
-    /// than sleeping until one arrives: lower latency, one busy core.
-    pub fn with_busy_poll(mut self, on: bool) -> Engine {
-        self.busy_poll = on;
-        self.paths.set_busy_poll(on);
+    /// How the engine waits: busy polling never sleeps (and NVMe/RDMA
+    /// queues arm no completion channel); adaptive polling spins for a
+    /// window after the last work, then sleeps.
+    pub fn with_poll_mode(mut self, mode: PollMode) -> Engine {
+        self.spin = Spin::new(mode);
+        self.paths.set_busy_poll(self.spin.busy());
         self
     }
 
@@ -180,7 +195,7 @@ impl Engine {
         let settled = unsafe {
             self.paths.settle_losses(
                 &ring.arena,
-                self.busy_poll,
+                self.spin.busy(),
                 |path, generation| {
                     let _ = r.lost.send((r.index, path, generation));
                 },
@@ -212,14 +227,19 @@ impl Engine {
         let mut done = Vec::new();
         let mut events: Vec<(u64, i32)> = Vec::new();
         let mut finished = false;
-        // Whether the last round reaped anything: a busy-polling engine
-        // whose ring had nothing new goes straight back to it.
+        // Whether the last round reaped anything: a polling engine whose
+        // ring had nothing new goes straight back to it.
         let mut news = true;
+        let mut sleep = false;
         loop {
             if news {
                 self.settle(driver, &mut finished, &mut done);
             }
             if finished && self.paths.idle() && driver.ops_in_flight() == 0 {
+                driver.on_end(Activity {
+                    sleeps: self.spin.sleeps(),
+                    sends: self.paths.sends(),
+                });
                 return Ok(());
             }
             if let Some(why) = self.handle_loss() {
@@ -230,19 +250,22 @@ impl Engine {
             // only once idle in the ring), data in the arena or in driver state
             // that waits for its operations, the tick timespec in the Engine.
             let submitted = unsafe {
-                if self.busy_poll {
-                    self.ring.submit()
-                } else {
+                if sleep {
                     self.ring.submit_and_wait()
+                } else {
+                    self.ring.submit()
                 }
             };
             submitted.map_err(|e| format!("io_uring: {e}"))?;
             events.clear();
             self.ring.reap(&mut events);
-            news = !events.is_empty() || !self.busy_poll;
-            if self.busy_poll && self.paths.poll_direct() {
-                news = true;
+            let mut worked = events
+                .iter()
+                .any(|&(ud, _)| matches!(ud >> 56, KIND_RECV | KIND_SEND | KIND_FRONT));
+            if !sleep && self.paths.poll_direct() {
+                worked = true;
             }
+            news = worked || !events.is_empty() || sleep;
             for &(ud, res) in &events {
                 let (arena, sq) = self.ring.arena_and_submissions();
                 let mut cx = Cx::new(arena, &mut self.paths, sq);
@@ -271,6 +294,7 @@ impl Engine {
                     _ => {}
                 }
             }
+            sleep = self.spin.sleep_next(worked);
         }
     }
 

@@ -113,6 +113,15 @@ impl IoQueue {
         link || !self.failed_waiting.is_empty()
     }
 
+    /// Socket sends made (NVMe/TCP; an NVMe/RDMA queue posts a SEND per
+    /// command).
+    pub fn sends(&self) -> u64 {
+        match &self.link {
+            Link::Tcp(q) => q.sends(),
+            Link::Rdma(_) => 0,
+        }
+    }
+
     /// Whether nothing is in flight.
     pub fn idle(&self) -> bool {
         let link = match &self.link {
@@ -259,12 +268,12 @@ impl IoQueue {
         }
     }
 
-    /// Takes what arrived without the ring (NVMe/RDMA completions, when
-    /// busy polling); returns whether anything did.
+    /// Takes what arrived without the ring (NVMe/RDMA completions, while
+    /// the engine polls); returns whether anything did.
     pub fn poll_direct(&mut self) -> bool {
         match &mut self.link {
-            Link::Rdma(q) if q.busy_poll() => q.poll_cq(),
-            _ => false,
+            Link::Rdma(q) => q.poll_cq(),
+            Link::Tcp(_) => false,
         }
     }
 

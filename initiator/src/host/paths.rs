@@ -189,6 +189,11 @@ impl Paths {
         }
     }
 
+    /// Socket sends the paths' current queues made.
+    pub fn sends(&self) -> u64 {
+        self.paths.iter().map(|p| p.queue.sends()).sum()
+    }
+
     /// Whether nothing is in flight or waiting.
     pub fn idle(&self) -> bool {
         self.rerouted.is_empty()

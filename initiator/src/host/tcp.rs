@@ -56,6 +56,8 @@ pub struct TcpQueue {
     recv_busy: bool,
     tx: TxQueue,
     send_busy: bool,
+    /// Socket sends made (each carries every PDU that was ready).
+    sends: u64,
     sent: Vec<u64>,
     cmds: Vec<Option<Inflight>>,
     free: Vec<u16>,
@@ -82,6 +84,7 @@ impl TcpQueue {
             recv_busy: false,
             tx: TxQueue::default(),
             send_busy: false,
+            sends: 0,
             sent: Vec::new(),
             cmds: (0..depth).map(|_| None).collect(),
             free: (0..depth as u16).rev().collect(),
@@ -229,7 +232,13 @@ impl TcpQueue {
             // of its operations is in the ring.
             unsafe { sq.push(e) };
             self.send_busy = true;
+            self.sends += 1;
         }
+    }
+
+    /// Socket sends made so far.
+    pub fn sends(&self) -> u64 {
+        self.sends
     }
 
     pub fn on_recv(&mut self, res: i32) {

@@ -139,6 +139,9 @@ pub fn apply(running: &mut Running, new: Config) -> Result<Vec<String>, ConfigEr
     if new.pollers.busy_poll != old.pollers.busy_poll {
         return Err(refuse("pollers.busy_poll", RESTART));
     }
+    if new.pollers.spin != old.pollers.spin {
+        return Err(refuse("pollers.spin_min/spin_max", RESTART));
+    }
     if new.limits != old.limits {
         return Err(refuse("limits", RESTART));
     }

@@ -66,6 +66,7 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         pollers: (0..cfg.pollers.count)
             .map(|_| PollerCounters::default())
             .collect(),
+        poll_mode: cfg.pollers.mode(),
     });
     let started = std::time::Instant::now();
     let transports = Transports {
@@ -78,7 +79,7 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
                 i,
                 shared.clone(),
                 cfg.pollers.arena_bytes as usize,
-                cfg.pollers.busy_poll,
+                shared.poll_mode,
                 &transports,
             )
         })

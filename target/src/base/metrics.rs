@@ -240,4 +240,10 @@ pub struct PollerCounters {
     pub arena_bytes: Counter,
     /// Time spent working rather than waiting for completions.
     pub busy_ns: Counter,
+    /// Times it went to sleep in its ring (each ended by a wake-up).
+    pub sleeps: Counter,
+    /// Socket sends (NVMe/TCP): each carries every PDU its queue had ready.
+    pub sends: Counter,
+    /// Its adaptive spin window, in nanoseconds (a gauge).
+    pub spin_window_ns: Counter,
 }

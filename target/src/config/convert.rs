@@ -17,6 +17,7 @@ use super::raw::{
 use super::validate::{block_size_problem, count_problem, nsid_problem};
 use super::{gateway, qos, rbd};
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
+use rdmablk_common::spin::SpinBounds;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -158,10 +159,24 @@ fn convert_pollers(raw: RawPollers) -> Result<Pollers, ConfigError> {
         None => DEFAULT_ARENA_BYTES,
         Some(size) => size_value("pollers.arena", size)?,
     };
+    let d = SpinBounds::DEFAULT;
+    let window = |key: &str, v: &Option<RawDuration>, default| match v {
+        None => Ok(default),
+        Some(raw) => duration_value(key, raw),
+    };
+    let min = window("pollers.spin_min", &raw.spin_min, d.min)?;
+    let max = window("pollers.spin_max", &raw.spin_max, d.max)?;
+    let key = if raw.spin_min.is_some() {
+        "pollers.spin_min"
+    } else {
+        "pollers.spin_max"
+    };
+    let spin = SpinBounds::new(min, max).map_err(|e| invalid(key, e))?;
     Ok(Pollers {
         count,
         arena_bytes,
         busy_poll: raw.busy_poll.unwrap_or(false),
+        spin,
     })
 }
 

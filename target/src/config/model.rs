@@ -2,6 +2,7 @@
 
 use super::rbd::RbdImage;
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
+use rdmablk_common::spin::{PollMode, SpinBounds};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -105,6 +106,20 @@ pub struct Pollers {
     pub arena_bytes: u64,
     /// Spin on the queues instead of sleeping when idle.
     pub busy_poll: bool,
+    /// Without `busy_poll`: the adaptive window a poller keeps polling for
+    /// after its last work before it sleeps.
+    pub spin: SpinBounds,
+}
+
+impl Pollers {
+    /// How the pollers wait for work.
+    pub fn mode(&self) -> PollMode {
+        if self.busy_poll {
+            PollMode::Busy
+        } else {
+            PollMode::Adaptive(self.spin)
+        }
+    }
 }
 
 /// A gateway group, as this gateway takes part in it.
@@ -409,12 +424,14 @@ pub enum BackendConfig {
 }
 
 impl Default for Pollers {
-    /// One poller per online CPU (at most 256), 64 MiB arenas, no busy polling.
+    /// One poller per online CPU (at most 256), 64 MiB arenas, adaptive
+    /// polling with the default window.
     fn default() -> Self {
         Pollers {
             count: default_poller_count(),
             arena_bytes: DEFAULT_ARENA_BYTES,
             busy_poll: false,
+            spin: SpinBounds::DEFAULT,
         }
     }
 }

@@ -32,6 +32,8 @@ pub(super) struct RawPollers {
     pub(super) count: Option<i64>,
     pub(super) arena: Option<RawSize>,
     pub(super) busy_poll: Option<bool>,
+    pub(super) spin_min: Option<RawDuration>,
+    pub(super) spin_max: Option<RawDuration>,
 }
 
 /// `[limits]`.

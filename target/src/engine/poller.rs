@@ -1,6 +1,8 @@
 //! Poller threads: each owns an io_uring that carries socket and disk I/O for
 //! the connections pinned to it, and a registered buffer arena. Run to
-//! completion, no locks on the I/O path; it sleeps in `io_uring_enter`.
+//! completion, no locks on the I/O path; after its last work it keeps
+//! polling for an adaptive window (`common::spin`), then sleeps in
+//! `io_uring_enter`.
 
 use crate::base::budget::PollerBudget;
 use crate::base::completions::Completions;
@@ -9,6 +11,7 @@ use crate::nvme::subsystem::Registry;
 use io_uring::{opcode, types};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::ring::{Op, Ring, Submissions, Wakeup};
+use rdmablk_common::spin::{PollMode, Spin};
 use std::any::Any;
 use std::io;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
@@ -109,8 +112,11 @@ pub trait Endpoint {
     /// Lets queues make progress, arms what must be polled, and frees
     /// closed queues; returns how many were freed.
     fn pump(&mut self, io: &mut Io) -> usize;
-    /// Busy polling: takes completions that arrive without a ring event.
-    fn poll(&mut self, _io: &mut Io) {}
+    /// While the poller spins: takes completions that arrive without a ring
+    /// event; returns whether there were any.
+    fn poll(&mut self, _io: &mut Io) -> bool {
+        false
+    }
     /// Queues alive.
     fn queues(&self) -> usize;
     /// Arena buffers the endpoint holds itself (standing receive buffers),
@@ -134,6 +140,8 @@ pub struct Io<'a> {
     pub stopping: bool,
     /// I/O commands this poller has answered (the stats file).
     pub answered: &'a mut u64,
+    /// Socket sends it has made (each carries what its queue had to send).
+    pub sends: &'a mut u64,
     /// The poller's index (its slot in namespaces' metrics).
     pub poller: usize,
     /// Where backend operations off the ring (librbd's) complete.
@@ -165,6 +173,8 @@ pub struct Shared {
     pub io_commands: Vec<AtomicU64>,
     /// Each poller's own metrics.
     pub pollers: Vec<PollerCounters>,
+    /// How the pollers wait for work.
+    pub poll_mode: PollMode,
 }
 
 /// A new queue for a poller, from the listener of the transport whose
@@ -210,7 +220,7 @@ pub fn spawn(
     id: usize,
     shared: Arc<Shared>,
     arena_bytes: usize,
-    busy_poll: bool,
+    mode: PollMode,
     transports: &Transports,
 ) -> io::Result<(PollerLink, JoinHandle<()>)> {
     let ops: Vec<Op> = BACKEND_OPS
@@ -234,10 +244,11 @@ pub fn spawn(
         endpoints: endpoints(id),
         budget: PollerBudget::new(discovery_limit),
         answered: 0,
+        sends: 0,
         freed: 0,
         trimmed: Instant::now(),
         ring,
-        busy_poll,
+        spin: Spin::new(mode),
         id,
         incoming,
         wakeup: poller_wakeup,
@@ -266,11 +277,13 @@ struct Poller {
     budget: PollerBudget,
     /// I/O commands answered.
     answered: u64,
+    /// Socket sends made.
+    sends: u64,
     /// Queues freed since the heap was last trimmed, and when that was.
     freed: usize,
     trimmed: Instant,
-    /// Spin instead of sleeping in io_uring_enter (a dedicated core).
-    busy_poll: bool,
+    /// When it sleeps in io_uring_enter rather than polling.
+    spin: Spin,
     id: usize,
     incoming: Receiver<Handover>,
     wakeup: Wakeup,
@@ -299,16 +312,17 @@ impl Poller {
         self.arm_wake();
         self.arm_tick();
         let mut completions: Vec<(u64, i32)> = Vec::with_capacity(RING_ENTRIES as usize);
+        let mut sleep = false;
         loop {
             // SAFETY: every pending operation was queued through
             // `Submissions::push`, where its caller argued that its memory
             // stays valid until its completion.
-            let submitted = if self.busy_poll {
-                // SAFETY: as above.
-                unsafe { self.ring.submit() }
-            } else {
+            let submitted = if sleep {
                 // SAFETY: as above.
                 unsafe { self.ring.submit_and_wait() }
+            } else {
+                // SAFETY: as above.
+                unsafe { self.ring.submit() }
             };
             if let Err(e) = submitted {
                 // Operations in flight point into memory this poller owns:
@@ -319,17 +333,26 @@ impl Poller {
             }
             completions.clear();
             self.ring.reap(&mut completions);
+            let mut worked = false;
             for &(ud, res) in &completions {
-                self.dispatch(ud, res);
+                worked |= self.dispatch(ud, res);
             }
-            if self.busy_poll {
+            if !sleep {
                 let (mut io, endpoints, _) = self.split();
                 for e in endpoints.iter_mut() {
-                    e.poll(&mut io);
+                    worked |= e.poll(&mut io);
                 }
             }
             self.pump_all();
             self.arm_release();
+            sleep = self.spin.sleep_next(worked);
+            if sleep {
+                let counters = &self.shared.pollers[self.id];
+                counters.sleeps.set(self.spin.sleeps());
+                counters
+                    .spin_window_ns
+                    .set(self.spin.window().as_nanos() as u64);
+            }
             if self.stop_at.is_some() && self.endpoints.iter().all(|e| e.queues() == 0) {
                 break;
             }
@@ -348,6 +371,7 @@ impl Poller {
                 registry: &self.shared.registry,
                 stopping: self.stop_at.is_some(),
                 answered: &mut self.answered,
+                sends: &mut self.sends,
                 poller: self.id,
                 completions: &self.completions,
                 wake_at: &mut self.wake_at,
@@ -358,7 +382,9 @@ impl Poller {
         )
     }
 
-    fn dispatch(&mut self, ud: u64, res: i32) {
+    /// Hands a completion to what it belongs to; returns whether it was
+    /// I/O work (a queue's or a backend's) rather than the poller's own.
+    fn dispatch(&mut self, ud: u64, res: i32) -> bool {
         match Token::decode(ud) {
             Some(Token::Tick) => {
                 // (Also lets go commands whose limits were replaced.)
@@ -368,10 +394,11 @@ impl Poller {
             }
             Some(Token::Wake) => {
                 self.on_wake();
-                self.dispatch_off_ring();
+                let worked = self.dispatch_off_ring();
                 self.arm_wake();
+                return worked;
             }
-            Some(Token::Cancel) => {}
+            Some(Token::Cancel) => return false,
             Some(Token::Release) => {
                 // Queues let their commands go when pumped, next.
                 self.release_due = true;
@@ -384,15 +411,18 @@ impl Poller {
                 if let Some(e) = endpoints.get_mut(ep as usize) {
                     e.on_backend(queue, slot, res, &mut io);
                 }
+                return true;
             }
             Some(Token::Endpoint { ep, queue, what }) => {
                 let (mut io, endpoints, _) = self.split();
                 if let Some(e) = endpoints.get_mut(ep as usize) {
                     e.on_completion(queue, what, res, &mut io);
                 }
+                return true;
             }
             None => tracing::error!(poller = self.id, ud, "completion with unknown user data"),
         }
+        false
     }
 
     /// Lets every queue make progress, and frees the finished ones.
@@ -419,6 +449,7 @@ impl Poller {
             .arena_bytes
             .set(io.arena.bytes_in_use() as u64);
         shared.io_commands[id].store(*io.answered, Ordering::Relaxed);
+        shared.pollers[id].sends.set(*io.sends);
         if stop_at.is_some_and(|t| t.elapsed() > SHUTDOWN_DRAIN_TIMEOUT) {
             for e in endpoints.iter_mut() {
                 e.close_all("drain timeout at shutdown");
@@ -429,15 +460,18 @@ impl Poller {
     }
 
     /// Dispatches the backend completions recorded beside the ring (after
-    /// the wake-up they raised was drained, so none is missed).
-    fn dispatch_off_ring(&mut self) {
+    /// the wake-up they raised was drained, so none is missed); returns
+    /// whether there were any.
+    fn dispatch_off_ring(&mut self) -> bool {
         let mut done = std::mem::take(&mut self.off_ring);
         self.completions.take(&mut done);
         for &(ud, res) in &done {
             self.dispatch(ud, res);
         }
+        let any = !done.is_empty();
         done.clear();
         self.off_ring = done;
+        any
     }
 
     fn on_tick(&mut self) {

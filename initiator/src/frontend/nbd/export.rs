@@ -10,6 +10,7 @@ use crate::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
 use crate::host::engine::Waker;
 use crate::host::Attachment;
 use rdmablk_common::nvme::identify::oncs;
+use rdmablk_common::spin::PollMode;
 use std::net::{SocketAddr, TcpListener};
 use std::os::fd::{AsFd, AsRawFd, OwnedFd};
 use std::os::unix::net::UnixListener;
@@ -152,6 +153,7 @@ pub fn serve(
     queues: u16,
     ctrl_loss_tmo: Duration,
     max_clients: usize,
+    poll: PollMode,
 ) -> Result<(), String> {
     let ns = att.ns;
     let subnqn = att.subnqn().to_string();
@@ -180,7 +182,7 @@ pub fn serve(
         queues: n,
         arena_bytes: arena,
         name: "nbd",
-        busy_poll: false,
+        poll,
     };
     let engines = Engines::spawn(&keeper, spec, |_, waker| {
         let (tx, rx) = mpsc::channel();

@@ -14,6 +14,7 @@ use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::{sys, UblkFlags};
 use rdmablk_common::nvme::identify::oncs;
+use rdmablk_common::spin::PollMode;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{mpsc, Arc};
@@ -31,6 +32,8 @@ pub struct UblkOptions {
     pub queues: u16,
     pub depth: u16,
     pub ctrl_loss_tmo: Duration,
+    /// How the queues' engines wait for work.
+    pub poll: PollMode,
 }
 
 /// Fails at once when this kernel cannot create ublk devices.
@@ -208,7 +211,7 @@ pub fn serve(att: Attachment, o: UblkOptions) -> Result<(), String> {
         queues,
         arena_bytes: arena,
         name: "ublk",
-        busy_poll: false,
+        poll: o.poll,
     };
     let engines = Engines::spawn(&keeper, spec, |q, _| {
         UblkDriver::new(QueueSetup {

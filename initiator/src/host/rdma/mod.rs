@@ -215,9 +215,4 @@ impl RdmaQueue {
     pub fn set_busy_poll(&mut self, on: bool) {
         self.busy_poll = on;
     }
-
-    /// Whether the caller polls the CQ itself.
-    pub fn busy_poll(&self) -> bool {
-        self.busy_poll
-    }
 }

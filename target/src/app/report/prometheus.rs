@@ -2,7 +2,7 @@
 //! endpoint gets, rendered from the counters.
 
 use crate::app::gateway::GroupStatus;
-use crate::base::metrics::{NsMetrics, BUCKETS, LATENCY_BOUNDS_US, OPS};
+use crate::base::metrics::{NsMetrics, PollerCounters, BUCKETS, LATENCY_BOUNDS_US, OPS};
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
 use rdmablk_common::nvme::Status;
@@ -323,6 +323,39 @@ pub fn render(shared: &Shared, started: Instant, group: Option<&GroupStatus>) ->
             "rdmablk_poller_busy_seconds_total{{poller=\"{i}\"}} {:.6}",
             p.busy_ns.get() as f64 / 1e9
         );
+    }
+    /// A family with one value per poller: name, type, help, the value.
+    type PerPoller = (
+        &'static str,
+        &'static str,
+        &'static str,
+        fn(&PollerCounters) -> f64,
+    );
+    let per_poller: [PerPoller; 3] = [
+        (
+            "rdmablk_poller_sleeps_total",
+            "counter",
+            "Times the poller slept in its ring when its spin window passed with nothing to do (each ended by a wake-up).",
+            |p| p.sleeps.get() as f64,
+        ),
+        (
+            "rdmablk_poller_sends_total",
+            "counter",
+            "Socket sends (NVMe/TCP), each carrying every PDU its queue had ready.",
+            |p| p.sends.get() as f64,
+        ),
+        (
+            "rdmablk_poller_spin_window_seconds",
+            "gauge",
+            "How long the poller keeps polling after its last work before it sleeps (adaptive polling).",
+            |p| p.spin_window_ns.get() as f64 / 1e9,
+        ),
+    ];
+    for (name, kind, help, value) in per_poller {
+        family(&mut out, name, kind, help);
+        for (i, p) in shared.pollers.iter().enumerate() {
+            let _ = writeln!(out, "{name}{{poller=\"{i}\"}} {}", value(p));
+        }
     }
     if let Some(g) = group {
         gateway_group(&mut out, g);

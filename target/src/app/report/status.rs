@@ -4,6 +4,7 @@
 use crate::base::ids::{hex_text, uuid_text};
 use crate::engine::poller::Shared;
 use crate::nvme::subsystem::Namespace;
+use rdmablk_common::spin::PollMode;
 use rdmablk_common::units::format_size;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;
@@ -25,6 +26,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         .iter()
         .map(|v| v.iter().map(|n| totals(n)).collect())
         .collect();
+    let pollers_before = poller_samples(shared);
     let t0 = Instant::now();
     std::thread::sleep(SAMPLE);
     let secs = t0.elapsed().as_secs_f64();
@@ -46,6 +48,7 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         .iter()
         .map(|p| format!("{}://{}", p.profile.kind, p.addr))
         .collect();
+    pollers(&mut out, shared, &pollers_before, secs);
     let _ = writeln!(out, "listening: {}", listening.join(", "));
     let groups: BTreeSet<u32> = namespaces.iter().flatten().map(|n| n.ana_group()).collect();
     for (p, url) in r.ports().iter().zip(&listening) {
@@ -123,6 +126,50 @@ pub fn render(shared: &Shared, started: Instant) -> String {
     let discovery = r.discovery.live_controllers().len();
     let _ = writeln!(out, "discovery controllers: {discovery}");
     out
+}
+
+/// What a poller had done at one time: I/O commands answered, sleeps,
+/// socket sends.
+fn poller_samples(shared: &Shared) -> Vec<[u64; 3]> {
+    shared
+        .pollers
+        .iter()
+        .zip(&shared.io_commands)
+        .map(|(p, io)| [io.load(Ordering::Relaxed), p.sleeps.get(), p.sends.get()])
+        .collect()
+}
+
+/// How the pollers wait, and per poller what it answered over the sample
+/// and how many commands each wake-up and each socket send served.
+fn pollers(out: &mut String, shared: &Shared, before: &[[u64; 3]], secs: f64) {
+    let mode = match shared.poll_mode {
+        PollMode::Busy => "busy polling (never sleep)".to_string(),
+        PollMode::Adaptive(b) if b.max.is_zero() => "sleep when idle (no spinning)".to_string(),
+        PollMode::Adaptive(b) => format!(
+            "adaptive polling: spin {}us to {}us after the last work, then sleep",
+            b.min.as_micros(),
+            b.max.as_micros()
+        ),
+    };
+    let _ = writeln!(out, "pollers: {mode}");
+    for (i, (b, a)) in before.iter().zip(poller_samples(shared)).enumerate() {
+        let [io, sleeps, sends] = [0, 1, 2].map(|k| a[k] - b[k]);
+        let per = |n: u64, none: &str| {
+            if n == 0 {
+                none.to_string()
+            } else {
+                format!("{:.1}", io as f64 / n as f64)
+            }
+        };
+        let _ = writeln!(
+            out,
+            "  poller {i}: {:.0} I/O/s, {} per wake-up, {} per send, spin window {}us",
+            io as f64 / secs,
+            per(sleeps, "never slept"),
+            per(sends, "no sends"),
+            shared.pollers[i].spin_window_ns.get() / 1000
+        );
+    }
 }
 
 /// The identifiers of namespace `n` hosts see, each marked "given" when

@@ -11,7 +11,9 @@ use crate::config::{
     MAX_CNTLID,
 };
 use rdmablk_common::auth::Secret;
+use rdmablk_common::spin::SpinBounds;
 use std::path::PathBuf;
+use std::time::Duration;
 
 #[test]
 fn example_parses() {
@@ -124,7 +126,7 @@ fn positional_nsids_and_explicit_values() {
         "block_size = 4096\nread_only = true",
         "[[subsystem.namespace]]\nbackend = \"null\"\nsize = 1048576\n\
          [[subsystem.namespace]]\nnsid = 7\nbackend = \"file\"\npath = \"/dev/null\"\n\
-         [pollers]\ncount = 3\narena = 8388608\nbusy_poll = true\n\
+         [pollers]\ncount = 3\narena = 8388608\nbusy_poll = true\nspin_max = \"40us\"\n\
          [[listener]]\ntransport = \"RDMA\"\naddress = \"[::1]:4420\"",
     );
     let config = parse(&text).unwrap();
@@ -134,6 +136,7 @@ fn positional_nsids_and_explicit_values() {
             count: 3,
             arena_bytes: 8 << 20,
             busy_poll: true,
+            spin: SpinBounds::new(SpinBounds::DEFAULT.min, Duration::from_micros(40)).unwrap(),
         }
     );
     assert_eq!(config.listeners[1].transport, Transport::Rdma);

@@ -2,6 +2,7 @@
 
 use super::{assert_invalid, assert_syntax, minimal};
 use crate::config::{parse, Limits};
+use rdmablk_common::spin::{PollMode, SpinBounds};
 use std::time::Duration;
 
 #[test]
@@ -25,6 +26,41 @@ fn poller_rules() {
     }
     let ok = parse(&minimal("", "[pollers]\ncount = 256\narena = \"4MiB\"")).unwrap();
     assert_eq!((ok.pollers.count, ok.pollers.arena_bytes), (256, 4 << 20));
+}
+
+#[test]
+fn spin_window_rules() {
+    for (pollers, key, part) in [
+        ("spin_min = \"0us\"", "pollers.spin_min", "above zero"),
+        (
+            "spin_min = \"200us\"",
+            "pollers.spin_min",
+            "above its maximum",
+        ),
+        ("spin_max = \"2s\"", "pollers.spin_max", "busy polling"),
+        (
+            "spin_max = \"5 parsecs\"",
+            "pollers.spin_max",
+            "unknown unit",
+        ),
+        ("spin_min = -5", "pollers.spin_min", "negative"),
+    ] {
+        assert_invalid(&minimal("", &format!("[pollers]\n{pollers}")), key, part);
+    }
+    let p = parse(&minimal("", "")).unwrap().pollers;
+    assert_eq!(p.mode(), PollMode::Adaptive(SpinBounds::DEFAULT));
+    let p = parse(&minimal(
+        "",
+        "[pollers]\nspin_min = \"2us\"\nspin_max = \"1ms\"",
+    ))
+    .unwrap();
+    let want = SpinBounds::new(Duration::from_micros(2), Duration::from_millis(1)).unwrap();
+    assert_eq!(p.pollers.mode(), PollMode::Adaptive(want));
+    // A maximum of zero: sleep as soon as idle, whatever the minimum.
+    let p = parse(&minimal("", "[pollers]\nspin_max = \"0us\"")).unwrap();
+    assert_eq!(p.pollers.mode(), PollMode::Adaptive(SpinBounds::SLEEP));
+    let p = parse(&minimal("", "[pollers]\nbusy_poll = true")).unwrap();
+    assert_eq!(p.pollers.mode(), PollMode::Busy);
 }
 
 #[test]

@@ -89,10 +89,12 @@ impl Endpoint for RdmaEndpoint {
         freed
     }
 
-    fn poll(&mut self, io: &mut Io) {
+    fn poll(&mut self, io: &mut Io) -> bool {
+        let mut any = false;
         for dev in 0..self.devices.len() {
-            self.drain_cq(dev, io);
+            any |= self.drain_cq(dev, io);
         }
+        any
     }
 
     fn queues(&self) -> usize {
@@ -308,14 +310,16 @@ impl RdmaEndpoint {
         self.drain_cq(dev, io);
     }
 
-    /// Handles every completion the device's CQ holds, then reposts receives.
-    fn drain_cq(&mut self, dev: usize, io: &mut Io) {
+    /// Handles every completion the device's CQ holds, then reposts
+    /// receives; returns whether there were any.
+    fn drain_cq(&mut self, dev: usize, io: &mut Io) -> bool {
         let mut wcs = std::mem::take(&mut self.completions);
+        let mut any = false;
         loop {
             wcs.clear();
             match self.devices[dev].cq.poll(&mut wcs) {
                 Ok(0) => break,
-                Ok(_) => {}
+                Ok(_) => any = true,
                 Err(e) => {
                     tracing::error!(poller = self.poller, "polling the RDMA CQ: {e}");
                     break;
@@ -334,6 +338,7 @@ impl RdmaEndpoint {
         if let Err(e) = d.post_recvs(io) {
             tracing::error!(poller = self.poller, "posting SRQ receives: {e}");
         }
+        any
     }
 
     fn on_recv(&mut self, dev: usize, wc: &Completion, io: &mut Io) {

@@ -293,6 +293,7 @@ impl TcpWire {
         unsafe { io.sq.push(e) };
         self.send_busy = true;
         self.sends.posted();
+        *io.sends += 1;
     }
 
     /// Checks an H2CData header against the command it names; returns
