@@ -1,10 +1,11 @@
 //! How an I/O thread (a target poller, a host engine) waits when a round of
 //! its loop found nothing to do: it keeps polling its ring (and RDMA CQs)
 //! for a window after its last work, then sleeps in the ring. The window
-//! adapts: it grows while work keeps arriving shortly after the thread went
-//! to sleep (a longer spin would have saved that wake-up) and shrinks when
-//! the sleeps are long (spinning would have been for nothing), so a busy
-//! thread never sleeps between batches and an idle one costs no CPU.
+//! adapts: it doubles when work arrives shortly after the thread went to
+//! sleep (a longer spin would have saved that wake-up) and shrinks by an
+//! eighth when a sleep is longer than any window (spinning would have been
+//! for nothing), so a busy thread never sleeps between batches, a rare slow
+//! round trip does not undo that, and an idle one costs no CPU.
 
 use std::time::{Duration, Instant};
 
@@ -145,7 +146,7 @@ impl Spin {
                 self.window = if idle <= bounds.max {
                     (self.window * 2).min(bounds.max)
                 } else {
-                    (self.window / 2).max(bounds.min)
+                    (self.window - self.window / 8).max(bounds.min)
                 };
                 self.slept = false;
             }
@@ -257,7 +258,7 @@ mod tests {
         let mut s = spin_at(adaptive(5, 100), now);
         s.window = us(80);
         let mut windows = Vec::new();
-        for _ in 0..6 {
+        for _ in 0..22 {
             s.sleep_next_at(true, now);
             now += s.window();
             assert!(s.sleep_next_at(false, now));
@@ -265,7 +266,8 @@ mod tests {
             s.sleep_next_at(true, now);
             windows.push(s.window().as_micros());
         }
-        assert_eq!(windows, [40, 20, 10, 5, 5, 5]);
+        assert_eq!(windows[..3], [70, 61, 53]);
+        assert_eq!(windows[19..], [5, 5, 5]);
     }
 
     #[test]

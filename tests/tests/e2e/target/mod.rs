@@ -1,8 +1,8 @@
 //! The daemon, `rdmablk-target`: NVMe/TCP, the letter of the specifications,
 //! ANA, authentication, limits, live reconfiguration, metrics, `--check`, hostile
 //! hosts, reservations, Compare and Write, per-host visibility and QoS
-//! limits, and RBD namespaces (against a Ceph
-//! cluster, `#[ignore]`d without).
+//! limits, how pollers and engines wait for work (adaptive polling), and
+//! RBD namespaces (against a Ceph cluster, `#[ignore]`d without).
 
 mod ana;
 mod auth;
@@ -12,6 +12,7 @@ mod fuzz;
 mod identifiers;
 mod limits;
 mod metrics;
+mod polling;
 mod rbd;
 mod reload;
 mod reservations;
