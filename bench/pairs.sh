@@ -15,6 +15,10 @@
 # random read at QD 32 on a 512 MiB memory namespace (LOAD="RW BS QD").
 # Prints, per pair, the median IOPS, the ratio to the reference host against
 # the same target, the host's CPU time per I/O and the target's CPU use.
+# With OLD_BIN, also the NBD path before and after: fio's nbd engine (core 1)
+# -> rdmablk connect --nbd -> rdmablk-target (both on core 0, as in
+# bench/suite.sh), old and new binaries in turn (NBD_LOADS="RW BS QD,...",
+# default 4 KiB random reads at QD 1 and 32; NBD_LOADS= skips it).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -99,6 +103,44 @@ for key, (iops, cpu, tcpu) in med.items():
     ref = med.get(f"{target}|busy-poll", [iops])[0]
     print(f"{host + ' -> ' + target:<36}{iops:>11,.0f}{iops / ref:>13.2f}x{cpu:>12.2f}{tcpu:>11.0f}%")
 EOF
+
+# The NBD path, old binaries against new ones.
+nbd_loads=${NBD_LOADS-"randread 4k 1,randread 4k 32"}
+if [ -n "$old_bin" ] && [ -n "$nbd_loads" ]; then
+  IFS=, read -ra loads <<< "$nbd_loads"
+  : > "$work/nbd"
+  for round in $(seq "$rounds"); do
+    for set in new old; do
+      dir=$new_bin; [ "$set" = old ] && dir=$old_bin
+      start_target "$dir/rdmablk-target"
+      rm -f "$work/nbd.sock"; : > "$work/connect.out"
+      taskset -c 0 "$dir/rdmablk" connect -t tcp -a 127.0.0.1 -s "$port" -n $nqn --nbd "unix:$work/nbd.sock" \
+        > "$work/connect.out" 2> "$work/connect.log" &
+      cpid=$!
+      for _ in $(seq 100); do grep -q '^ready: ' "$work/connect.out" && break; sleep 0.1; done
+      for load in "${loads[@]}"; do
+        read -r lrw lbs lqd <<< "$load"
+        taskset -c 1 fio --name=nbd --ioengine=nbd --uri="nbd+unix:///?socket=$work/nbd.sock" --rw="$lrw" \
+          --bs="$lbs" --iodepth="$lqd" --size=512M --runtime="$secs" --time_based --output-format=json 2>/dev/null |
+          python3 -c 'import json, sys; t = sys.stdin.read(); j = json.loads(t[t.index("{"):])["jobs"][0]
+print(sys.argv[1], sys.argv[2].replace(" ", "_"), j["read"]["iops"] + j["write"]["iops"])' "$set" "$load" >> "$work/nbd"
+      done
+      kill "$cpid"; wait "$cpid" 2>/dev/null || true
+      stop_target
+    done
+  done
+  echo "NBD export (fio nbd engine -> rdmablk connect --nbd -> rdmablk-target), medians of $rounds rounds of ${secs} s:"
+  python3 - "$work/nbd" <<'EOF'
+import statistics, sys
+runs = {}
+for line in open(sys.argv[1]):
+    which, load, iops = line.split()
+    runs.setdefault((load, which), []).append(float(iops))
+for load in dict.fromkeys(k[0] for k in runs):
+    old, new = (statistics.median(runs.get((load, w), [0])) for w in ("old", "new"))
+    print(f"{load.replace('_', ' '):>18}: old {old:,.0f} IOPS, new {new:,.0f} IOPS, new/old {new / old if old else 0:.2f}x")
+EOF
+fi
 
 # Idle: a target with one connected host (an NBD export, its engine
 # threads waiting), both left alone; CPU use over the window.

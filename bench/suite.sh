@@ -18,7 +18,8 @@
 # 128k, QD 1, 4, 16, 32 and 64, 3 rounds of 3 s. --full: randread,
 # randwrite, randrw; 4k, 16k, 128k, 1m; QD 1, 4, 16, 32, 64, 128; 3 rounds
 # of 10 s.
-# SUITE_ROUNDS and SUITE_SECS override the rounds and seconds (a smoke run).
+# SUITE_ROUNDS and SUITE_SECS override the rounds and seconds (a smoke run),
+# SUITE_RWS, SUITE_BSS and SUITE_QDS the patterns, block sizes and depths.
 # Latency is of reads, of writes for randwrite.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -31,6 +32,7 @@ else
   rws="randread randwrite"; bss="4k 128k"; qds="1 4 16 32 64"; rounds=3; secs=3
 fi
 rounds=${SUITE_ROUNDS:-$rounds}; secs=${SUITE_SECS:-$secs}
+rws=${SUITE_RWS:-$rws}; bss=${SUITE_BSS:-$bss}; qds=${SUITE_QDS:-$qds}
 size=512M
 bin=build/release
 work=$(mktemp -d /tmp/rdmablk-suite.XXXXXX)

@@ -5,7 +5,10 @@
 //! sleep (a longer spin would have saved that wake-up) and shrinks by an
 //! eighth when a sleep is longer than any window (spinning would have been
 //! for nothing), so a busy thread never sleeps between batches, a rare slow
-//! round trip does not undo that, and an idle one costs no CPU.
+//! round trip does not undo that, and an idle one costs no CPU. A polling
+//! thread yields its CPU each round it finds nothing; when another thread
+//! ran meanwhile, the CPU is shared and it sleeps at once: polling would
+//! take the time of the very thread it may be waiting for.
 
 use std::time::{Duration, Instant};
 
@@ -58,6 +61,9 @@ impl SpinBounds {
         Ok(SpinBounds { min, max })
     }
 }
+
+/// A yield that took longer let another thread run on this CPU.
+const YIELDED: Duration = Duration::from_micros(10);
 
 /// The longest window accepted: beyond it, busy polling says what is meant.
 const MAX_WINDOW: Duration = Duration::from_millis(10);
@@ -121,10 +127,26 @@ impl Spin {
     /// until something completes (true) or only polls (false).
     #[inline]
     pub fn sleep_next(&mut self, worked: bool) -> bool {
-        match self.mode {
-            PollMode::Busy => false,
-            PollMode::Adaptive(_) => self.sleep_next_at(worked, Instant::now()),
+        let PollMode::Adaptive(bounds) = self.mode else {
+            return false;
+        };
+        let now = Instant::now();
+        if self.sleep_next_at(worked, now) || worked {
+            return !worked;
         }
+        // Polling on with nothing to do: a thread that is ready to run on
+        // this CPU goes first. Alone on its CPU, this returns at once; if
+        // another thread ran meanwhile, the CPU is shared (the target beside
+        // an NBD export, an application beside its engine) and polling on
+        // would take that thread's time: sleep, from the shortest window.
+        std::thread::yield_now();
+        if now.elapsed() > YIELDED {
+            self.window = bounds.min;
+            self.slept = true;
+            self.sleeps += 1;
+            return true;
+        }
+        false
     }
 
     /// [`Spin::sleep_next`] at `now`.
@@ -281,6 +303,65 @@ mod tests {
         assert!(!sleepy.sleep_next_at(true, t0));
         assert!(sleepy.sleep_next_at(false, t0));
         assert_eq!(sleepy.sleeps(), 1);
+    }
+
+    /// Pins the calling thread to `cpu`.
+    fn pin(cpu: usize) {
+        // SAFETY: cpu_set_t is plain data; zeroed is the empty set.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: `cpu` is below CPU_SETSIZE (it came from the thread's own set).
+        unsafe { libc::CPU_SET(cpu, &mut set) };
+        // SAFETY: pid 0 is the calling thread; the set is valid for its size.
+        let r = unsafe { libc::sched_setaffinity(0, std::mem::size_of_val(&set), &set) };
+        assert_eq!(
+            r,
+            0,
+            "sched_setaffinity: {}",
+            std::io::Error::last_os_error()
+        );
+    }
+
+    #[test]
+    fn a_thread_that_shares_its_cpu_stops_polling() {
+        // SAFETY: as in `pin`.
+        let mut set: libc::cpu_set_t = unsafe { std::mem::zeroed() };
+        // SAFETY: pid 0 is the calling thread; the set is valid for its size.
+        let r = unsafe { libc::sched_getaffinity(0, std::mem::size_of_val(&set), &mut set) };
+        assert_eq!(r, 0);
+        // SAFETY: the index is below CPU_SETSIZE.
+        let cpu = (0..libc::CPU_SETSIZE as usize)
+            .find(|&c| unsafe { libc::CPU_ISSET(c, &set) })
+            .expect("a CPU");
+        let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let other = {
+            let stop = stop.clone();
+            std::thread::spawn(move || {
+                pin(cpu);
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    std::hint::spin_loop();
+                }
+            })
+        };
+        pin(cpu);
+        // A 9 ms window: alone on its CPU the thread would poll all of it.
+        let mut s = Spin::new(adaptive(9000, 9000));
+        s.sleep_next(true);
+        let t0 = Instant::now();
+        let mut slept_after = None;
+        while t0.elapsed() < Duration::from_millis(50) {
+            if s.sleep_next(false) {
+                slept_after = Some(t0.elapsed());
+                break;
+            }
+        }
+        stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        other.join().expect("the other thread");
+        let after = slept_after.expect("it never went to sleep");
+        assert!(
+            after < Duration::from_millis(9),
+            "with another thread ready on its CPU it polled for {after:?}"
+        );
+        assert_eq!(s.sleeps(), 1);
     }
 
     #[test]

@@ -154,20 +154,24 @@ fn pollers(out: &mut String, shared: &Shared, before: &[[u64; 3]], secs: f64) {
     let _ = writeln!(out, "pollers: {mode}");
     for (i, (b, a)) in before.iter().zip(poller_samples(shared)).enumerate() {
         let [io, sleeps, sends] = [0, 1, 2].map(|k| a[k] - b[k]);
-        let per = |n: u64, none: &str| {
+        let window = shared.pollers[i].spin_window_ns.get() / 1000;
+        if io == 0 {
+            let _ = writeln!(out, "  poller {i}: idle, spin window {window}us");
+            continue;
+        }
+        let per = |n: u64, what: &str| {
             if n == 0 {
-                none.to_string()
+                format!("no {what}")
             } else {
-                format!("{:.1}", io as f64 / n as f64)
+                format!("{:.1} per {what}", io as f64 / n as f64)
             }
         };
         let _ = writeln!(
             out,
-            "  poller {i}: {:.0} I/O/s, {} per wake-up, {} per send, spin window {}us",
+            "  poller {i}: {:.0} I/O/s, {}, {}, spin window {window}us",
             io as f64 / secs,
-            per(sleeps, "never slept"),
-            per(sends, "no sends"),
-            shared.pollers[i].spin_window_ns.get() / 1000
+            per(sleeps, "wake-up"),
+            per(sends, "socket send"),
         );
     }
 }

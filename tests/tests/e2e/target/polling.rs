@@ -8,21 +8,26 @@
 use super::metrics::{samples, scrape};
 use super::reload::Daemon;
 use rdmablk_tests::names::DEFAULT_NQN;
-use rdmablk_tests::tools::{bench, check_bench, fio};
-use rdmablk_tests::{cpu_time, free_port, NbdExport, Target};
+use rdmablk_tests::tools::{bench, check_bench, fio, TOOL_TIMEOUT};
+use rdmablk_tests::{bin_path, cpu_time, free_port, run, NbdExport, Target};
 use std::net::SocketAddr;
+use std::process::Command;
 use std::time::{Duration, Instant};
 
-/// A daemon with one poller, `pollers` added to `[pollers]`, metrics on a
-/// free port, and a 64 MiB memory namespace; and that port.
+/// A daemon with one poller pinned to the first CPU, `pollers` added to
+/// `[pollers]`, metrics on a free port, and a 64 MiB memory namespace; and
+/// that port.
 fn daemon(pollers: &str) -> (Daemon, u16) {
     let metrics = free_port();
-    let d = Daemon::start(&format!(
-        "[pollers]\ncount = 1\n{pollers}\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
+    let d = Daemon::start_on(
+        &format!(
+            "[pollers]\ncount = 1\n{pollers}\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
          [[subsystem]]\nnqn = \"{DEFAULT_NQN}\"\nallow_any_host = true\n\
          [[subsystem.namespace]]\nnsid = 1\nbackend = \"memory\"\nsize = \"64MiB\"\n"
-    ));
+        ),
+        Some("0"),
+    );
     (d, metrics)
 }
 
@@ -79,7 +84,8 @@ fn an_idle_target_and_an_idle_connected_host_sleep() {
     );
 }
 
-/// One command at a time for 2 s with the host's `flags` against a target
+/// One command at a time for 2 s with the host's `flags` (pinned to the
+/// second CPU: a thread that shares its CPU stops polling) against a target
 /// whose `[pollers]` add `spin`; returns commands per wake-up of the host
 /// (None: it never slept) and of the target, and the target's status.
 fn run_qd1(spin: &str, flags: &[&str]) -> (Option<f64>, f64, String) {
@@ -96,7 +102,14 @@ fn run_qd1(spin: &str, flags: &[&str]) -> (Option<f64>, f64, String) {
         "--json",
     ];
     args.extend_from_slice(flags);
-    let r = bench(d.t.port(), DEFAULT_NQN, &args);
+    let mut c = Command::new("taskset");
+    c.args(["-c", "1"])
+        .arg(bin_path("rdmablk"))
+        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
+        .arg(d.t.port().to_string())
+        .args(["-n", DEFAULT_NQN])
+        .args(&args);
+    let r = run("rdmablk bench", &mut c, TOOL_TIMEOUT);
     let v = check_bench(&r, 4096.0, &["read"], "bench at QD 1");
     let host = v["commands_per_wakeup"].as_f64();
     assert!(

@@ -36,10 +36,15 @@ pub(super) struct Daemon {
 
 impl Daemon {
     pub(super) fn start(toml: &str) -> Daemon {
+        Daemon::start_on(toml, None)
+    }
+
+    /// Like [`Daemon::start`], pinned to `cpus` (a `taskset -c` list) when given.
+    pub(super) fn start_on(toml: &str, cpus: Option<&str>) -> Daemon {
         let dir = TempDir::new("reload");
         let sock = dir.join("control.sock");
         let t =
-            Target::start_config_with(toml, &["--control", sock.to_str().expect("utf-8")], None);
+            Target::start_config_with(toml, &["--control", sock.to_str().expect("utf-8")], cpus);
         Daemon { t, sock, _dir: dir }
     }
 
