@@ -131,8 +131,9 @@ impl Spin {
             return false;
         };
         let now = Instant::now();
-        if self.sleep_next_at(worked, now) || worked {
-            return !worked;
+        let sleep = self.sleep_next_at(worked, now);
+        if sleep || worked {
+            return sleep;
         }
         // Polling on with nothing to do: a thread that is ready to run on
         // this CPU goes first. Alone on its CPU, this returns at once; if
