@@ -154,9 +154,15 @@ fn pollers(out: &mut String, shared: &Shared, before: &[[u64; 3]], secs: f64) {
     let _ = writeln!(out, "pollers: {mode}");
     for (i, (b, a)) in before.iter().zip(poller_samples(shared)).enumerate() {
         let [io, sleeps, sends] = [0, 1, 2].map(|k| a[k] - b[k]);
-        let window = shared.pollers[i].spin_window_ns.get() / 1000;
+        let window = match shared.poll_mode {
+            PollMode::Adaptive(b) if !b.max.is_zero() => format!(
+                ", spin window {}us",
+                shared.pollers[i].spin_window_ns.get() / 1000
+            ),
+            _ => String::new(),
+        };
         if io == 0 {
-            let _ = writeln!(out, "  poller {i}: idle, spin window {window}us");
+            let _ = writeln!(out, "  poller {i}: idle{window}");
             continue;
         }
         let per = |n: u64, what: &str| {
@@ -168,7 +174,7 @@ fn pollers(out: &mut String, shared: &Shared, before: &[[u64; 3]], secs: f64) {
         };
         let _ = writeln!(
             out,
-            "  poller {i}: {:.0} I/O/s, {}, {}, spin window {window}us",
+            "  poller {i}: {:.0} I/O/s, {}, {}{window}",
             io as f64 / secs,
             per(sleeps, "wake-up"),
             per(sends, "socket send"),
