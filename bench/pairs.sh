@@ -2,7 +2,8 @@
 # Host and target polling modes against each other, as users would measure
 # them: every host below against every target below over NVMe/TCP on
 # loopback, the target pinned to core 0 with one poller, the host pinned to
-# core 1, the hosts' order rotated between rounds, medians. Then the CPU an
+# core 1, the hosts' order rotated and the targets' alternated between
+# rounds, medians. Then the CPU an
 # idle target and an idle connected host use.
 #
 #   bench/pairs.sh [ROUNDS] [SECONDS] [IDLE_SECONDS]   (default 3 rounds of 8 s; 30 s idle)
@@ -75,7 +76,11 @@ print(f"{sys.argv[6]}|{sys.argv[7]} {iops} {per_io} {100 * cpu:.0f}")' \
 
 : > "$work/pairs"
 for round in $(seq "$rounds"); do
-  for t in "${targets[@]}"; do
+  # Which target goes first alternates between rounds, as the hosts' order
+  # rotates within each.
+  order=("${targets[@]}")
+  [ $((round % 2)) -eq 0 ] && [ ${#targets[@]} -eq 2 ] && order=("${targets[1]}" "${targets[0]}")
+  for t in "${order[@]}"; do
     start_target "${t#*|}"
     n=${#hosts[@]}
     for i in $(seq 0 $((n - 1))); do
@@ -110,7 +115,8 @@ if [ -n "$old_bin" ] && [ -n "$nbd_loads" ]; then
   IFS=, read -ra loads <<< "$nbd_loads"
   : > "$work/nbd"
   for round in $(seq "$rounds"); do
-    for set in new old; do
+    sets="new old"; [ $((round % 2)) -eq 0 ] && sets="old new"
+    for set in $sets; do
       dir=$new_bin; [ "$set" = old ] && dir=$old_bin
       start_target "$dir/rdmablk-target"
       rm -f "$work/nbd.sock"; : > "$work/connect.out"
