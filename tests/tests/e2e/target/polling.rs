@@ -143,10 +143,10 @@ fn a_window_longer_than_the_round_trip_keeps_both_sides_polling() {
         &["--spin-min", "5ms", "--spin-max", "5ms"],
     );
     // (None: the host never slept at all.)
-    let host = host.unwrap_or(f64::INFINITY);
+    let (spun_host, spun_target) = (host.unwrap_or(f64::INFINITY), target);
     assert!(
-        host > 10.0 && target > 10.0,
-        "with 5 ms windows, commands per wake-up: host {host:.1}, target {target:.1} \
+        spun_host > 10.0 && spun_target > 10.0,
+        "with 5 ms windows, commands per wake-up: host {spun_host:.1}, target {spun_target:.1} \
          (each side should sleep only when the other is slower than 5 ms)"
     );
     assert!(
@@ -156,12 +156,15 @@ fn a_window_longer_than_the_round_trip_keeps_both_sides_polling() {
     );
 
     // A window of zero: both sides sleep whenever a round finds nothing,
-    // so about once per command.
+    // about once per command; less often when a side lost its CPU for
+    // longer than the other took to answer (a shared virtual machine loses
+    // its CPUs often: up to 4.4 commands per wake-up were seen).
     let (host, target, status) = run_qd1("spin_max = 0", &["--spin-max", "0"]);
     let host = host.expect("a host that never spins sleeps");
     assert!(
-        host < 3.0 && target < 3.0,
-        "without spinning, commands per wake-up: host {host:.1}, target {target:.1}"
+        host < 10.0 && target < 10.0 && spun_host > 3.0 * host && spun_target > 3.0 * target,
+        "without spinning, commands per wake-up: host {host:.1}, target {target:.1} \
+         (with 5 ms windows: {spun_host:.1}, {spun_target:.1})"
     );
     assert!(
         status.contains("pollers: sleep when idle (no spinning)"),

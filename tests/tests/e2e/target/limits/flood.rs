@@ -252,8 +252,15 @@ fn connection_flood_leaves_no_trace() {
         "{what}: the daemon held {hold_fds} descriptors during the flood, {base_fds} before it (pending_connections {PENDING})"
     );
 
-    // Within 10 s of the flood's end, memory and descriptors are back.
-    let deadline = flood_end + Duration::from_secs(10);
+    // Memory and descriptors come back once the last flood connection
+    // is gone: at most handshake_timeout after the flood's end. Not at
+    // once: the kernel completed some of the flood's handshakes with SYN
+    // cookies (its listen queue overflowed) and can hand them to the daemon
+    // after the flood, the same 4-tuple even twice over (seen in the log: a
+    // connection accepted, closed by the host's FIN, accepted again 5 ms
+    // later); one that comes without a FIN sends nothing and is closed at
+    // handshake_timeout like any other silent connection.
+    let deadline = flood_end + handshake_timeout + Duration::from_secs(3);
     let rss_bound = base_rss + base_rss / 10;
     let (mut rss, mut fds);
     loop {
@@ -272,15 +279,17 @@ fn connection_flood_leaves_no_trace() {
     );
     assert!(
         rss <= rss_bound,
-        "{what}: daemon VmRSS {rss} KiB 10 s after the flood, more than 10% over the {base_rss} KiB before it"
+        "{what}: daemon VmRSS {rss} KiB {:.1?} after the flood, more than 10% over the {base_rss} KiB before it",
+        flood_end.elapsed()
     );
     assert!(
         fds <= base_fds,
-        "{what}: the daemon holds {fds} descriptors 10 s after the flood, {base_fds} before it"
+        "{what}: the daemon holds {fds} descriptors {:.1?} after the flood, {base_fds} before it",
+        flood_end.elapsed()
     );
     stats_until(
         &stats,
-        Instant::now() + 3 * STATS_PERIOD,
+        deadline.max(Instant::now() + 3 * STATS_PERIOD),
         "after the flood",
         |s| s.connections == 2 && s.queues_connected == 2 && s.buffers == 0,
     );
