@@ -12,7 +12,7 @@
 #
 # Environment: VM_CACHE (downloads, default build/vm-cache), VM_WORK (boot
 # files and console log, default build/vm), VM_TIMEOUT (s,
-# default 900), VM_MEM (MiB, default 2048), VM_SMP (default 2).
+# default 1800), VM_MEM (MiB, default 2048), VM_SMP (default 2).
 # Exit status: 0 when every requested scenario passed; 1 otherwise (a scenario
 # that did not run is a failure). The guest console streams to stdout and to
 # build/vm/console.log.
@@ -22,7 +22,7 @@ here=$(cd "$(dirname "$0")" && pwd)
 repo=$(cd "$here/../.." && pwd)
 cache=${VM_CACHE:-$repo/build/vm-cache}
 work=${VM_WORK:-$repo/build/vm}
-timeout_s=${VM_TIMEOUT:-900}
+timeout_s=${VM_TIMEOUT:-1800}
 kpkg=linux-image-6.12-amd64
 
 log() { echo "[vm $(date +%T)] $*" >&2; }
