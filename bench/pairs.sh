@@ -144,7 +144,12 @@ for line in open(sys.argv[1]):
     runs.setdefault((load, which), []).append(float(iops))
 for load in dict.fromkeys(k[0] for k in runs):
     old, new = (statistics.median(runs.get((load, w), [0])) for w in ("old", "new"))
-    print(f"{load.replace('_', ' '):>18}: old {old:,.0f} IOPS, new {new:,.0f} IOPS, new/old {new / old if old else 0:.2f}x")
+    # Old and new ran back to back in each round: the median of the rounds'
+    # own ratios is steadier than the ratio of medians when the machine's
+    # speed drifts between rounds.
+    paired = statistics.median(n / o for n, o in zip(runs[(load, "new")], runs[(load, "old")]) if o)
+    print(f"{load.replace('_', ' '):>18}: old {old:,.0f} IOPS, new {new:,.0f} IOPS, new/old {new / old if old else 0:.2f}x "
+          f"(median of the rounds' ratios {paired:.2f}x)")
 EOF
 fi
 
