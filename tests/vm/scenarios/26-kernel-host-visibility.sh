@@ -220,14 +220,8 @@ verify_blockdev "$dev2b" 4
 
 # ---------------------------------------------------------------- fio, clean up
 wait $FIO || { cat /tmp/fio-bg.log; fail "fio on $dev1 failed during the move"; }
-grep -qi "verify\|error" /tmp/fio-bg.log && { cat /tmp/fio-bg.log; fail "fio reported errors"; }
-grep -q "err= 0" /tmp/fio-bg.log || { cat /tmp/fio-bg.log; fail "fio did not finish cleanly"; }
-# --verify_backlog: reads verify the writes as fio goes (a time-based write
-# phase leaves no time for a verify phase at its end); fio counts them in
-# "issued rwts: total=READS,WRITES,...", not in its read statistics.
-rw=$(sed -n 's/.*issued rwts: total=\([0-9]*\),\([0-9]*\),.*/\1 \2/p' /tmp/fio-bg.log)
-[ "${rw%% *}" -gt 0 ] 2>/dev/null || { cat /tmp/fio-bg.log; fail "fio read nothing back (issued reads,writes: '$rw'): no verification"; }
-say "fio on $dev1 (namespace 1, both paths): no error across the move; ${rw#* } writes, ${rw%% *} verified by reads"
+fio_verified /tmp/fio-bg.log
+say "fio on $dev1 (namespace 1, both paths): no error across the move; $FIO_VERIFIED"
 
 for C in $CA $CB; do
   /usr/bin/nvme disconnect -d $C > /tmp/nv.out 2>&1 || fail "nvme disconnect -d $C: $(cat /tmp/nv.out)"

@@ -144,6 +144,20 @@ fio_verify() {
   say "$dev: fio random writes of $size verified"
 }
 
+# fio_verified LOG: the background fio job whose output is LOG (time-based
+# random writes with --verify_backlog) ended cleanly and read back what it
+# wrote. Its reads verify the writes as fio goes (a time-based write phase
+# leaves no time for a verify phase at its end); fio counts them in "issued
+# rwts: total=READS,WRITES,...". Sets FIO_VERIFIED ("W writes, R verified
+# by reads") for the scenario's message.
+fio_verified() {
+  grep -qi "verify\|error" "$1" && { cat "$1"; fail "fio reported errors"; }
+  grep -q "err= 0" "$1" || { cat "$1"; fail "fio did not finish cleanly"; }
+  rw=$(sed -n 's/.*issued rwts: total=\([0-9]*\),\([0-9]*\),.*/\1 \2/p' "$1")
+  [ "${rw%% *}" -gt 0 ] 2>/dev/null || { cat "$1"; fail "fio read nothing back (issued reads,writes: '$rw'): no verification"; }
+  FIO_VERIFIED="${rw#* } writes, ${rw%% *} verified by reads"
+}
+
 # fio_run DEV RW BS QD SECONDS: one line "RW BS: IOPS, MiB/s, p50" from
 # fio's terse output (read side: field 7 KiB/s, 8 IOPS, 18-37 clat percentiles).
 fio_run() {
