@@ -248,6 +248,9 @@ fn main() -> ExitCode {
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("rdmablk-target: {e}");
+            // The namespaces' threads may be opening RBD images: they are
+            // not stopped, so librados must not be torn down under them.
+            rdmablk_target::backend::rbd::exit_now_if_loaded(1);
             ExitCode::FAILURE
         }
     }

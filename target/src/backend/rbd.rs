@@ -104,6 +104,25 @@ impl Health {
     }
 }
 
+/// Ends the process at once with status `code` when librados is loaded;
+/// returns when it is not. For a daemon that gives up while librados may
+/// still be at work on threads of its own (an image opening, a connection
+/// waiting for a monitor): exit(3) would run librados's static destructors
+/// under them, and they crash. `_exit` leaves out those destructors and
+/// the atexit handlers; the kernel closes the connections, and librbd
+/// holds no data of ours (writes complete once the cluster has them).
+pub fn exit_now_if_loaded(code: u8) {
+    if !ffi::loaded() {
+        return;
+    }
+    use std::io::Write;
+    let _ = std::io::stdout().flush();
+    let _ = std::io::stderr().flush();
+    // SAFETY: _exit(2) ends the process and has no precondition; nothing
+    // runs after it in this process.
+    unsafe { libc::_exit(code.into()) }
+}
+
 impl Drop for RbdBackend {
     /// The last holder of a namespace may be a poller (a command, a queue's
     /// view of a removed namespace): the image is closed on a thread of its

@@ -12,10 +12,12 @@ use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 /// The shared object loaded; it pulls in librados.
 const LIBRARY: &str = "librbd.so.1";
 
+/// librbd once loading was tried: the library, or why it did not load.
+static LIB: OnceLock<Result<Librbd, String>> = OnceLock::new();
+
 /// librbd, loaded on first use: a target without RBD namespaces never
 /// loads it.
 pub fn library() -> io::Result<&'static Librbd> {
-    static LIB: OnceLock<Result<Librbd, String>> = OnceLock::new();
     LIB.get_or_init(|| {
         // SAFETY: loading librbd runs its initialisers, which only set up
         // the library's own state; every symbol is checked for presence
@@ -31,6 +33,11 @@ pub fn library() -> io::Result<&'static Librbd> {
     })
     .as_ref()
     .map_err(|e| io::Error::new(io::ErrorKind::NotFound, e.clone()))
+}
+
+/// Whether librbd (and with it librados) is loaded in this process.
+pub fn loaded() -> bool {
+    LIB.get().is_some_and(Result::is_ok)
 }
 
 /// An error from a librados or librbd call returning `-errno`.

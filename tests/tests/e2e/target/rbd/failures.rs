@@ -445,3 +445,44 @@ fn an_image_configured_with_a_cache_is_not_served() {
     drop(c);
     stop(t);
 }
+
+/// A target that cannot start (its listener's port is taken) while its
+/// namespace's thread is connecting to the cluster and opening the image
+/// exits 1 and says why: never a signal, whichever librados threads are at
+/// work when it gives up (exit(3) would run librados's static destructors
+/// under them). Several rounds: the moment it gives up falls at another
+/// step of the opening each time.
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn a_target_that_cannot_listen_exits_cleanly_while_its_image_opens() {
+    let _machine = crate::alone();
+    let img = Image::create("nostart", 32 * MIB);
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").or_panic("binding a port");
+    let port = taken.local_addr().or_panic("its address").port();
+    let dir = TempDir::new("rbd-nostart");
+    let config = dir.join("target.toml");
+    std::fs::write(
+        &config,
+        format!(
+            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n\n\
+             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\n\
+             [[subsystem.namespace]]\nnsid = 1\nbackend = \"rbd\"\npool = \"rbd\"\n\
+             image = \"{}\"\nceph_conf = \"{}\"\nclient_id = \"rdmablk\"\n",
+            img.name,
+            ceph_conf().display()
+        ),
+    )
+    .or_panic("writing the config");
+    for round in 1..=8 {
+        let mut c = Command::new(rdmablk_tests::bin_path("rdmablk-target"));
+        c.arg("--config").arg(&config);
+        let r = run("rdmablk-target", &mut c, TOOL_TIMEOUT);
+        assert_eq!(r.status.code(), Some(1), "round {round}\n{}", r.report());
+        assert!(
+            r.stderr.contains(&format!("127.0.0.1:{port}")) && r.stderr.contains("in use"),
+            "round {round}: the error names neither the address nor the reason\n{}",
+            r.report()
+        );
+    }
+    drop(taken);
+}
