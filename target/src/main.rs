@@ -243,17 +243,19 @@ fn main() -> ExitCode {
         stats: args.stats.clone(),
         control: args.control.clone(),
     };
-    match serve(cfg, embedded, daemon) {
-        Ok(()) => ExitCode::SUCCESS,
+    let code = match serve(cfg, embedded, daemon) {
+        Ok(()) => 0,
         Err(e) => {
             tracing::error!("{e}");
             eprintln!("rdmablk-target: {e}");
-            // The namespaces' threads may be opening RBD images: they are
-            // not stopped, so librados must not be torn down under them.
-            rdmablk_target::backend::rbd::exit_now_if_loaded(1);
-            ExitCode::FAILURE
+            1
         }
-    }
+    };
+    // A namespace's thread may still be opening its RBD image (a stop or a
+    // failed start does not wait for the cluster): librados must not be
+    // torn down under it.
+    rdmablk_target::backend::rbd::exit_now_if_loaded(code);
+    ExitCode::from(code)
 }
 
 fn has_quick_backend(a: &Args) -> bool {

@@ -105,12 +105,14 @@ impl Health {
 }
 
 /// Ends the process at once with status `code` when librados is loaded;
-/// returns when it is not. For a daemon that gives up while librados may
-/// still be at work on threads of its own (an image opening, a connection
-/// waiting for a monitor): exit(3) would run librados's static destructors
-/// under them, and they crash. `_exit` leaves out those destructors and
-/// the atexit handlers; the kernel closes the connections, and librbd
-/// holds no data of ours (writes complete once the cluster has them).
+/// returns when it is not. For the daemon's end (stopped, or a start that
+/// failed), when librados may still be at work on threads of its own (an
+/// image opening, a connection waiting for a monitor): exit(3) would run
+/// librados's static destructors under them, and they crash. `_exit`
+/// leaves out those destructors and the atexit handlers; the kernel closes
+/// the connections. The images that were open are closed already (the
+/// stop's last step), and librbd holds no data of ours (a write completes
+/// once the cluster has it).
 pub fn exit_now_if_loaded(code: u8) {
     if !ffi::loaded() {
         return;

@@ -11,7 +11,9 @@
 //! Namespace Attribute Changed; an OSD that stops answering turns I/O into
 //! a retryable Command Interrupted within the configured timeout, and I/O
 //! works again once the OSD continues; a blocklisted client reconnects; a
-//! cluster that does not answer holds up no other.
+//! cluster that does not answer holds up no other; a target stopped, or
+//! failing to start, while its image opens exits with its own status, not
+//! a signal.
 //!
 //! Each test runs alone (`crate::alone`): they share the cluster's single
 //! OSD, which one of them stops.
