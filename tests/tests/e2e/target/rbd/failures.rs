@@ -460,22 +460,12 @@ fn a_target_that_cannot_listen_exits_cleanly_while_its_image_opens() {
     let taken = std::net::TcpListener::bind("127.0.0.1:0").or_panic("binding a port");
     let port = taken.local_addr().or_panic("its address").port();
     let dir = TempDir::new("rbd-nostart");
-    let config = dir.join("target.toml");
-    std::fs::write(
-        &config,
-        format!(
-            "[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{port}\"\n\n\
-             [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\n\n\
-             [[subsystem.namespace]]\nnsid = 1\nbackend = \"rbd\"\npool = \"rbd\"\n\
-             image = \"{}\"\nceph_conf = \"{}\"\nclient_id = \"rdmablk\"\n",
-            img.name,
-            ceph_conf().display()
-        ),
-    )
-    .or_panic("writing the config");
+    let path = dir.join("target.toml");
+    let text = config(&img.name, "", "10s", "client_id = \"rdmablk\"");
+    std::fs::write(&path, text.replace("{port}", &port.to_string())).or_panic("writing the config");
     for round in 1..=8 {
         let mut c = Command::new(rdmablk_tests::bin_path("rdmablk-target"));
-        c.arg("--config").arg(&config);
+        c.arg("--config").arg(&path);
         let r = run("rdmablk-target", &mut c, TOOL_TIMEOUT);
         assert_eq!(r.status.code(), Some(1), "round {round}\n{}", r.report());
         assert!(

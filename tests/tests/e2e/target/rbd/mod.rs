@@ -109,7 +109,13 @@ fn target(image: &str, subsystem_extra: &str, timeout: &str) -> Target {
 
 /// [`target`] with other namespace keys than client.rdmablk's.
 fn target_as(image: &str, subsystem_extra: &str, timeout: &str, ns_extra: &str) -> Target {
-    Target::start_config(&format!(
+    Target::start_config(&config(image, subsystem_extra, timeout, ns_extra))
+}
+
+/// The configuration [`target_as`] starts a target with; its listener's
+/// port is `{port}`.
+fn config(image: &str, subsystem_extra: &str, timeout: &str, ns_extra: &str) -> String {
+    format!(
         r#"
 [[listener]]
 transport = "tcp"
@@ -130,7 +136,7 @@ allow_any_host = true
   {ns_extra}
 "#,
         conf = ceph_conf().display()
-    ))
+    )
 }
 
 /// Waits until the target's log says `what`.
