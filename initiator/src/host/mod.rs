@@ -12,7 +12,6 @@ pub mod rdma;
 mod session;
 mod sync_queue;
 pub mod tcp;
-mod tcp_sync;
 
 pub use attach::Attachment;
 pub use io_queue::{Done, IoQueue, Link};

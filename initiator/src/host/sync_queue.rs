@@ -3,7 +3,7 @@
 //! them over.
 
 use super::rdma::RdmaQueue;
-use super::tcp_sync::TcpSync;
+use super::tcp::TcpSync;
 use super::{HostError, Params, Transport, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData};
 use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe};

@@ -9,6 +9,7 @@ use crate::engine::poller::{Io, Token};
 use crate::engine::queue::{Queue, Wire};
 use crate::nvme::port::Arrival;
 use io_uring::opcode;
+use rdmablk_common::tcp::stream::Received;
 use std::time::Duration;
 
 /// A connection that was sent a TermReq is closed after this time at most.
@@ -58,7 +59,12 @@ impl TcpQueue {
             Phase::Live => self.q.check_deadlines(&mut self.w, limits),
             Phase::Closing if !self.w.cancelled && self.w.since.elapsed() > CANCEL_GRACE => {
                 // The shutdown should have ended them; make sure.
-                for (busy, what) in [(self.w.recv_busy, RECV), (self.w.send_busy, SEND)] {
+                let stream = &self.w.stream;
+                let ops = [
+                    (stream.inbound.busy(), RECV),
+                    (stream.outbound.busy(), SEND),
+                ];
+                for (busy, what) in ops {
                     if busy {
                         let cancel = opcode::AsyncCancel::new(self.w.token(what).encode())
                             .build()
@@ -81,10 +87,10 @@ impl TcpQueue {
             self.q.pump(io, &mut self.w);
             self.process_rx(io);
         }
-        if live(self.w.phase) && !self.w.recv_busy {
+        if live(self.w.phase) {
             self.w.start_recv(io);
         }
-        if !self.w.send_busy && !self.w.tx.is_empty() && self.w.phase != Phase::Closing {
+        if self.w.phase != Phase::Closing {
             self.w.start_send(io);
         }
         let drained = self.w.drained();
@@ -96,45 +102,31 @@ impl TcpQueue {
     }
 
     pub(super) fn on_recv(&mut self, res: i32) {
-        self.w.recv_busy = false;
-        let direct = std::mem::take(&mut self.w.recv_direct);
+        let received = self.w.stream.received(res);
         if self.w.phase == Phase::Closing {
             return;
         }
-        if let (true, Some(d)) = (direct && res > 0, self.w.direct.as_mut()) {
-            d.left -= res as usize;
-            d.dst = d.dst.wrapping_add(res as usize);
-            return;
-        }
-        if res == 0 {
-            self.close("host closed the connection");
-        } else if res < 0 {
-            self.close(&format!(
-                "receive failed: {}",
-                std::io::Error::from_raw_os_error(-res)
-            ));
-        } else {
-            self.w.rx.filled(res as usize);
+        match received {
+            Received::Bytes => {}
+            Received::Closed => self.close("host closed the connection"),
+            Received::Failed(e) => self.close(&format!("receive failed: {e}")),
         }
     }
 
     pub(super) fn on_send(&mut self, res: i32, io: &mut Io) {
-        self.w.send_busy = false;
-        if res < 0 {
-            self.close(&format!(
-                "send failed: {}",
-                std::io::Error::from_raw_os_error(-res)
-            ));
-            return;
-        }
         let mut sent = std::mem::take(&mut self.w.sent_slots);
-        self.w.tx.advance(res as usize, &mut sent);
-        if res > 0 {
-            self.w.sends.progressed(!self.w.tx.is_empty());
-        }
-        for token in sent.drain(..) {
-            let slot = (token != NO_SLOT).then_some(token as u16);
-            self.q.sent(slot, io);
+        match self.w.stream.sent(res, &mut sent) {
+            Err(e) => self.close(&format!("send failed: {e}")),
+            Ok(n) => {
+                if n > 0 {
+                    let more = !self.w.stream.outbound.is_empty();
+                    self.w.sends.progressed(more);
+                }
+                for token in sent.drain(..) {
+                    let slot = (token != NO_SLOT).then_some(token as u16);
+                    self.q.sent(slot, io);
+                }
+            }
         }
         self.w.sent_slots = sent;
     }

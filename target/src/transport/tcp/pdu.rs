@@ -1,76 +1,78 @@
-//! The PDUs a connection receives: the handshake, command capsules, H2CData
-//! (large payloads straight into their command's buffer), and protocol
+//! The PDUs a connection receives, as its stream hands them over: the
+//! handshake, command capsules, H2CData (the stream places the data where
+//! `TcpWire::check_h2c` says, in the command's arena buffer), and protocol
 //! errors, which end the connection with a C2HTermReq.
 
 use super::connection::TcpQueue;
-use super::wire::{fatal, Direct, Fatal, TcpWire};
-use super::{Phase, IN_CAPSULE_DATA, MAX_H2C_DATA};
+use super::wire::{fatal, Fatal, TcpWire};
+use super::{Phase, MAX_H2C_DATA};
 use crate::engine::poller::Io;
 use crate::engine::queue::{InCapsule, Intake};
 use rdmablk_common::nvme::Sqe;
-use rdmablk_common::tcp::stream::RxBuf;
-use rdmablk_common::tcp::{self, fes, Digests, Header};
+use rdmablk_common::tcp::stream::{Flow, Placed, Receiver, Stop};
+use rdmablk_common::tcp::{self, fes, Digests, Header, Transfer};
 use std::time::Instant;
 
-/// Largest PDU accepted: an H2CData PDU with digests and the most padding
-/// (whose data goes straight to its command's buffer, see `DIRECT_MIN`).
-const MAX_PDU: usize = MAX_H2C_DATA + 256;
-/// Largest PDU other than H2CData: a command capsule with the most
-/// in-capsule data, digests and padding.
-const MAX_CAPSULE_PDU: usize = 72 + IN_CAPSULE_DATA + 256;
-/// H2CData at least this large is received straight into the command's
-/// arena buffer rather than through the receive buffer.
-const DIRECT_MIN: usize = 16 << 10;
+/// A connection handling the PDUs its stream received.
+struct Receiving<'a, 'io> {
+    c: &'a mut TcpQueue,
+    io: &'a mut Io<'io>,
+}
 
-/// What became of one received PDU.
-enum Flow {
-    Consumed,
-    /// Leave it in the buffer and retry later (no room to hold it yet).
-    Stall,
+// SAFETY: `place` gives the part of a command's arena buffer that an R2T
+// asked the host for (`TcpWire::check_h2c`), which nothing else touches
+// until that data arrives: the command cannot complete, and so keep or free
+// its buffer, before `placed` records it, and a closed connection is torn
+// down only once no receive of its stream is in flight.
+unsafe impl Receiver for Receiving<'_, '_> {
+    type Error = Fatal;
+
+    fn digests(&self) -> Digests {
+        match self.c.w.phase {
+            Phase::Handshake => Digests::default(),
+            _ => self.c.w.digests,
+        }
+    }
+
+    fn receiving(&self) -> bool {
+        matches!(self.c.w.phase, Phase::Handshake | Phase::Live)
+    }
+
+    fn place(&mut self, t: &Transfer, len: usize) -> Result<*mut u8, Fatal> {
+        if self.c.w.phase != Phase::Live {
+            return Err(fatal(fes::INVALID_HEADER_FIELD, 0, "expected ICReq first"));
+        }
+        TcpWire::check_h2c(&self.c.q, *t, len, self.io)
+    }
+
+    fn placed(&mut self, p: Placed) -> Result<(), Fatal> {
+        let t = p.transfer;
+        let end = t.offset as usize + t.len as usize;
+        self.c
+            .q
+            .data_arrived(t.ttag, end, p.digest_ok, self.io, &mut self.c.w);
+        Ok(())
+    }
+
+    fn pdu(&mut self, pdu: &tcp::Pdu<'_>) -> Result<Flow, Fatal> {
+        self.c.handle_pdu(pdu, self.io)
+    }
 }
 
 impl TcpQueue {
-    /// Handles the PDUs the receive buffer holds, as far as they can go now.
+    /// Handles the PDUs the stream received, as far as they can go now.
     pub(super) fn process_rx(&mut self, io: &mut Io) {
-        // Take the buffer out so that PDUs can borrow it while `self` changes.
-        let mut rx = std::mem::replace(&mut self.w.rx, RxBuf::empty());
-        while matches!(self.w.phase, Phase::Handshake | Phase::Live) {
-            if self.w.direct.is_some() {
-                if self.drain_direct(&mut rx, io) {
-                    continue;
-                }
-                break;
-            }
-            let avail = rx.pending();
-            let expect = if self.w.phase == Phase::Handshake {
-                Digests::default()
-            } else {
-                self.w.digests
+        // Take the PDUs out so that they can be handled while `self` changes.
+        let mut inbound = std::mem::take(&mut self.w.stream.inbound);
+        if let Err(stop) = inbound.process(&mut Receiving { c: self, io }) {
+            let f = match stop {
+                Stop::Malformed(e) => Fatal::from(e),
+                Stop::Refused(f) => f,
             };
-            let res = tcp::decode(avail, expect, MAX_PDU)
-                .map_err(Fatal::from)
-                .and_then(|d| match d {
-                    None => Ok(None),
-                    Some((pdu, n)) => self.handle_pdu(&pdu, io).map(|f| Some((f, n))),
-                });
-            match res {
-                Ok(None) => {
-                    if let Err(f) = self.start_direct(&mut rx, io) {
-                        let avail = rx.pending();
-                        let hdr = &avail[..avail.len().min(tcp::TERM_REQ_MAX_DATA)];
-                        self.terminate(f, hdr);
-                    }
-                    break;
-                }
-                Ok(Some((Flow::Consumed, n))) => rx.consume(n),
-                Ok(Some((Flow::Stall, _))) => break,
-                Err(f) => {
-                    let hdr = &avail[..avail.len().min(tcp::TERM_REQ_MAX_DATA)];
-                    self.terminate(f, hdr);
-                }
-            }
+            let pending = inbound.pending();
+            self.terminate(f, &pending[..pending.len().min(tcp::TERM_REQ_MAX_DATA)]);
         }
-        self.w.rx = rx;
+        self.w.stream.inbound = inbound;
     }
 
     /// Sends a C2HTermReq carrying the offending header and ends the connection.
@@ -81,9 +83,10 @@ impl TcpQueue {
             fes: f.fes,
             fei: f.fei,
         };
-        let mut pdu = self.w.tx.buf();
-        tcp::encode_into(&mut pdu, &h, 0, bad_header, self.w.digests, 1);
-        self.w.tx.push(pdu, None);
+        self.w
+            .stream
+            .outbound
+            .push(&h, bad_header, self.w.digests, None);
         self.w.phase = Phase::Terminating;
         self.w.since = Instant::now();
     }
@@ -131,17 +134,6 @@ impl TcpQueue {
             (Phase::Live, Header::CapsuleCmd(sqe)) => {
                 Ok(self.handle_capsule(&sqe, pdu.data, pdu.data_digest_ok, io))
             }
-            (Phase::Live, Header::H2CData(t)) => {
-                let dst = TcpWire::check_h2c(&self.q, t, pdu.data.len(), io)?;
-                // SAFETY: check_h2c found `pdu.data.len()` bytes of the
-                // command's arena buffer at `dst` (within what was requested
-                // of the host); the receive buffer is not arena memory.
-                unsafe { std::ptr::copy_nonoverlapping(pdu.data.as_ptr(), dst, pdu.data.len()) };
-                let end = t.offset as usize + pdu.data.len();
-                self.q
-                    .data_arrived(t.ttag, end, pdu.data_digest_ok, io, &mut self.w);
-                Ok(Flow::Consumed)
-            }
             (_, Header::TermReq { fes, fei, .. }) => {
                 tracing::warn!(peer = %self.q.peer, fes, fei, "host terminated the connection (H2CTermReq)");
                 self.close("host sent H2CTermReq");
@@ -169,90 +161,5 @@ impl TcpQueue {
                 Flow::Consumed
             }
         }
-    }
-
-    /// Starts placing a large H2CData payload whose header has arrived
-    /// straight into its command's arena buffer.
-    fn start_direct(&mut self, rx: &mut RxBuf, io: &Io) -> Result<(), Fatal> {
-        if self.w.phase != Phase::Live {
-            return Ok(());
-        }
-        let pending = rx.pending();
-        let Some(f) = tcp::decode_framing(pending, self.w.digests, MAX_PDU)? else {
-            return Ok(());
-        };
-        let Header::H2CData(t) = f.header else {
-            if f.plen > MAX_CAPSULE_PDU {
-                // It could never be received whole: refuse it now.
-                return Err(fatal(
-                    fes::INVALID_HEADER_FIELD,
-                    4,
-                    format!(
-                        "PLEN {} is larger than any capsule this target accepts",
-                        f.plen
-                    ),
-                ));
-            }
-            return Ok(());
-        };
-        if f.data_len < DIRECT_MIN || pending.len() >= f.plen {
-            return Ok(());
-        }
-        if pending.len() < f.data_at {
-            return Ok(()); // the header's padding is still to come
-        }
-        let dst = TcpWire::check_h2c(&self.q, t, f.data_len, io)?;
-        let have = (pending.len() - f.data_at).min(f.data_len);
-        // SAFETY: check_h2c found `f.data_len` bytes of the command's buffer
-        // at `dst`; the receive buffer is not arena memory.
-        unsafe { std::ptr::copy_nonoverlapping(pending[f.data_at..].as_ptr(), dst, have) };
-        rx.consume(f.data_at + have);
-        self.w.direct = Some(Direct {
-            slot: t.ttag,
-            dst: dst.wrapping_add(have),
-            left: f.data_len - have,
-            at: t.offset as usize,
-            len: f.data_len,
-            digest: f.data_digest,
-        });
-        Ok(())
-    }
-
-    /// Moves received bytes of a direct payload into place and, once all is
-    /// there (with its digest), hands it to the command. Returns true then.
-    fn drain_direct(&mut self, rx: &mut RxBuf, io: &mut Io) -> bool {
-        let d = self
-            .w
-            .direct
-            .as_mut()
-            .expect("direct placement in progress");
-        if d.left > 0 {
-            let pending = rx.pending();
-            let n = pending.len().min(d.left);
-            // SAFETY: `d.dst` has `d.left` writable bytes of the command's
-            // buffer; the receive buffer is not arena memory.
-            unsafe { std::ptr::copy_nonoverlapping(pending.as_ptr(), d.dst, n) };
-            d.left -= n;
-            d.dst = d.dst.wrapping_add(n);
-            rx.consume(n);
-            if d.left > 0 {
-                return false;
-            }
-        }
-        let mut digest_ok = true;
-        if d.digest {
-            let pending = rx.pending();
-            if pending.len() < tcp::DIGEST_LEN {
-                return false;
-            }
-            let want = u32::from_le_bytes(pending[..4].try_into().expect("4 bytes"));
-            let buf = self.q.command(d.slot).and_then(|c| c.buf.as_ref());
-            digest_ok = buf.is_some_and(|b| io.arena.crc32c(b, d.at, d.len) == want);
-            rx.consume(tcp::DIGEST_LEN);
-        }
-        let d = self.w.direct.take().expect("checked above");
-        self.q
-            .data_arrived(d.slot, d.at + d.len, digest_ok, io, &mut self.w);
-        true
     }
 }

@@ -1,18 +1,16 @@
 //! The byte stream of a connection: the `queue::Wire` of NVMe/TCP (R2Ts,
 //! C2HData and responses), and its socket operations on the ring.
 
-use super::{Phase, MAX_H2C_DATA, NO_SLOT, PROFILE, RECV, SEND};
+use super::{Phase, IN_CAPSULE_DATA, MAX_H2C_DATA, NO_SLOT, PROFILE, RECV, SEND};
 use crate::engine::poller::{Io, Token};
 use crate::engine::queue::{Queue, Response, SendWatch, Wire};
 use crate::nvme::command::Command;
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::Arrival;
-use io_uring::{opcode, types};
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
-use rdmablk_common::tcp::stream::{RxBuf, TxQueue};
+use rdmablk_common::tcp::stream::{Inbound, InboundLimits, Role, Stream};
 use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
-use std::net::{Shutdown, TcpStream};
-use std::os::unix::io::AsRawFd;
+use std::net::TcpStream;
 use std::time::Instant;
 
 /// Largest C2HData payload the target sends; larger reads are split.
@@ -20,10 +18,20 @@ const MAX_C2H_DATA: usize = 128 << 10;
 /// Receive buffer: room for any PDU that passes through it (a capsule, an
 /// H2CData below `DIRECT_MIN`) plus the start of the next.
 const RX_BUF: usize = 32 << 10;
+/// Largest PDU accepted: an H2CData PDU with digests and the most padding
+/// (whose data goes straight to its command's buffer, see `DIRECT_MIN`).
+const MAX_PDU: usize = MAX_H2C_DATA + 256;
+/// Largest PDU other than H2CData: a command capsule with the most
+/// in-capsule data, digests and padding.
+const MAX_CAPSULE_PDU: usize = 72 + IN_CAPSULE_DATA + 256;
+/// H2CData at least this large is received straight into the command's
+/// arena buffer rather than through the receive buffer.
+const DIRECT_MIN: usize = 16 << 10;
 
 /// The byte stream of a connection, as the state machine uses it.
 pub(super) struct TcpWire {
-    sock: TcpStream,
+    /// The socket with the PDUs it receives and those queued for it.
+    pub(super) stream: Stream,
     /// Where the host reached the target.
     arrival: Arrival,
     ep: u8,
@@ -33,34 +41,13 @@ pub(super) struct TcpWire {
     pub(super) digests: Digests,
     /// Alignment of data in C2H PDUs the host asked for (HPDA).
     pub(super) c2h_align: usize,
-    pub(super) rx: RxBuf,
-    pub(super) recv_busy: bool,
-    /// Queued PDUs; a token is a command slot (or [`NO_SLOT`]) to hand
-    /// back once sent.
-    pub(super) tx: TxQueue,
-    pub(super) send_busy: bool,
-    /// Slots whose last PDU went out (scratch for `TxQueue::advance`).
+    /// Slots whose last PDU went out (scratch for `Stream::sent`); a token
+    /// is a command slot, or [`NO_SLOT`].
     pub(super) sent_slots: Vec<u64>,
     /// Whether the host reads what is sent (limits.send_timeout).
     pub(super) sends: SendWatch,
     /// Socket operations of the closed connection were cancelled.
     pub(super) cancelled: bool,
-    pub(super) direct: Option<Direct>,
-    /// The receive in flight writes into a command's buffer.
-    pub(super) recv_direct: bool,
-}
-
-/// An H2CData payload being received in place.
-pub(super) struct Direct {
-    pub(super) slot: u16,
-    /// Where the next bytes go, and how many are still to come.
-    pub(super) dst: *mut u8,
-    pub(super) left: usize,
-    /// The payload's offset in the command's data and its length, for the
-    /// data digest that follows it.
-    pub(super) at: usize,
-    pub(super) len: usize,
-    pub(super) digest: bool,
 }
 
 /// Why a PDU cannot be handled: the connection ends with a TermReq.
@@ -131,34 +118,24 @@ impl Wire for TcpWire {
                 offset: 0,
                 len: len as u32,
             };
-            for (t, fl) in tcp::split_transfer(all, MAX_C2H_DATA) {
-                let (at, n) = (t.offset as usize, t.len as usize);
-                let last = fl & tcp::flags::LAST_PDU != 0;
-                let ends = last && success_in_data;
-                let fl = if ends { fl | tcp::flags::SUCCESS } else { fl };
-                let mut head = self.tx.buf();
-                tcp::encode_header(
-                    &mut head,
-                    &Header::C2HData(t),
-                    fl,
-                    n,
-                    self.digests,
-                    self.c2h_align,
-                );
-                let digest = self
-                    .digests
-                    .data
-                    .then(|| io.arena.crc32c(buf, at, n).to_le_bytes());
-                // The payload is sent from the command's buffer, which the
-                // command keeps until its token comes back from the queue.
-                self.tx.push_with_body(
-                    head,
-                    io.arena.addr(buf, at),
-                    n,
-                    digest,
-                    ends.then_some(token),
-                );
-            }
+            let arena = &io.arena;
+            // The payload is sent from the command's buffer, which the
+            // command keeps until its token comes back from the stream.
+            self.stream.outbound.push_transfer(
+                Header::C2HData,
+                all,
+                MAX_C2H_DATA,
+                arena.addr(buf, 0),
+                self.digests,
+                self.c2h_align,
+                |at, n| arena.crc32c(buf, at, n),
+                if success_in_data {
+                    tcp::flags::SUCCESS
+                } else {
+                    0
+                },
+                success_in_data.then_some(token),
+            );
         }
         if !success_in_data {
             self.push_pdu(&Header::CapsuleResp(cqe), Some(token));
@@ -173,7 +150,7 @@ impl Wire for TcpWire {
     fn shut(&mut self) {
         self.phase = Phase::Closing;
         self.since = Instant::now();
-        let _ = self.sock.shutdown(Shutdown::Both);
+        self.stream.shutdown();
     }
 
     fn sends(&self) -> &SendWatch {
@@ -184,7 +161,7 @@ impl Wire for TcpWire {
     /// than kept for it.
     fn abandon_unsent(&mut self) {
         let _ = nix::sys::socket::setsockopt(
-            &self.sock,
+            self.stream.socket(),
             nix::sys::socket::sockopt::Linger,
             &libc::linger {
                 l_onoff: 1,
@@ -195,11 +172,11 @@ impl Wire for TcpWire {
 
     /// No PDU left to send, and no send in flight.
     fn drained(&self) -> bool {
-        self.tx.is_empty() && !self.send_busy
+        self.stream.outbound.drained()
     }
 
     fn idle(&self) -> bool {
-        !self.recv_busy && !self.send_busy
+        !self.stream.busy()
     }
 }
 
@@ -212,8 +189,17 @@ impl TcpWire {
         ep: u8,
         idx: u32,
     ) -> std::io::Result<TcpWire> {
+        let inbound = Inbound::new(
+            Role::Controller,
+            InboundLimits {
+                buffer: RX_BUF,
+                max_pdu: MAX_PDU,
+                max_other: MAX_CAPSULE_PDU,
+                direct_min: DIRECT_MIN,
+            },
+        )?;
         Ok(TcpWire {
-            sock,
+            stream: Stream::new(sock, inbound),
             arrival,
             ep,
             idx,
@@ -221,15 +207,9 @@ impl TcpWire {
             since: Instant::now(),
             digests: Digests::default(),
             c2h_align: 1,
-            rx: RxBuf::new(RX_BUF)?,
-            recv_busy: false,
-            tx: TxQueue::default(),
-            send_busy: false,
             sent_slots: Vec::new(),
             sends: SendWatch::default(),
             cancelled: false,
-            direct: None,
-            recv_direct: false,
         })
     }
 
@@ -239,9 +219,7 @@ impl TcpWire {
             Header::IcResp { .. } => Digests::default(),
             _ => self.digests,
         };
-        let mut head = self.tx.buf();
-        tcp::encode_into(&mut head, h, 0, &[], digests, 1);
-        self.tx.push(head, token);
+        self.stream.outbound.push(h, &[], digests, token);
     }
 
     pub(super) fn token(&self, what: u16) -> Token {
@@ -253,45 +231,30 @@ impl TcpWire {
     }
 
     pub(super) fn start_recv(&mut self, io: &mut Io) {
-        let (ptr, len, direct) = match &self.direct {
-            Some(d) if d.left > 0 => (d.dst, d.left, true),
-            _ => {
-                let spare = self.rx.spare();
-                (spare.as_mut_ptr(), spare.len(), false)
-            }
+        let Some(e) = self.stream.recv_entry(self.token(RECV).encode()) else {
+            return; // one in flight, or full of a stalled PDU
         };
-        if len == 0 {
-            return; // full of a stalled PDU: wait for resources
-        }
-        let e = opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
-            .build()
-            .user_data(self.token(RECV).encode());
         // SAFETY: the receive writes into this connection's receive buffer
         // (a mapping of its own, unmapped only with the boxed connection,
-        // which is freed only once `recv_busy` is clear), or into the arena
-        // buffer of the command whose H2CData it is: that command cannot
-        // complete, and so keep or free its buffer, before its data arrives,
-        // and teardown also waits for `recv_busy`.
+        // which is freed only once no receive is in flight), or into the
+        // arena buffer of the command whose H2CData it is: that command
+        // cannot complete, and so keep or free its buffer, before its data
+        // arrives, and teardown also waits for the receive.
         unsafe { io.sq.push(e) };
-        self.recv_busy = true;
-        self.recv_direct = direct;
     }
 
     pub(super) fn start_send(&mut self, io: &mut Io) {
-        let e = opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), self.tx.message())
-            .flags(libc::MSG_NOSIGNAL as u32)
-            .build()
-            .user_data(self.token(SEND).encode());
-        // SAFETY: the message header and iovecs live in the TxQueue (boxed
-        // and in this boxed connection) and stay put until the next
-        // `message`, called only once this send has completed
-        // (`send_busy`); PDU heads and digests are heap buffers owned by the
-        // queued items, which do not move when the item deque grows;
-        // payloads are arena buffers whose commands are freed only when
-        // `advance` hands back their token; the connection is freed only
-        // once `send_busy` is clear.
+        let Some(e) = self.stream.send_entry(self.token(SEND).encode()) else {
+            return;
+        };
+        // SAFETY: the message header and iovecs live in the stream's send
+        // queue (in this boxed connection) and stay put until the next
+        // send is built, only once this one has completed; PDU heads and
+        // digests are heap buffers owned by the queued items, which do not
+        // move when the queue grows; payloads are arena buffers whose
+        // commands are freed only when `Stream::sent` hands back their
+        // token; the connection is freed only once no send is in flight.
         unsafe { io.sq.push(e) };
-        self.send_busy = true;
         self.sends.posted();
         *io.sends += 1;
     }

@@ -1,7 +1,6 @@
-//! Byte-stream plumbing shared by both ends of an NVMe/TCP connection: a
-//! receive buffer that PDUs are parsed from in place, and a send queue that
-//! gathers PDU headers, payloads (borrowed from a buffer arena) and digests
-//! into one `sendmsg`. Neither does I/O itself: the caller's io_uring does.
+//! The stream's two buffers: a receive buffer that PDUs are parsed from in
+//! place, and a send queue that gathers PDU headers, payloads (borrowed from
+//! a buffer arena) and digests into one `sendmsg`. Neither does I/O itself.
 
 use std::collections::VecDeque;
 

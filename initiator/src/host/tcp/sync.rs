@@ -1,7 +1,7 @@
 //! A blocking NVMe/TCP queue: used for the admin queue, for discovery, and to
 //! bring up I/O queues before the io_uring data path takes their sockets.
 
-use super::{HostError, COMMAND_TIMEOUT};
+use crate::host::{HostError, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::CONNECT_DATA_LEN;
 use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
