@@ -10,6 +10,7 @@ mod io_queue;
 pub mod paths;
 pub mod rdma;
 mod session;
+mod slots;
 mod sync_queue;
 pub mod tcp;
 

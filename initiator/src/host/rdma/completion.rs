@@ -2,9 +2,8 @@
 //! receives, revoking the target's keys, and the queue's failure.
 
 use super::{wr_id, wr_kind, Inflight, Key, RdmaQueue};
-use crate::host::Done;
 use io_uring::{opcode, types};
-use rdmablk_common::nvme::{Cqe, Status, CQE_LEN};
+use rdmablk_common::nvme::{Cqe, CQE_LEN};
 use rdmablk_common::rdma::{CmEventKind, Completion, SendOp, SendWr};
 use rdmablk_common::ring::Submissions;
 
@@ -25,7 +24,7 @@ impl RdmaQueue {
     /// Keeps polls on the completion channel (`cq_ud`, unless the caller
     /// polls the CQ itself) and the CM channel (`cm_ud`) in the caller's ring.
     pub fn pump(&mut self, sq: &mut Submissions, cq_ud: u64, cm_ud: u64) {
-        if self.failed.is_some() {
+        if self.slots.failed().is_some() {
             return;
         }
         if !self.cq_armed && !self.busy_poll {
@@ -45,7 +44,7 @@ impl RdmaQueue {
     /// The completion channel was readable: take completions.
     pub fn on_cq_ready(&mut self) {
         self.cq_armed = false;
-        if self.failed.is_some() {
+        if self.slots.failed().is_some() {
             return;
         }
         if let Err(e) = self.cq.take_events() {
@@ -56,7 +55,7 @@ impl RdmaQueue {
 
     /// Takes the completions the CQ holds; returns whether there were any.
     pub fn poll_cq(&mut self) -> bool {
-        if self.failed.is_some() {
+        if self.slots.failed().is_some() {
             return false;
         }
         let mut any = false;
@@ -82,7 +81,7 @@ impl RdmaQueue {
         }
         self.wcs = wcs;
         // A failure completed every command: news too.
-        any || self.failed.is_some()
+        any || self.slots.failed().is_some()
     }
 
     /// The CM channel was readable: a disconnect ends the queue.
@@ -103,7 +102,7 @@ impl RdmaQueue {
     }
 
     fn on_completion(&mut self, wc: &Completion) {
-        if self.failed.is_some() {
+        if self.slots.failed().is_some() {
             return;
         }
         let kind = wc.wr_id >> wr_kind::SHIFT;
@@ -124,13 +123,13 @@ impl RdmaQueue {
         }
         match kind {
             wr_kind::SEND => {
-                if let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) {
+                if let Some(c) = self.slots.get_mut(cid) {
                     c.sent = true;
                 }
                 self.finish(cid)
             }
             wr_kind::INVALIDATE => {
-                if let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) {
+                if let Some(c) = self.slots.get_mut(cid) {
                     c.key = None;
                 }
                 self.finish(cid)
@@ -149,12 +148,7 @@ impl RdmaQueue {
             return self.fail(format!("posting a receive: {e}"));
         }
         let cid = cqe.cid;
-        let Some(c) = self
-            .cmds
-            .get_mut(cid as usize)
-            .and_then(Option::as_mut)
-            .filter(|c| c.cqe.is_none())
-        else {
+        let Some(c) = self.slots.get_mut(cid).filter(|c| c.cqe.is_none()) else {
             return self.fail(format!("a response for unknown command id {cid}"));
         };
         c.cqe = Some(cqe);
@@ -164,8 +158,9 @@ impl RdmaQueue {
             // Another command's key revoked: its window would be invalidated
             // twice, and that command's buffer handed back while the target
             // may think it still has it.
-            let other = self.cmds.iter().enumerate().find(|(i, c)| {
-                *i != cid as usize && matches!(c, Some(Inflight { key: Some(Key::Window { rkey }), .. }) if *rkey == k)
+            let other = self.slots.in_flight().find(|(i, c)| {
+                *i != cid
+                    && matches!(c, Inflight { key: Some(Key::Window { rkey }), .. } if *rkey == k)
             });
             if let Some((other, _)) = other {
                 return self.fail(format!(
@@ -193,7 +188,7 @@ impl RdmaQueue {
                 if let Err(e) = posted {
                     return self.fail(format!("invalidating a memory window: {e}"));
                 }
-                if let Some(Some(c)) = self.cmds.get_mut(cid as usize) {
+                if let Some(c) = self.slots.get_mut(cid) {
                     c.key = Some(Key::Window { rkey });
                 }
             }
@@ -204,37 +199,24 @@ impl RdmaQueue {
     /// Completes a command once its SEND and its response are done and the
     /// target's access to its buffer is revoked.
     fn finish(&mut self, cid: u16) {
-        let ready = matches!(self.cmds.get(cid as usize),
-            Some(Some(c)) if c.sent && c.cqe.is_some() && c.key.is_none());
-        if ready {
-            let c = self.cmds[cid as usize].take().expect("checked above");
-            self.done.push(Done {
-                tag: c.tag,
-                cqe: c.cqe.expect("checked above"),
-            });
-            self.free.push(cid);
-        }
+        let cqe = match self.slots.get(cid) {
+            Some(Inflight {
+                sent: true,
+                cqe: Some(cqe),
+                key: None,
+                ..
+            }) => *cqe,
+            _ => return,
+        };
+        self.slots.complete(cid, cqe);
     }
 
     /// Ends the queue: the QP goes to the error state (the target can no
     /// longer reach our memory) and every command completes with an error.
     pub fn fail(&mut self, why: String) {
-        if self.failed.is_some() {
-            return;
-        }
-        tracing::error!("I/O queue failed: {why}");
-        self.id.disconnect();
-        self.failed = Some(why);
-        for (cid, c) in self.cmds.iter_mut().enumerate() {
-            if let Some(c) = c.take() {
-                let cqe = Cqe {
-                    cid: cid as u16,
-                    status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
-                    ..Default::default()
-                };
-                self.done.push(Done { tag: c.tag, cqe });
-                self.free.push(cid as u16);
-            }
+        if self.slots.set_failed(why) {
+            self.id.disconnect();
+            self.slots.fail_all();
         }
     }
 }

@@ -2,6 +2,7 @@
 //! pair, its memory, and the NVMe/RDMA connect exchange.
 
 use super::{Area, RdmaQueue, RemoteAccess};
+use crate::host::slots::Slots;
 use crate::host::{HostError, QueueLimits};
 use rdmablk_common::rdma::private_data::{decode_reject, ConnectReply, ConnectRequest};
 use rdmablk_common::rdma::{
@@ -175,10 +176,7 @@ impl RdmaQueue {
                 depth,
                 crdt: [0; 3],
             },
-            cmds: (0..depth).map(|_| None).collect(),
-            free: (0..depth).rev().collect(),
-            done: Vec::new(),
-            failed: None,
+            slots: Slots::new(depth),
             cq_armed: false,
             cm_armed: false,
             wcs: Vec::new(),
@@ -208,8 +206,7 @@ impl RdmaQueue {
             if r.crqsize < depth {
                 // Never more commands in flight than the target can receive.
                 let n = r.crqsize.max(1);
-                q.free.retain(|&c| c < n);
-                q.cmds.truncate(n as usize);
+                q.slots.shrink(n);
                 q.limits.depth = n;
             }
         }

@@ -18,6 +18,7 @@ mod completion;
 mod connect;
 mod submit;
 
+use super::slots::{InFlight, Slots};
 use super::Done;
 use super::{HostError, QueueLimits};
 use rdmablk_common::nvme::{Cqe, CQE_LEN, SQE_LEN};
@@ -101,6 +102,12 @@ struct Inflight {
     key: Option<Key>,
 }
 
+impl InFlight for Inflight {
+    fn tag(&self) -> u64 {
+        self.tag
+    }
+}
+
 /// One NVMe/RDMA queue (admin or I/O).
 pub struct RdmaQueue {
     /// One per command slot (`RemoteAccess::Windows`). Declared first: a
@@ -122,10 +129,7 @@ pub struct RdmaQueue {
     /// binding with `RemoteAccess::Windows`.
     regions: Vec<Mr>,
     limits: QueueLimits,
-    cmds: Vec<Option<Inflight>>,
-    free: Vec<u16>,
-    done: Vec<Done>,
-    failed: Option<String>,
+    slots: Slots<Inflight>,
     cq_armed: bool,
     cm_armed: bool,
     wcs: Vec<Completion>,
@@ -182,31 +186,27 @@ impl RdmaQueue {
 
     /// Command slots free now (none once the queue failed).
     pub fn free_slots(&self) -> usize {
-        if self.failed.is_some() {
-            0
-        } else {
-            self.free.len()
-        }
+        self.slots.free_slots()
     }
 
     /// Why the queue failed, if it did.
     pub fn failed(&self) -> Option<&str> {
-        self.failed.as_deref()
+        self.slots.failed()
     }
 
     /// No command is in flight (or the queue failed).
     pub fn idle(&self) -> bool {
-        self.free.len() == self.cmds.len() || self.failed.is_some()
+        self.slots.all_free() || self.slots.failed().is_some()
     }
 
     /// Whether completions wait to be taken.
     pub fn has_done(&self) -> bool {
-        !self.done.is_empty()
+        self.slots.has_done()
     }
 
     /// Moves the completions waiting to be taken into `out`.
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
-        out.append(&mut self.done);
+        self.slots.take_done(out);
     }
 
     /// Makes the caller poll the CQ itself ([`RdmaQueue::poll_cq`]) rather

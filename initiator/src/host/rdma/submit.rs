@@ -25,17 +25,14 @@ impl RdmaQueue {
         to_host: bool,
         tag: u64,
     ) -> Option<u16> {
-        if self.failed.is_some() {
-            return None;
-        }
-        let cid = self.free.pop()?;
+        let cid = self.slots.claim()?;
         sqe.set_cid(cid);
         let region = match len {
             0 => None,
             _ => match self.regions.iter().position(|r| r.contains(buf, len)) {
                 Some(i) => Some(i),
                 None => {
-                    self.free.push(cid);
+                    self.slots.unclaim(cid);
                     self.fail("an I/O buffer lies outside the registered memory".into());
                     return None;
                 }
@@ -62,7 +59,7 @@ impl RdmaQueue {
                 match unsafe { Mr::register(&self.pd, buf, len, access::LOCAL_WRITE | rights) } {
                     Ok(mr) => Some(Key::Registration(mr)),
                     Err(e) => {
-                        self.free.push(cid);
+                        self.slots.unclaim(cid);
                         self.fail(format!("registering a command's buffer: {e}"));
                         return None;
                     }
@@ -142,16 +139,17 @@ impl RdmaQueue {
         let posted = unsafe { rdmablk_common::rdma::verbs::post_send(self.id.qp(), &wrs) };
         drop(wrs);
         if let Err(e) = posted {
-            self.free.push(cid);
+            self.slots.unclaim(cid);
             self.fail(format!("posting a command: {e}"));
             return None;
         }
-        self.cmds[cid as usize] = Some(Inflight {
+        let cmd = Inflight {
             tag,
             sent: false,
             cqe: None,
             key,
-        });
+        };
+        self.slots.start(cid, cmd);
         Some(cid)
     }
 
@@ -173,24 +171,19 @@ impl RdmaQueue {
         // SAFETY: the caller's guarantees.
         if unsafe { self.submit(sqe, buf, len, to_host, EXEC_TAG) }.is_none() {
             return Err(HostError::Protocol(
-                self.failed
-                    .clone()
-                    .unwrap_or_else(|| "no free command slot".into()),
+                self.slots.failed().unwrap_or("no free command slot").into(),
             ));
         }
         let deadline = Instant::now() + timeout;
         loop {
             self.on_cq_ready();
             self.on_cm_ready();
-            if let Some(i) = self.done.iter().position(|d| d.tag == EXEC_TAG) {
-                let d = self.done.swap_remove(i);
-                if let Some(why) = &self.failed {
-                    return Err(HostError::Protocol(why.clone()));
-                }
-                return Ok(d.cqe);
+            let done = self.slots.take_done_of(EXEC_TAG);
+            if let Some(why) = self.slots.failed() {
+                return Err(HostError::Protocol(why.into()));
             }
-            if let Some(why) = &self.failed {
-                return Err(HostError::Protocol(why.clone()));
+            if let Some(d) = done {
+                return Ok(d.cqe);
             }
             let left = deadline.saturating_duration_since(Instant::now());
             if left.is_zero() {

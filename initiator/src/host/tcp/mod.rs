@@ -7,9 +7,10 @@ mod sync;
 
 pub use sync::TcpSync;
 
+use super::slots::{InFlight, Slots};
 use super::{Done, QueueLimits};
 use rdmablk_common::mem::crc32c_raw;
-use rdmablk_common::nvme::{Cqe, Sgl, Sqe, Status};
+use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
 use rdmablk_common::ring::Submissions;
 use rdmablk_common::tcp::stream::{
     Flow, Inbound, InboundLimits, Placed, Received, Receiver, Role, Stop, Stream,
@@ -39,6 +40,12 @@ struct Inflight {
     early: Option<Cqe>,
 }
 
+impl InFlight for Inflight {
+    fn tag(&self) -> u64 {
+        self.tag
+    }
+}
+
 /// One I/O queue.
 pub struct TcpQueue {
     stream: Stream,
@@ -46,10 +53,7 @@ pub struct TcpQueue {
     /// Socket sends made (each carries every PDU that was ready).
     sends: u64,
     sent: Vec<u64>,
-    cmds: Vec<Option<Inflight>>,
-    free: Vec<u16>,
-    done: Vec<Done>,
-    failed: Option<String>,
+    slots: Slots<Inflight>,
 }
 
 // SAFETY: the raw buffer pointers refer to memory the submitter keeps valid
@@ -58,7 +62,6 @@ unsafe impl Send for TcpQueue {}
 
 impl TcpQueue {
     pub fn new(sock: TcpStream, limits: QueueLimits) -> Self {
-        let depth = limits.depth as usize;
         let inbound = Inbound::new(
             Role::Host,
             InboundLimits {
@@ -75,34 +78,27 @@ impl TcpQueue {
             limits,
             sends: 0,
             sent: Vec::new(),
-            cmds: (0..depth).map(|_| None).collect(),
-            free: (0..depth as u16).rev().collect(),
-            done: Vec::new(),
-            failed: None,
+            slots: Slots::new(limits.depth),
         }
     }
 
     /// Commands that can still be submitted.
     pub fn free_slots(&self) -> usize {
-        if self.failed.is_some() {
-            0
-        } else {
-            self.free.len()
-        }
+        self.slots.free_slots()
     }
 
     /// Why the queue stopped working, if it did.
     pub fn failed(&self) -> Option<&str> {
-        self.failed.as_deref()
+        self.slots.failed()
     }
 
     /// Whether nothing is in flight or queued (a failed queue: nothing in
     /// the ring any more).
     pub fn idle(&self) -> bool {
-        if self.failed.is_some() {
+        if self.slots.failed().is_some() {
             return !self.ops_in_flight();
         }
-        self.free.len() == self.cmds.len() && self.stream.outbound.drained()
+        self.slots.all_free() && self.stream.outbound.drained()
     }
 
     /// Submits a command moving `len` bytes at `buf` (to the host when
@@ -120,10 +116,7 @@ impl TcpQueue {
         to_host: bool,
         tag: u64,
     ) -> Option<u16> {
-        if self.failed.is_some() {
-            return None;
-        }
-        let cid = self.free.pop()?;
+        let cid = self.slots.claim()?;
         sqe.set_cid(cid);
         let inline = !to_host && len > 0 && len <= self.limits.in_capsule;
         let sgl = match (len, inline) {
@@ -144,38 +137,38 @@ impl TcpQueue {
         } else {
             out.push(&Header::CapsuleCmd(sqe), &[], digests, None);
         }
-        self.cmds[cid as usize] = Some(Inflight {
-            tag,
-            buf,
-            len,
-            to_host,
-            sends: inline as u32,
-            early: None,
-        });
+        self.slots.start(
+            cid,
+            Inflight {
+                tag,
+                buf,
+                len,
+                to_host,
+                sends: inline as u32,
+                early: None,
+            },
+        );
         Some(cid)
     }
 
     /// Whether completions wait to be taken.
     pub fn has_done(&self) -> bool {
-        !self.done.is_empty()
+        self.slots.has_done()
     }
 
     /// Completions gathered since the last call.
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
-        out.append(&mut self.done);
+        self.slots.take_done(out);
     }
 
     /// Parses what arrived and keeps a receive and a send in flight.
     pub fn pump(&mut self, sq: &mut Submissions, recv_ud: u64, send_ud: u64) {
-        if self.failed.is_some() {
+        if self.slots.failed().is_some() {
             return;
         }
         self.process_rx();
-        if let Some(e) = self
-            .stream
-            .recv_entry(recv_ud)
-            .filter(|_| self.failed.is_none())
-        {
+        let failed = self.slots.failed().is_some();
+        if let Some(e) = self.stream.recv_entry(recv_ud).filter(|_| !failed) {
             // SAFETY: the receive writes into the stream's receive buffer (a
             // mapping of its own, which lives as long as the queue), or into
             // the buffer of the command whose C2HData it is, which its
@@ -221,16 +214,13 @@ impl TcpQueue {
             return self.fail(format!("send failed: {e}"));
         }
         for cid in sent.drain(..).map(|t| t as u16) {
-            let Some(c) = self.cmds.get_mut(cid as usize).and_then(Option::as_mut) else {
+            let Some(c) = self.slots.get_mut(cid) else {
                 continue;
             };
             c.sends -= 1;
             if c.sends == 0 {
                 if let Some(cqe) = c.early.take() {
-                    let tag = c.tag;
-                    self.cmds[cid as usize] = None;
-                    self.free.push(cid);
-                    self.done.push(Done { tag, cqe });
+                    self.slots.complete(cid, cqe);
                 }
             }
         }
@@ -245,10 +235,8 @@ impl TcpQueue {
 
     /// Ends the queue: every command in flight completes with an error.
     pub fn fail(&mut self, why: String) {
-        if self.failed.is_none() {
-            tracing::error!("I/O queue failed: {why}");
+        if self.slots.set_failed(why) {
             self.stream.shutdown();
-            self.failed = Some(why);
             self.stream.inbound.abandon_placement();
             self.settle_failed();
         }
@@ -259,25 +247,8 @@ impl TcpQueue {
     /// send still reading from them, must end first.
     fn settle_failed(&mut self) {
         let busy = self.stream.inbound.busy_in_place() || self.stream.outbound.busy();
-        if self.failed.is_some() && !busy {
-            self.complete_all_failed();
-        }
-    }
-
-    /// Completes every command in flight with a transient transport error.
-    fn complete_all_failed(&mut self) {
-        {
-            for (cid, c) in self.cmds.iter_mut().enumerate() {
-                if let Some(c) = c.take() {
-                    let cqe = Cqe {
-                        cid: cid as u16,
-                        status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
-                        ..Default::default()
-                    };
-                    self.done.push(Done { tag: c.tag, cqe });
-                    self.free.push(cid as u16);
-                }
-            }
+        if self.slots.failed().is_some() && !busy {
+            self.slots.fail_all();
         }
     }
 
@@ -296,9 +267,8 @@ impl TcpQueue {
     /// The command a C2HData PDU carries `len` bytes of data for, checked.
     fn receiving_command(&self, t: &Transfer, len: usize) -> Result<&Inflight, String> {
         let c = self
-            .cmds
-            .get(t.cccid as usize)
-            .and_then(Option::as_ref)
+            .slots
+            .get(t.cccid)
             .ok_or("C2HData for an unknown command")?;
         let end = t.offset as usize + len;
         if !c.to_host || end > c.len {
@@ -310,32 +280,18 @@ impl TcpQueue {
         Ok(c)
     }
 
-    /// A command completed with SUCCESS in its last C2HData PDU.
-    fn complete_in_data(&mut self, cid: u16) -> Result<(), String> {
-        let c = self.take(cid)?;
-        let cqe = Cqe {
-            cid,
-            ..Default::default()
-        };
-        self.done.push(Done { tag: c.tag, cqe });
-        Ok(())
-    }
-
-    fn take(&mut self, cid: u16) -> Result<Inflight, String> {
-        let c = self
-            .cmds
-            .get_mut(cid as usize)
-            .and_then(Option::take)
-            .ok_or_else(|| format!("completion for unknown command {cid}"))?;
-        self.free.push(cid);
-        Ok(c)
+    /// Completes command `cid` with `cqe`.
+    fn complete(&mut self, cid: u16, cqe: Cqe) -> Result<(), String> {
+        match self.slots.complete(cid, cqe) {
+            Some(_) => Ok(()),
+            None => Err(format!("completion for unknown command {cid}")),
+        }
     }
 
     fn answer_r2t(&mut self, r2t: Transfer) -> Result<(), String> {
         let c = self
-            .cmds
-            .get_mut(r2t.cccid as usize)
-            .and_then(Option::as_mut)
+            .slots
+            .get_mut(r2t.cccid)
             .ok_or("R2T for an unknown command")?;
         let end = r2t.offset as usize + r2t.len as usize;
         if c.to_host || end > c.len {
@@ -378,7 +334,7 @@ unsafe impl Receiver for TcpQueue {
     }
 
     fn receiving(&self) -> bool {
-        self.failed.is_none()
+        self.slots.failed().is_none()
     }
 
     fn place(&mut self, t: &Transfer, len: usize) -> Result<*mut u8, String> {
@@ -391,7 +347,13 @@ unsafe impl Receiver for TcpQueue {
             return Err("C2HData data digest mismatch".into());
         }
         if p.flags & flags::SUCCESS != 0 {
-            self.complete_in_data(p.transfer.cccid)?;
+            // The command completed with its last data PDU.
+            let cid = p.transfer.cccid;
+            let cqe = Cqe {
+                cid,
+                ..Default::default()
+            };
+            self.complete(cid, cqe)?;
         }
         Ok(())
     }
@@ -399,11 +361,7 @@ unsafe impl Receiver for TcpQueue {
     fn pdu(&mut self, pdu: &Pdu<'_>) -> Result<Flow, String> {
         match pdu.header {
             Header::CapsuleResp(cqe) => {
-                let pending = self
-                    .cmds
-                    .get_mut(cqe.cid as usize)
-                    .and_then(Option::as_mut)
-                    .filter(|c| c.sends > 0);
+                let pending = self.slots.get_mut(cqe.cid).filter(|c| c.sends > 0);
                 if let Some(c) = pending {
                     // The target answered before all our data went out
                     // (it failed the command early): complete once sent.
@@ -411,8 +369,7 @@ unsafe impl Receiver for TcpQueue {
                         return Err(format!("two responses for command {}", cqe.cid));
                     }
                 } else {
-                    let c = self.take(cqe.cid)?;
-                    self.done.push(Done { tag: c.tag, cqe });
+                    self.complete(cqe.cid, cqe)?;
                 }
             }
             Header::R2T(t) => self.answer_r2t(t)?,
