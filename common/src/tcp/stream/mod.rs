@@ -112,3 +112,6 @@ impl Stream {
         self.inbound.busy() || self.outbound.busy()
     }
 }
+
+#[cfg(test)]
+mod tests;
