@@ -4,25 +4,49 @@
 # cluster (scripts/ceph-dev.sh, started here and stopped afterwards), and the
 # VM suite (the Linux kernel's NVMe-oF host and target, nbd, under QEMU).
 # `--quick` runs only the tests on this machine: no formatting, lints, Ceph
-# or VM.
+# or VM. At its end (passed or not) it prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
 [ "${1:-}" = "--quick" ] && quick=1
 
-bash scripts/setup.sh --test
+# Each phase's name and wall seconds, printed at exit.
+phases=()
+started=$(date +%s)
+report() {
+  local rc=$?
+  echo
+  echo "phase                          wall s"
+  for p in "${phases[@]}"; do printf '%-30s %6s\n' "${p%%=*}" "${p#*=}"; done
+  printf '%-30s %6s\n' total $(($(date +%s) - started))
+  return $rc
+}
+trap report EXIT
+# phase NAME COMMAND...: runs the command and records its wall time.
+phase() {
+  local name=$1 t0 rc=0
+  shift
+  t0=$(date +%s)
+  "$@" || rc=$?
+  phases+=("$name=$(($(date +%s) - t0))")
+  return $rc
+}
+
+phase setup bash scripts/setup.sh --test
 if [ $quick -eq 0 ]; then
-  cargo fmt --all -- --check
-  cargo clippy --release --all-targets -- -D warnings
+  phase fmt cargo fmt --all -- --check
+  phase clippy cargo clippy --release --all-targets -- -D warnings
 fi
-cargo build --release
-cargo test --release --workspace
+phase build cargo build --release
+phase "unit and e2e tests" cargo test --release --workspace
 if [ $quick -eq 0 ]; then
+  t0=$(date +%s)
   conf=$(bash scripts/ceph-dev.sh up | tail -n 1)
-  trap 'bash scripts/ceph-dev.sh down' EXIT
-  RDMABLK_CEPH_CONF=$conf cargo test --release -p rdmablk-tests --test e2e -- target::rbd:: \
-    --ignored --test-threads=1
+  phases+=("ceph cluster up=$(($(date +%s) - t0))")
+  trap 'bash scripts/ceph-dev.sh down; report' EXIT
+  phase "RBD tests" env RDMABLK_CEPH_CONF="$conf" cargo test --release -p rdmablk-tests --test e2e \
+    -- target::rbd:: --ignored --test-threads=1
   bash scripts/ceph-dev.sh down
-  trap - EXIT
-  bash tests/vm/run.sh
+  trap report EXIT
+  phase "VM suite" bash tests/vm/run.sh
 fi
