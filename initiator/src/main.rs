@@ -14,6 +14,7 @@ use rdmablk::frontend::state;
 use rdmablk::frontend::ublk;
 use rdmablk::host::{Attachment, HostError, Params, Session, Transport};
 use rdmablk::hostid;
+use rdmablk::signals::stop_set;
 use rdmablk_common::auth::host::HostSecrets;
 use rdmablk_common::auth::Secret;
 use rdmablk_common::fabrics::discovery::{adrfam, eflags, subtype, treq, DiscoveryEntry};
@@ -631,10 +632,8 @@ fn connect(c: &ConnectArgs) -> Result<ExitCode, String> {
         return Err("-i 0: use at least one I/O queue".into());
     }
     // Signals are taken by the main thread; every thread inherits the mask.
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
-    set.thread_block()
+    stop_set()
+        .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
     if c.ublk {
         // Before connecting: a missing driver is the user's first problem.
@@ -820,9 +819,7 @@ fn now_nanos() -> u64 {
 
 /// Ends the benchmark early on SIGINT/SIGTERM, reporting what ran.
 fn spawn_signal_watch(progress: Arc<Progress>) {
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
+    let set = stop_set();
     if set.thread_block().is_err() {
         return;
     }

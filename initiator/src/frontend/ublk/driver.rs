@@ -9,6 +9,7 @@ use crate::host::engine::{Cx, Driver};
 use crate::host::{Done, NamespaceInfo};
 use io_uring::{opcode, types};
 use libublk::sys;
+use nix::unistd::{gettid, sysconf, SysconfVar};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{nvm, Status};
 use std::collections::VecDeque;
@@ -78,8 +79,11 @@ pub struct UblkDriver {
 unsafe impl Send for UblkDriver {}
 
 fn page_round(n: usize) -> usize {
-    // SAFETY: sysconf has no memory arguments.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
+    let page = sysconf(SysconfVar::PAGE_SIZE)
+        .ok()
+        .flatten()
+        .unwrap_or(0)
+        .max(4096) as usize;
     n.next_multiple_of(page)
 }
 
@@ -271,8 +275,7 @@ impl Driver for UblkDriver {
                 }
                 self.io_cmd(tag, true, 0, cx);
             }
-            // SAFETY: gettid has no arguments and cannot fail.
-            let tid = unsafe { libc::gettid() };
+            let tid = gettid().as_raw();
             let _ = self.s.ready.send((self.s.q_id, tid));
         }
         if self.abandon(cx) {

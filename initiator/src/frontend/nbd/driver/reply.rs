@@ -4,6 +4,7 @@
 use super::{tag, NbdDriver, Stage, MAX_REQUESTS};
 use crate::frontend::nbd::proto::{self, Command};
 use crate::host::engine::Cx;
+use nix::sys::socket::{shutdown, Shutdown};
 use std::os::fd::AsRawFd;
 
 impl NbdDriver {
@@ -119,8 +120,7 @@ impl NbdDriver {
         }
         c.shut = true;
         c.receiving = None;
-        // SAFETY: shutdown on a descriptor we own; it only ends the connection.
-        unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = shutdown(c.fd.as_raw_fd(), Shutdown::Both);
         let (recv_busy, send_busy) = (c.recv_busy, c.send_busy);
         // A receive in flight may still write into a payload buffer, and a
         // send in flight still reads the queue's heads and the payloads of
