@@ -3,7 +3,8 @@
 //! one `rdmablk connect` process per subsystem (so each is an independent
 //! export that `rdmablk list` shows and a signal ends cleanly).
 
-use super::{discovery_params, Target, MAX_PATHS};
+use super::params::{discovery_params, MAX_PATHS};
+use crate::cli::Target;
 use rdmablk::host::{Session, Transport};
 use rdmablk::signals::{stop_set, StopSignals};
 use rdmablk_common::fabrics::discovery::subtype;
@@ -12,8 +13,6 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
-/// Where nvme-cli keeps its discovery controllers.
-pub const DISCOVERY_CONF: &str = "/etc/nvme/discovery.conf";
 /// Subsystems one `connect-all` serves at most (a process each), whatever
 /// a discovery log lists.
 const MAX_SUBSYSTEMS: usize = 128;
