@@ -266,10 +266,10 @@ impl Bench {
                 deallocate: false,
             }
             .to_sqe(if write { nvm::WRITE } else { nvm::READ }, 0);
-            let ptr = cx.arena.addr(&buf, off);
-            // SAFETY: the arena buffer stays allocated until every part of
-            // this I/O has completed (freed in `finish`).
-            let ok = unsafe { cx.paths.submit(sqe, ptr, len, !write, slot as u64) };
+            // The arena buffer stays allocated until every part of this I/O
+            // has completed (freed in `finish`).
+            let data = cx.data(&buf, off, len);
+            let ok = cx.paths.submit(sqe, data, !write, slot as u64);
             debug_assert!(ok, "free slots were checked");
         }
         self.stats.commands += parts as u64;

@@ -6,11 +6,13 @@
 //! sleeps in the ring.
 
 use super::paths::Paths;
-use super::{Done, HostError, IoQueue};
+use super::{Data, Done, HostError, IoQueue};
 use io_uring::{opcode, squeue, types};
-use rdmablk_common::mem::Arena;
+use libublk::sys;
+use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::ring::{Op, Ring, Submissions};
 use rdmablk_common::spin::{PollMode, Spin};
+use std::os::fd::RawFd;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
@@ -43,21 +45,42 @@ fn queue_ud(kind: u64, path: usize, generation: u64) -> u64 {
 
 /// What a driver may use while handling an event.
 pub struct Cx<'a> {
+    /// The engine's arena, for the driver's data. Its queues and ring ops
+    /// use it until their completions: a driver that put another arena in
+    /// its place ends the process (see `Drop`).
     pub arena: &'a mut Arena,
     /// The namespace's I/O queues, one per path.
     pub paths: &'a mut Paths,
     sq: Submissions<'a>,
     now: Option<Instant>,
+    /// The arena's mapping when lent.
+    base: *mut u8,
 }
 
 impl<'a> Cx<'a> {
     fn new(arena: &'a mut Arena, paths: &'a mut Paths, sq: Submissions<'a>) -> Self {
+        let base = arena.base();
         Cx {
             arena,
             paths,
             sq,
             now: None,
+            base,
         }
+    }
+
+    /// Bytes `at..at + len` of the arena buffer `buf`, as the data of a
+    /// command for [`Paths::submit`].
+    ///
+    /// # Panics
+    /// When the range is not inside `buf`, or `buf` not in the arena.
+    pub fn data(&self, buf: &ArenaBuf, at: usize, len: usize) -> Data<'a> {
+        assert_eq!(
+            self.arena.base(),
+            self.base,
+            "the engine's arena was replaced"
+        );
+        Data::in_arena(self.arena, buf, at, len)
     }
 
     /// The time, read once per round of the event loop: the completions
@@ -77,6 +100,45 @@ impl<'a> Cx<'a> {
         // SAFETY: the caller keeps what `e` points to valid until the
         // completion is handed to the driver, which is after it is reaped.
         unsafe { self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64)) };
+    }
+
+    /// Queues the ublk io command `op` (`UBLK_U_IO_FETCH_REQ` or
+    /// `UBLK_U_IO_COMMIT_AND_FETCH_REQ`) `cmd` on the ublk char device
+    /// `cdev`, its data buffer the arena buffer `buf` (whatever `cmd.addr`
+    /// says); its completion comes back to [`Driver::on_op`] with `token`.
+    pub fn ublk_io_cmd(
+        &mut self,
+        cdev: RawFd,
+        op: u32,
+        cmd: sys::ublksrv_io_cmd,
+        buf: &ArenaBuf,
+        token: u32,
+    ) {
+        let addr = self.data(buf, 0, buf.capacity()).ptr() as u64;
+        let mut bytes = [0u8; 16];
+        bytes[0..2].copy_from_slice(&cmd.q_id.to_ne_bytes());
+        bytes[2..4].copy_from_slice(&cmd.tag.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&cmd.result.to_ne_bytes());
+        bytes[8..16].copy_from_slice(&addr.to_ne_bytes());
+        let e = opcode::UringCmd16::new(types::Fd(cdev), op)
+            .cmd(bytes)
+            .build();
+        // SAFETY: the command is copied into the SQE; the only memory it
+        // names is `buf`, in the engine's arena, which the ring drops after
+        // it has ended every operation (`Ring`'s field order) and which
+        // `Drop` keeps from being replaced meanwhile.
+        unsafe { self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64)) };
+    }
+}
+
+impl Drop for Cx<'_> {
+    fn drop(&mut self) {
+        if self.arena.base() != self.base {
+            // Queues and ring operations still use the old arena, which the
+            // driver now owns and may unmap: nothing may run after this.
+            eprintln!("rdmablk: a driver replaced its engine's arena");
+            std::process::abort();
+        }
     }
 }
 
@@ -288,6 +350,7 @@ impl Engine {
                     }
                     _ => {}
                 }
+                drop(cx);
                 match ud >> 56 {
                     KIND_TICK => self.arm_tick(),
                     KIND_WAKE => self.arm_wake(),

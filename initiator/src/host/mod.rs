@@ -15,7 +15,7 @@ pub mod tcp;
 mod tcp_sync;
 
 pub use attach::Attachment;
-pub use io_queue::{Done, IoQueue, Link};
+pub use io_queue::{Data, Done, IoQueue, Link};
 pub use paths::{PathState, Paths};
 /// The fabric under NVMe (the CLI's `-t tcp|rdma`).
 pub use rdmablk_common::fabrics::Transport;

@@ -5,6 +5,7 @@
 //! recovery: after a crash, the same command with `--ublk-id N` takes the
 //! device over again and the I/O that waited is issued anew.
 
+mod descriptors;
 mod driver;
 
 use super::keeper::{EngineSpec, Engines, Keeper, Until};
