@@ -60,6 +60,11 @@ impl<'a> Data<'a> {
         self.ptr
     }
 
+    /// How many bytes.
+    pub fn size(&self) -> usize {
+        self.len
+    }
+
     /// Bytes `at..at + len` of `buf`, a buffer of `arena`, which the
     /// caller ([`Cx`](super::engine::Cx)) lends for `'a`.
     ///

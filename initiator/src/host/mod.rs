@@ -5,6 +5,7 @@
 pub mod attach;
 mod auth;
 pub mod block;
+mod driver_io;
 pub mod engine;
 mod io_queue;
 pub mod paths;
