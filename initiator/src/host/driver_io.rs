@@ -18,12 +18,14 @@ pub struct RxId(u32);
 pub struct TxId(u32);
 
 impl RxId {
+    /// Its index among the engine's receive buffers.
     pub(super) fn index(&self) -> u32 {
         self.0
     }
 }
 
 impl TxId {
+    /// Its index among the engine's send queues.
     pub(super) fn index(&self) -> u32 {
         self.0
     }
@@ -93,6 +95,7 @@ pub(super) struct DriverIo {
 }
 
 impl DriverIo {
+    /// A new receive buffer of `len` zero bytes.
     pub fn rx_open(&mut self, len: usize) -> RxId {
         RxId(self.rx.insert(Rx {
             buf: vec![0; len].into_boxed_slice(),
@@ -140,6 +143,7 @@ impl DriverIo {
         }
     }
 
+    /// A new, empty send queue.
     pub fn tx_open(&mut self) -> TxId {
         TxId(self.tx.insert(Tx {
             queue: TxQueue::default(),
