@@ -378,3 +378,20 @@ impl IoQueue {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_lies_in_its_arena_buffer() {
+        let mut arena = Arena::new(4 << 20, false).expect("an arena");
+        let buf = arena.alloc(8192).expect("a buffer");
+        let d = Data::in_arena(&arena, &buf, 4096, 4096);
+        assert_eq!(d.ptr(), arena.addr(&buf, 4096));
+        assert_eq!(d.size(), 4096);
+        let past = std::panic::catch_unwind(|| Data::in_arena(&arena, &buf, 4096, 4097).size());
+        assert!(past.is_err(), "a range past the buffer is refused");
+        arena.free(buf);
+    }
+}
