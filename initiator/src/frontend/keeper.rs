@@ -12,6 +12,7 @@ mod path;
 use super::state::{self, Connection, PathReport, StateFile};
 use crate::host::engine::{Driver, Engine, Lost, PathChange, Reconnect, Waker};
 use crate::host::{Attachment, Paths, Session};
+use crate::signals::StopSignals;
 use path::{PathKeeper, PathShared};
 use rdmablk_common::spin::PollMode;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -274,22 +275,16 @@ impl Keeper {
         paths: &[Arc<PathShared>],
         lost: &[Sender<u64>],
     ) -> Result<(), String> {
-        let mut set = nix::sys::signal::SigSet::empty();
-        set.add(nix::sys::signal::Signal::SIGINT);
-        set.add(nix::sys::signal::Signal::SIGTERM);
-        let timeout = libc::timespec {
-            tv_sec: 0,
-            tv_nsec: 100_000_000,
+        let signals = match until {
+            Until::Signal(_) => Some(StopSignals::new()?),
+            Until::EnginesDone => None,
         };
         let mut unusable_since: Option<Instant> = None;
         loop {
             match until {
                 Until::Signal(on_signal) => {
-                    // SAFETY: sigtimedwait reads the signal set and the
-                    // timeout, both valid.
-                    let sig =
-                        unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
-                    if sig > 0 {
+                    let signals = signals.as_ref().expect("made for Until::Signal");
+                    if let Some(sig) = signals.wait(Duration::from_millis(100)) {
                         tracing::info!("signal {sig}: {on_signal}");
                         return Ok(());
                     }

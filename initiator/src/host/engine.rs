@@ -5,12 +5,16 @@
 //! work it keeps polling for an adaptive window (`common::spin`), then
 //! sleeps in the ring.
 
+use super::driver_io::DriverIo;
+pub use super::driver_io::{RxId, TxId};
 use super::paths::Paths;
-use super::{Done, HostError, IoQueue};
-use io_uring::{opcode, squeue, types};
-use rdmablk_common::mem::Arena;
+use super::{Data, Done, HostError, IoQueue};
+use io_uring::{opcode, types};
+use libublk::sys;
+use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::ring::{Op, Ring, Submissions};
 use rdmablk_common::spin::{PollMode, Spin};
+use std::os::fd::RawFd;
 use std::sync::mpsc::{Receiver, Sender};
 use std::time::{Duration, Instant};
 
@@ -28,6 +32,13 @@ const KIND_FRONT: u64 = 3;
 const KIND_TICK: u64 = 4;
 const KIND_WAKE: u64 = 5;
 const KIND_CANCEL: u64 = 6;
+/// A driver's receive into one of its engine's buffers, whose index is in
+/// bits 32 to 55 (the driver's token below).
+const KIND_FRONT_RECV: u64 = 7;
+/// A driver's send of one of its engine's queues, indexed as above.
+const KIND_FRONT_SEND: u64 = 8;
+const SLAB_SHIFT: u64 = 32;
+const SLAB_MASK: u64 = 0xff_ffff;
 /// Queue operations carry their path (bits 32 to 47) and the low bits of
 /// their queue's generation: a late completion of a replaced queue's
 /// operation is recognized and dropped.
@@ -43,21 +54,49 @@ fn queue_ud(kind: u64, path: usize, generation: u64) -> u64 {
 
 /// What a driver may use while handling an event.
 pub struct Cx<'a> {
+    /// The engine's arena, for the driver's data. Its queues and ring ops
+    /// use it until their completions: a driver that put another arena in
+    /// its place ends the process (see `Drop`).
     pub arena: &'a mut Arena,
     /// The namespace's I/O queues, one per path.
     pub paths: &'a mut Paths,
     sq: Submissions<'a>,
+    io: &'a mut DriverIo,
     now: Option<Instant>,
+    /// The arena's mapping when lent.
+    base: *mut u8,
 }
 
 impl<'a> Cx<'a> {
-    fn new(arena: &'a mut Arena, paths: &'a mut Paths, sq: Submissions<'a>) -> Self {
+    fn new(
+        arena: &'a mut Arena,
+        paths: &'a mut Paths,
+        sq: Submissions<'a>,
+        io: &'a mut DriverIo,
+    ) -> Self {
+        let base = arena.base();
         Cx {
             arena,
             paths,
             sq,
+            io,
             now: None,
+            base,
         }
+    }
+
+    /// Bytes `at..at + len` of the arena buffer `buf`, as the data of a
+    /// command for [`Paths::submit`].
+    ///
+    /// # Panics
+    /// When the range is not inside `buf`, or `buf` not in the arena.
+    pub fn data(&self, buf: &ArenaBuf, at: usize, len: usize) -> Data<'a> {
+        assert_eq!(
+            self.arena.base(),
+            self.base,
+            "the engine's arena was replaced"
+        );
+        Data::in_arena(self.arena, buf, at, len)
     }
 
     /// The time, read once per round of the event loop: the completions
@@ -66,17 +105,153 @@ impl<'a> Cx<'a> {
         *self.now.get_or_insert_with(Instant::now)
     }
 
-    /// Queues a driver operation; its completion comes back to
-    /// [`Driver::on_op`] with `token`.
+    /// A receive buffer of `len` bytes that the engine keeps.
+    pub fn rx_open(&mut self, len: usize) -> RxId {
+        self.io.rx_open(len)
+    }
+
+    /// The bytes of buffer `id` the driver may use: all of them, or, while
+    /// a receive into it is in flight, those before where it writes.
+    pub fn rx(&mut self, id: &RxId) -> &mut [u8] {
+        self.io.rx(id)
+    }
+
+    /// [`Cx::rx`] and the arena, to copy between them.
+    pub fn rx_and_arena(&mut self, id: &RxId) -> (&mut [u8], &mut Arena) {
+        (self.io.rx(id), &mut *self.arena)
+    }
+
+    /// Gives buffer `id` back (freed once a receive into it completes).
+    pub fn rx_close(&mut self, id: RxId) {
+        self.io.rx_close(id)
+    }
+
+    /// Queues a receive from socket `fd` into buffer `id` from byte `at`
+    /// on; its completion comes back to [`Driver::on_op`] with `token`.
     ///
-    /// # Safety
-    /// Every buffer, iovec or message header `e` points to stays valid and
-    /// at the same address until that completion has been handed to the
-    /// driver (the kernel reads or writes it until then).
-    pub unsafe fn submit(&mut self, e: squeue::Entry, token: u32) {
-        // SAFETY: the caller keeps what `e` points to valid until the
-        // completion is handed to the driver, which is after it is reaped.
+    /// # Panics
+    /// When a receive into `id` is in flight, or `at` is past its end.
+    pub fn recv(&mut self, fd: RawFd, id: &RxId, at: usize, token: u32) {
+        let (ptr, len) = self.io.rx_start(id, at);
+        let e = opcode::Recv::new(types::Fd(fd), ptr, len as u32).build();
+        let ud = KIND_FRONT_RECV << 56 | (id.index() as u64) << SLAB_SHIFT | token as u64;
+        // SAFETY: the receive writes into the buffer's tail, which the
+        // engine keeps (`DriverIo`, dropped after the ring) and does not
+        // lend until `rx_end` when this completion is reaped.
+        unsafe { self.sq.push(e.user_data(ud)) };
+    }
+
+    /// Queues a receive from socket `fd` into `data`, in the arena; its
+    /// completion comes back to [`Driver::on_op`] with `token`.
+    pub fn recv_data(&mut self, fd: RawFd, data: Data<'_>, token: u32) {
+        let e = opcode::Recv::new(types::Fd(fd), data.ptr(), data.size() as u32).build();
+        // SAFETY: the receive writes into the engine's arena (`Data`), which
+        // the ring drops after it has ended every operation.
         unsafe { self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64)) };
+    }
+
+    /// A send queue that the engine keeps.
+    pub fn tx_open(&mut self) -> TxId {
+        self.io.tx_open()
+    }
+
+    /// A vector to encode a message's head into: see [`TxQueue::buf`].
+    ///
+    /// [`TxQueue::buf`]: rdmablk_common::tcp::stream::TxQueue::buf
+    pub fn tx_buf(&mut self, id: &TxId) -> Vec<u8> {
+        self.io.tx(id).buf()
+    }
+
+    /// Queues `head` on `id`; `token` comes back from [`Cx::tx_advance`]
+    /// once it is sent.
+    pub fn tx_push(&mut self, id: &TxId, head: Vec<u8>, token: Option<u64>) {
+        self.io.tx(id).push(head, token)
+    }
+
+    /// Queues `head` followed by `data` on `id`, as [`Cx::tx_push`]. The
+    /// data is sent from the arena, where the driver keeps it unchanged
+    /// until the token comes back.
+    pub fn tx_push_data(&mut self, id: &TxId, head: Vec<u8>, data: Data<'_>, token: Option<u64>) {
+        self.io
+            .tx(id)
+            .push_with_body(head, data.ptr(), data.size(), None, token)
+    }
+
+    /// Whether nothing waits to be sent on `id`.
+    pub fn tx_is_empty(&mut self, id: &TxId) -> bool {
+        self.io.tx(id).is_empty()
+    }
+
+    /// Records that the send of `id` moved `n` bytes; the tokens of what is
+    /// now all sent are appended to `done`.
+    ///
+    /// # Panics
+    /// When a send of `id` is in flight.
+    pub fn tx_advance(&mut self, id: &TxId, n: usize, done: &mut Vec<u64>) {
+        self.io.tx_advance(id, n, done)
+    }
+
+    /// Gives queue `id` back (freed once its send completes).
+    pub fn tx_close(&mut self, id: TxId) {
+        self.io.tx_close(id)
+    }
+
+    /// Queues a send (MSG_NOSIGNAL) of what `id` holds on socket `fd`; its
+    /// completion comes back to [`Driver::on_op`] with `token`.
+    ///
+    /// # Panics
+    /// When a send of `id` is in flight.
+    pub fn send(&mut self, fd: RawFd, id: &TxId, token: u32) {
+        let msg = self.io.tx_start(id);
+        let e = opcode::SendMsg::new(types::Fd(fd), msg)
+            .flags(libc::MSG_NOSIGNAL as u32)
+            .build();
+        let ud = KIND_FRONT_SEND << 56 | (id.index() as u64) << SLAB_SHIFT | token as u64;
+        // SAFETY: the message header, its iovecs and the heads they point to
+        // are the queue's, which the engine keeps (`DriverIo`, dropped after
+        // the ring) and lets no one rebuild or advance until `tx_end` when
+        // this completion is reaped (pushing more leaves them in place:
+        // `TxQueue::message`); bodies are in the arena (`Cx::tx_push_data`).
+        unsafe { self.sq.push(e.user_data(ud)) };
+    }
+
+    /// Queues the ublk io command `op` (`UBLK_U_IO_FETCH_REQ` or
+    /// `UBLK_U_IO_COMMIT_AND_FETCH_REQ`) `cmd` on the ublk char device
+    /// `cdev`, its data buffer the arena buffer `buf` (whatever `cmd.addr`
+    /// says); its completion comes back to [`Driver::on_op`] with `token`.
+    pub fn ublk_io_cmd(
+        &mut self,
+        cdev: RawFd,
+        op: u32,
+        cmd: sys::ublksrv_io_cmd,
+        buf: &ArenaBuf,
+        token: u32,
+    ) {
+        let addr = self.data(buf, 0, buf.capacity()).ptr() as u64;
+        let mut bytes = [0u8; 16];
+        bytes[0..2].copy_from_slice(&cmd.q_id.to_ne_bytes());
+        bytes[2..4].copy_from_slice(&cmd.tag.to_ne_bytes());
+        bytes[4..8].copy_from_slice(&cmd.result.to_ne_bytes());
+        bytes[8..16].copy_from_slice(&addr.to_ne_bytes());
+        let e = opcode::UringCmd16::new(types::Fd(cdev), op)
+            .cmd(bytes)
+            .build();
+        // SAFETY: the command is copied into the SQE; the only memory it
+        // names is `buf`, in the engine's arena, which the ring drops after
+        // it has ended every operation (`Ring`'s field order) and which
+        // `Drop` keeps from being replaced meanwhile.
+        unsafe { self.sq.push(e.user_data(KIND_FRONT << 56 | token as u64)) };
+    }
+}
+
+impl Drop for Cx<'_> {
+    fn drop(&mut self) {
+        if self.arena.base() != self.base {
+            // Queues and ring operations still use the old arena, which the
+            // driver now owns and may unmap: nothing may run after this.
+            eprintln!("rdmablk: a driver replaced its engine's arena");
+            std::process::abort();
+        }
     }
 }
 
@@ -139,6 +314,8 @@ pub struct Engine {
     /// the arena.
     paths: Paths,
     ring: Ring,
+    /// Declared after the ring: its operations point into it.
+    io: DriverIo,
     wakeup: Waker,
     tick: types::Timespec,
     reconnect: Reconnect,
@@ -161,6 +338,7 @@ impl Engine {
         Ok(Engine {
             ring,
             paths,
+            io: DriverIo::default(),
             wakeup: Waker::new()?,
             tick: types::Timespec::from(tick),
             reconnect,
@@ -259,16 +437,19 @@ impl Engine {
             submitted.map_err(|e| format!("io_uring: {e}"))?;
             events.clear();
             self.ring.reap(&mut events);
-            let mut worked = events
-                .iter()
-                .any(|&(ud, _)| matches!(ud >> 56, KIND_RECV | KIND_SEND | KIND_FRONT));
+            let mut worked = events.iter().any(|&(ud, _)| {
+                matches!(
+                    ud >> 56,
+                    KIND_RECV | KIND_SEND | KIND_FRONT | KIND_FRONT_RECV | KIND_FRONT_SEND
+                )
+            });
             if !sleep && self.paths.poll_direct() {
                 worked = true;
             }
             news = worked || !events.is_empty() || sleep;
             for &(ud, res) in &events {
                 let (arena, sq) = self.ring.arena_and_submissions();
-                let mut cx = Cx::new(arena, &mut self.paths, sq);
+                let mut cx = Cx::new(arena, &mut self.paths, sq, &mut self.io);
                 let path = (ud >> PATH_SHIFT & PATH_MASK) as usize;
                 let current = |cx: &Cx| {
                     path < cx.paths.len()
@@ -281,6 +462,14 @@ impl Engine {
                     KIND_RECV => cx.paths.on_receive_done(path, res),
                     KIND_SEND => cx.paths.on_send_done(path, res),
                     KIND_FRONT => driver.on_op(ud as u32, res, &mut cx),
+                    KIND_FRONT_RECV => {
+                        cx.io.rx_end((ud >> SLAB_SHIFT & SLAB_MASK) as u32);
+                        driver.on_op(ud as u32, res, &mut cx);
+                    }
+                    KIND_FRONT_SEND => {
+                        cx.io.tx_end((ud >> SLAB_SHIFT & SLAB_MASK) as u32);
+                        driver.on_op(ud as u32, res, &mut cx);
+                    }
                     KIND_TICK => driver.on_tick(&mut cx),
                     KIND_WAKE => {
                         self.wakeup.drain();
@@ -288,6 +477,7 @@ impl Engine {
                     }
                     _ => {}
                 }
+                drop(cx);
                 match ud >> 56 {
                     KIND_TICK => self.arm_tick(),
                     KIND_WAKE => self.arm_wake(),
@@ -303,7 +493,7 @@ impl Engine {
     fn settle(&mut self, driver: &mut dyn Driver, finished: &mut bool, done: &mut Vec<Done>) {
         loop {
             let (arena, sq) = self.ring.arena_and_submissions();
-            let mut cx = Cx::new(arena, &mut self.paths, sq);
+            let mut cx = Cx::new(arena, &mut self.paths, sq, &mut self.io);
             if !*finished {
                 *finished = !driver.pump(&mut cx);
             }

@@ -6,8 +6,9 @@
 use super::rdma::RdmaQueue;
 use super::tcp::TcpQueue;
 use super::HostError;
-use rdmablk_common::mem::Arena;
+use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::ring::Submissions;
+use std::marker::PhantomData;
 
 use rdmablk_common::nvme::{crd_of, dnr_of, Cqe, Sqe, Status};
 use std::time::{Duration, Instant};
@@ -30,24 +31,107 @@ pub enum Link {
     Rdma(Box<RdmaQueue>),
 }
 
-/// A command as it was submitted: what submitting it again takes.
+/// The data of a command: bytes of the engine's arena, or none. Made by
+/// [`Cx::data`](super::engine::Cx::data) from the arena the engine lends its
+/// driver, and valid no longer than that loan (`'a`), so a driver cannot
+/// name memory other than its engine's arena. The arena outlives the
+/// engine's queues (the engine drops its paths first, and `Cx` does not let
+/// a driver replace it), so a queue may read or write these bytes until the
+/// command completes. A driver that reuses a buffer before then gets wrong
+/// bytes, never freed memory: the arena forms no Rust reference into its
+/// mapping (`rdmablk_common::mem`).
 #[derive(Clone, Copy)]
-struct Submitted {
-    sqe: Sqe,
-    buf: *mut u8,
+pub struct Data<'a> {
+    ptr: *mut u8,
     len: usize,
-    to_host: bool,
-    tag: u64,
-    retries: u8,
+    arena: PhantomData<&'a Arena>,
+}
+
+impl<'a> Data<'a> {
+    /// No data (Flush, Write Zeroes).
+    pub const NONE: Data<'static> = Data {
+        ptr: std::ptr::null_mut(),
+        len: 0,
+        arena: PhantomData,
+    };
+
+    /// Where the bytes start (null for none).
+    pub fn ptr(&self) -> *mut u8 {
+        self.ptr
+    }
+
+    /// How many bytes.
+    pub fn size(&self) -> usize {
+        self.len
+    }
+
+    /// Bytes `at..at + len` of `buf`, a buffer of `arena`, which the
+    /// caller ([`Cx`](super::engine::Cx)) lends for `'a`.
+    ///
+    /// # Panics
+    /// When the range is not inside `buf`, or `buf` not inside `arena`.
+    pub(super) fn in_arena(arena: &Arena, buf: &ArenaBuf, at: usize, len: usize) -> Data<'a> {
+        assert!(
+            at.checked_add(len).is_some_and(|end| end <= buf.capacity())
+                && buf.offset() + buf.capacity() <= arena.len(),
+            "command data of {len} bytes at {at} outside its {}-byte arena buffer",
+            buf.capacity()
+        );
+        Data {
+            ptr: arena.addr(buf, at),
+            len,
+            arena: PhantomData,
+        }
+    }
+}
+
+/// A command as the host keeps it until its completion: what submitting it
+/// again takes. [`Paths`](super::Paths) keeps one per driver command, with
+/// the driver's tag; the queue it goes to keeps a copy tagged with the
+/// paths' slot.
+#[derive(Clone, Copy)]
+pub(super) struct Cmd {
+    pub sqe: Sqe,
+    /// Its data, in the engine's arena (see [`Data`]).
+    ptr: *mut u8,
+    len: usize,
+    /// Whether the data moves to the host (a read).
+    pub to_host: bool,
+    pub tag: u64,
+    /// Times it was sent again: retries in a queue, reroutes in the paths.
+    pub again: u8,
+}
+
+impl Cmd {
+    /// Command `sqe` moving `data` (to the host when `to_host`), tagged `tag`.
+    pub fn new(sqe: Sqe, data: Data<'_>, to_host: bool, tag: u64) -> Cmd {
+        Cmd {
+            sqe,
+            ptr: data.ptr,
+            len: data.len,
+            to_host,
+            tag,
+            again: 0,
+        }
+    }
+
+    /// The same command, tagged `tag`, not yet sent again.
+    pub fn retagged(self, tag: u64) -> Cmd {
+        Cmd {
+            tag,
+            again: 0,
+            ..self
+        }
+    }
 }
 
 /// One I/O queue.
 pub struct IoQueue {
     link: Link,
     /// Commands in flight, by command id.
-    submitted: Vec<Option<Submitted>>,
+    submitted: Vec<Option<Cmd>>,
     /// Commands to submit again, and when.
-    waiting: Vec<(Instant, Submitted)>,
+    waiting: Vec<(Instant, Cmd)>,
     /// Command Retry Delay Times 1 to 3 of the controller, 100 ms units.
     crdt: [u16; 3],
     /// Scratch for completions of the link.
@@ -56,9 +140,9 @@ pub struct IoQueue {
     failed_waiting: Vec<Done>,
 }
 
-// SAFETY: the raw buffer pointers are the callers' (see `submit`), which
-// keep them valid until the command's completion is taken; nothing is tied
-// to the creating thread.
+// SAFETY: the raw buffer pointers point into the engine's arena (see
+// `Data`), which the engine, and so this queue, may use from any thread;
+// nothing is tied to the creating thread.
 unsafe impl Send for IoQueue {}
 
 impl IoQueue {
@@ -131,50 +215,24 @@ impl IoQueue {
         link && self.waiting.is_empty() && self.failed_waiting.is_empty()
     }
 
-    /// Submits a command moving `len` bytes at `buf` (to the host when
-    /// `to_host`). Returns false when no slot is free.
-    ///
-    /// # Safety
-    /// `buf` must stay valid for `len` bytes, and unchanged for writes, until
-    /// the command's completion is taken from [`IoQueue::take_done`] or the
-    /// queue is dropped; for NVMe/RDMA it must lie in the registered arena.
-    pub unsafe fn submit(
-        &mut self,
-        sqe: Sqe,
-        buf: *mut u8,
-        len: usize,
-        to_host: bool,
-        tag: u64,
-    ) -> bool {
-        let cmd = Submitted {
+    /// Submits `cmd`. Returns false when no slot is free.
+    pub(super) fn submit(&mut self, cmd: Cmd) -> bool {
+        let Cmd {
             sqe,
-            buf,
-            len,
-            to_host,
-            tag,
-            retries: 0,
-        };
-        // SAFETY: the caller's guarantees are the queues' own.
-        unsafe { self.submit_again(cmd) }
-    }
-
-    /// # Safety
-    /// As [`IoQueue::submit`], for `cmd.buf`: a retried command's buffer is
-    /// still its caller's, whose completion has not been taken.
-    unsafe fn submit_again(&mut self, cmd: Submitted) -> bool {
-        let Submitted {
-            sqe,
-            buf,
+            ptr,
             len,
             to_host,
             tag,
             ..
         } = cmd;
         let cid = match &mut self.link {
-            // SAFETY: the caller's guarantees are the queues' own.
-            Link::Tcp(q) => unsafe { q.submit(sqe, buf, len, to_host, tag) },
+            // SAFETY: `ptr..ptr + len` lies in the engine's arena, made so by
+            // `Data`; the arena outlives the queue (`register_arena`'s
+            // contract, which the engine keeps) and, for NVMe/RDMA, is the
+            // one registered with it.
+            Link::Tcp(q) => unsafe { q.submit(sqe, ptr, len, to_host, tag) },
             // SAFETY: as above.
-            Link::Rdma(q) => unsafe { q.submit(sqe, buf, len, to_host, tag) },
+            Link::Rdma(q) => unsafe { q.submit(sqe, ptr, len, to_host, tag) },
         };
         let Some(cid) = cid else {
             return false;
@@ -215,12 +273,12 @@ impl IoQueue {
                 && st.sct != SCT_PATH
                 && !dnr_of(d.cqe.status);
             match cmd {
-                Some(mut c) if retry && c.retries < MAX_RETRIES => {
-                    c.retries += 1;
+                Some(mut c) if retry && c.again < MAX_RETRIES => {
+                    c.again += 1;
                     let crd = crd_of(d.cqe.status) as usize;
                     let units = if crd == 0 { 0 } else { self.crdt[crd - 1] };
                     let at = Instant::now() + Duration::from_millis(units as u64 * 100);
-                    tracing::debug!(tag = c.tag, status = %st, crd, attempt = c.retries, "retrying a command");
+                    tracing::debug!(tag = c.tag, status = %st, crd, attempt = c.again, "retrying a command");
                     self.waiting.push((at, c));
                 }
                 _ => out.push(d),
@@ -249,9 +307,7 @@ impl IoQueue {
         let mut i = 0;
         while i < self.waiting.len() {
             let (at, cmd) = self.waiting[i];
-            // SAFETY: the command's caller has not taken its completion, so
-            // its buffer is still valid and unchanged (`submit`'s contract).
-            if at <= now && unsafe { self.submit_again(cmd) } {
+            if at <= now && self.submit(cmd) {
                 self.waiting.swap_remove(i);
             } else {
                 i += 1;
@@ -320,5 +376,22 @@ impl IoQueue {
             };
             self.failed_waiting.push(Done { tag: c.tag, cqe });
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn data_lies_in_its_arena_buffer() {
+        let mut arena = Arena::new(4 << 20, false).expect("an arena");
+        let buf = arena.alloc(8192).expect("a buffer");
+        let d = Data::in_arena(&arena, &buf, 4096, 4096);
+        assert_eq!(d.ptr(), arena.addr(&buf, 4096));
+        assert_eq!(d.size(), 4096);
+        let past = std::panic::catch_unwind(|| Data::in_arena(&arena, &buf, 4096, 4097).size());
+        assert!(past.is_err(), "a range past the buffer is refused");
+        arena.free(buf);
     }
 }

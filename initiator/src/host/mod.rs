@@ -5,6 +5,7 @@
 pub mod attach;
 mod auth;
 pub mod block;
+mod driver_io;
 pub mod engine;
 mod io_queue;
 pub mod paths;
@@ -15,7 +16,7 @@ mod sync_queue;
 pub mod tcp;
 
 pub use attach::Attachment;
-pub use io_queue::{Done, IoQueue, Link};
+pub use io_queue::{Data, Done, IoQueue, Link};
 pub use paths::{PathState, Paths};
 /// The fabric under NVMe (the CLI's `-t tcp|rdma`).
 pub use rdmablk_common::fabrics::Transport;

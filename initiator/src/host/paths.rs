@@ -12,7 +12,8 @@
 //! before its driver sees it; with none, the driver gets it back as a
 //! transient transport error and waits, as it does for a lost association.
 
-use super::{Done, IoQueue};
+use super::io_queue::Cmd;
+use super::{Data, Done, IoQueue};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::nvme::ana::AnaState;
 use rdmablk_common::nvme::{Cqe, Sqe, Status};
@@ -90,24 +91,12 @@ impl Path {
     }
 }
 
-/// A command the driver submitted, until its driver gets its completion.
-#[derive(Clone, Copy)]
-struct Cmd {
-    sqe: Sqe,
-    buf: *mut u8,
-    len: usize,
-    to_host: bool,
-    /// The driver's tag.
-    tag: u64,
-    reroutes: u8,
-}
-
 /// The I/O queues of one engine, one per path, as its driver submits to
 /// them.
 pub struct Paths {
     paths: Vec<Path>,
-    /// Commands not yet completed to the driver, by slot (the tag the
-    /// queues see).
+    /// Commands not yet completed to the driver, with the driver's tags,
+    /// by slot (the tag the queues see).
     cmds: Vec<Option<Cmd>>,
     free: Vec<u32>,
     /// Commands that failed on a path and wait for another.
@@ -118,8 +107,8 @@ pub struct Paths {
     scratch: Vec<Done>,
 }
 
-// SAFETY: the raw buffer pointers are the drivers' (see `submit`), which
-// keep them valid until the command's completion is taken; nothing is tied
+// SAFETY: the commands' raw buffer pointers point into the engine's arena
+// (see `Data`), which the engine may use from any thread; nothing is tied
 // to the creating thread.
 unsafe impl Send for Paths {}
 
@@ -206,29 +195,10 @@ impl Paths {
         !self.done.is_empty() || self.paths.iter().any(|p| p.queue.has_done())
     }
 
-    /// Submits a command moving `len` bytes at `buf` (to the host when
-    /// `to_host`) on the path that takes it. Returns false when none can.
-    ///
-    /// # Safety
-    /// `buf` must stay valid for `len` bytes, and unchanged for writes, until
-    /// the command's completion is taken from [`Paths::take_done`] or the
-    /// paths are dropped; for NVMe/RDMA it must lie in the registered arena.
-    pub unsafe fn submit(
-        &mut self,
-        sqe: Sqe,
-        buf: *mut u8,
-        len: usize,
-        to_host: bool,
-        tag: u64,
-    ) -> bool {
-        let cmd = Cmd {
-            sqe,
-            buf,
-            len,
-            to_host,
-            tag,
-            reroutes: 0,
-        };
+    /// Submits command `sqe` moving `data` (to the host when `to_host`) on
+    /// the path that takes it; its completion comes back with `tag`.
+    /// Returns false when no path can take it.
+    pub fn submit(&mut self, sqe: Sqe, data: Data<'_>, to_host: bool, tag: u64) -> bool {
         let slot = match self.free.pop() {
             Some(s) => s,
             None => {
@@ -236,9 +206,8 @@ impl Paths {
                 self.cmds.len() as u32 - 1
             }
         };
-        self.cmds[slot as usize] = Some(cmd);
-        // SAFETY: the caller's guarantees, for the slot's command.
-        if unsafe { self.send(slot) } {
+        self.cmds[slot as usize] = Some(Cmd::new(sqe, data, to_host, tag));
+        if self.send(slot) {
             true
         } else {
             self.cmds[slot as usize] = None;
@@ -249,11 +218,7 @@ impl Paths {
 
     /// Sends the command in `slot` on the usable path with the most free
     /// slots.
-    ///
-    /// # Safety
-    /// As [`Paths::submit`], for the slot's buffer, whose driver has not
-    /// taken its completion.
-    unsafe fn send(&mut self, slot: u32) -> bool {
+    fn send(&mut self, slot: u32) -> bool {
         let Some(tier) = preferred(&self.paths) else {
             return false;
         };
@@ -266,11 +231,7 @@ impl Paths {
         let Some(p) = best else {
             return false;
         };
-        // SAFETY: the caller's guarantees are the queue's own.
-        unsafe {
-            p.queue
-                .submit(cmd.sqe, cmd.buf, cmd.len, cmd.to_host, slot as u64)
-        }
+        p.queue.submit(cmd.retagged(slot as u64))
     }
 
     /// Completions for the driver. A command that failed for a path reason
@@ -297,8 +258,8 @@ impl Paths {
         };
         let st = d.cqe.status();
         let path_error = st.sct == 3 || (lost && !st.is_success());
-        if path_error && cmd.reroutes < MAX_REROUTES {
-            cmd.reroutes += 1;
+        if path_error && cmd.again < MAX_REROUTES {
+            cmd.again += 1;
             if st.sct == 3 {
                 self.paths[i].state.distrust(st);
             }
@@ -324,9 +285,7 @@ impl Paths {
     /// lost association, and gives up after ctrl-loss-tmo).
     fn reroute(&mut self) {
         while let Some(&slot) = self.rerouted.front() {
-            // SAFETY: the command's driver has not taken its completion, so
-            // its buffer is valid and unchanged (`submit`'s contract).
-            if unsafe { self.send(slot) } {
+            if self.send(slot) {
                 self.rerouted.pop_front();
                 continue;
             }

@@ -9,6 +9,7 @@ use super::proto::flags;
 use crate::frontend::keeper::{EngineSpec, Engines, Keeper, Until};
 use crate::host::engine::Waker;
 use crate::host::Attachment;
+use nix::sys::socket::{shutdown, Shutdown};
 use rdmablk_common::nvme::identify::oncs;
 use rdmablk_common::spin::PollMode;
 use std::net::{SocketAddr, TcpListener};
@@ -89,13 +90,6 @@ impl Listener {
             Listen::Tcp(a) => TcpListener::bind(a)
                 .map(Listener::Tcp)
                 .map_err(|e| format!("listening on {a}: {e}")),
-        }
-    }
-
-    fn fd(&self) -> i32 {
-        match self {
-            Listener::Unix(l) => l.as_raw_fd(),
-            Listener::Tcp(l) => l.as_raw_fd(),
         }
     }
 }
@@ -222,8 +216,8 @@ pub fn serve(
     }
     stop.store(true, Ordering::Release);
     engines.wake_all();
-    // SAFETY: shutting down our own listening socket wakes the greeter's poll.
-    unsafe { libc::shutdown(listener.fd(), libc::SHUT_RDWR) };
+    // Shutting down our own listening socket wakes the greeter's poll.
+    let _ = shutdown(listener.listening().as_raw_fd(), Shutdown::Both);
     let _ = acceptor.join();
     let failure = outcome.result.err().or(engines.join().0);
     if let Listen::Unix(p) = listen {

@@ -4,11 +4,12 @@
 //! kernel copies request data into and out of, and that the NVMe transport
 //! uses directly (over RDMA the target reads and writes it).
 
+use super::descriptors::Descriptors;
 use crate::host::block::{self, DSM_RANGE_LEN};
 use crate::host::engine::{Cx, Driver};
-use crate::host::{Done, NamespaceInfo};
-use io_uring::{opcode, types};
+use crate::host::{Data, Done, NamespaceInfo};
 use libublk::sys;
+use nix::unistd::gettid;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{nvm, Status};
 use std::collections::VecDeque;
@@ -65,50 +66,17 @@ struct Tag {
 pub struct UblkDriver {
     s: QueueSetup,
     /// The queue's request descriptors, mapped read-only from the char device.
-    iods: *const sys::ublksrv_io_desc,
-    iods_len: usize,
+    iods: Descriptors,
     tags: Vec<Tag>,
     queued: VecDeque<u16>,
     started: bool,
     cmds_in_flight: usize,
 }
 
-// SAFETY: the descriptor mapping is only read by the engine thread that
-// owns the driver; it moves to that thread once, before use.
-unsafe impl Send for UblkDriver {}
-
-fn page_round(n: usize) -> usize {
-    // SAFETY: sysconf has no memory arguments.
-    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) }.max(4096) as usize;
-    n.next_multiple_of(page)
-}
-
 impl UblkDriver {
     /// Maps the queue's request descriptors.
     pub fn new(s: QueueSetup) -> Result<UblkDriver, String> {
-        let desc = std::mem::size_of::<sys::ublksrv_io_desc>();
-        let len = page_round(s.depth as usize * desc);
-        let offset = sys::UBLKSRV_CMD_BUF_OFFSET as usize
-            + s.q_id as usize * page_round(sys::UBLK_MAX_QUEUE_DEPTH as usize * desc);
-        // SAFETY: a read-only shared mapping of the char device at the
-        // offset the ublk driver defines for this queue; checked below.
-        let p = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                len,
-                libc::PROT_READ,
-                libc::MAP_SHARED | libc::MAP_POPULATE,
-                s.cdev,
-                offset as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            return Err(format!(
-                "mapping ublk queue {}'s descriptors: {}",
-                s.q_id,
-                std::io::Error::last_os_error()
-            ));
-        }
+        let iods = Descriptors::map(s.cdev, s.q_id, s.depth)?;
         let tags = (0..s.depth)
             .map(|_| Tag {
                 buf: None,
@@ -122,8 +90,7 @@ impl UblkDriver {
             .collect();
         Ok(UblkDriver {
             s,
-            iods: p as *const sys::ublksrv_io_desc,
-            iods_len: len,
+            iods,
             tags,
             queued: VecDeque::new(),
             started: false,
@@ -139,35 +106,23 @@ impl UblkDriver {
             q_id: self.s.q_id,
             tag,
             result,
-            addr: cx.arena.addr(buf, 0) as u64,
+            addr: 0,
         };
         let op = if fetch {
             sys::UBLK_U_IO_FETCH_REQ
         } else {
             sys::UBLK_U_IO_COMMIT_AND_FETCH_REQ
         };
-        let mut bytes = [0u8; 16];
-        bytes[0..2].copy_from_slice(&cmd.q_id.to_ne_bytes());
-        bytes[2..4].copy_from_slice(&cmd.tag.to_ne_bytes());
-        bytes[4..8].copy_from_slice(&cmd.result.to_ne_bytes());
-        bytes[8..16].copy_from_slice(&cmd.addr.to_ne_bytes());
-        let e = opcode::UringCmd16::new(types::Fd(self.s.cdev), op)
-            .cmd(bytes)
-            .build();
-        // SAFETY: the command itself is copied into the SQE; the data
-        // address is the tag's own arena buffer, allocated once for the
-        // queue's life and freed only after the queue is stopped and every
-        // io command of it has completed.
-        unsafe { cx.submit(e, tag as u32) };
+        // The tag's buffer is allocated once for the queue's life and freed
+        // only after the queue is stopped and its io commands completed.
+        cx.ublk_io_cmd(self.s.cdev, op, cmd, buf, tag as u32);
         t.state = State::Fetching;
         self.cmds_in_flight += 1;
     }
 
     /// A request arrived for `tag`: read its descriptor and run it.
     fn on_request(&mut self, tag: u16, cx: &mut Cx) {
-        // SAFETY: `tag < depth`, and the kernel wrote the descriptor before
-        // completing the fetch; the mapping lives as long as the driver.
-        let iod = unsafe { std::ptr::read_volatile(self.iods.add(tag as usize)) };
+        let iod = self.iods.get(tag);
         let t = &mut self.tags[tag as usize];
         t.op = iod.op_flags & 0xff;
         t.fua = iod.op_flags & sys::UBLK_IO_F_FUA != 0;
@@ -209,24 +164,24 @@ impl UblkDriver {
             let t = &mut self.tags[tag as usize];
             let buf = t.buf.as_ref().expect("tags have buffers once started");
             let (lba, blocks) = (t.offset / bs, t.len as u64 / bs);
-            let (op, ptr, len, to_host) = match t.op {
-                sys::UBLK_IO_OP_READ => (nvm::READ, cx.arena.addr(buf, 0), t.len, true),
-                sys::UBLK_IO_OP_WRITE => (nvm::WRITE, cx.arena.addr(buf, 0), t.len, false),
-                sys::UBLK_IO_OP_FLUSH => (nvm::FLUSH, std::ptr::null_mut(), 0, false),
-                sys::UBLK_IO_OP_WRITE_ZEROES => (nvm::WRITE_ZEROES, std::ptr::null_mut(), 0, false),
+            let (op, data, to_host) = match t.op {
+                sys::UBLK_IO_OP_READ => (nvm::READ, cx.data(buf, 0, t.len), true),
+                sys::UBLK_IO_OP_WRITE => (nvm::WRITE, cx.data(buf, 0, t.len), false),
+                sys::UBLK_IO_OP_FLUSH => (nvm::FLUSH, Data::NONE, false),
+                sys::UBLK_IO_OP_WRITE_ZEROES => (nvm::WRITE_ZEROES, Data::NONE, false),
                 _ => {
                     let mut range = [0u8; DSM_RANGE_LEN];
                     block::dsm_range(&mut range, lba, blocks as u32);
                     cx.arena.write(buf, 0, &range);
-                    (nvm::DSM, cx.arena.addr(buf, 0), DSM_RANGE_LEN, false)
+                    (nvm::DSM, cx.data(buf, 0, DSM_RANGE_LEN), false)
                 }
             };
             // FUA for writes; Write Zeroes never deallocates.
             let flag = t.fua && op == nvm::WRITE;
             let sqe = block::sqe(op, ns.nsid, lba, blocks, flag);
-            // SAFETY: the tag's arena buffer is left alone until the command
+            // The tag's arena buffer is left alone until the command
             // completes (the tag is in the Nvme state until then).
-            if unsafe { cx.paths.submit(sqe, ptr, len, to_host, tag as u64) } {
+            if cx.paths.submit(sqe, data, to_host, tag as u64) {
                 t.state = State::Nvme;
                 t.attempts += 1;
             } else {
@@ -250,13 +205,6 @@ impl UblkDriver {
     }
 }
 
-impl Drop for UblkDriver {
-    fn drop(&mut self) {
-        // SAFETY: unmapping the mapping made in `new`, once.
-        unsafe { libc::munmap(self.iods as *mut libc::c_void, self.iods_len) };
-    }
-}
-
 impl Driver for UblkDriver {
     fn pump(&mut self, cx: &mut Cx) -> bool {
         if !self.started {
@@ -271,8 +219,7 @@ impl Driver for UblkDriver {
                 }
                 self.io_cmd(tag, true, 0, cx);
             }
-            // SAFETY: gettid has no arguments and cannot fail.
-            let tid = unsafe { libc::gettid() };
+            let tid = gettid().as_raw();
             let _ = self.s.ready.send((self.s.q_id, tid));
         }
         if self.abandon(cx) {

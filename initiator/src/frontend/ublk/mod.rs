@@ -5,6 +5,7 @@
 //! recovery: after a crash, the same command with `--ublk-id N` takes the
 //! device over again and the I/O that waited is issued anew.
 
+mod descriptors;
 mod driver;
 
 use super::keeper::{EngineSpec, Engines, Keeper, Until};
@@ -13,6 +14,8 @@ use driver::{QueueSetup, UblkDriver};
 use libublk::ctrl::{UblkCtrl, UblkCtrlBuilder};
 use libublk::io::UblkDev;
 use libublk::{sys, UblkFlags};
+use nix::sys::signal::kill;
+use nix::unistd::Pid;
 use rdmablk_common::nvme::identify::oncs;
 use rdmablk_common::spin::PollMode;
 use std::path::Path;
@@ -68,9 +71,7 @@ fn existing(id: u32) -> Result<Existing, String> {
     loop {
         let probe = UblkCtrl::new_simple(id as i32).map_err(|e| ublk_err("device lookup", e))?;
         let info = probe.dev_info();
-        let pid_alive = info.ublksrv_pid > 0
-            // SAFETY: signal 0 only checks that the process exists.
-            && unsafe { libc::kill(info.ublksrv_pid, 0) } == 0;
+        let pid_alive = info.ublksrv_pid > 0 && kill(Pid::from_raw(info.ublksrv_pid), None).is_ok();
         match info.state as u32 {
             sys::UBLK_S_DEV_QUIESCED | sys::UBLK_S_DEV_FAIL_IO => {
                 tracing::info!(id, "ublk device left by a stopped server: recovering it");

@@ -17,13 +17,11 @@ mod submit;
 use super::handoff::{NewClient, Seat};
 use super::handshake::Negotiated;
 use super::proto::{errno, Command, Request, REQUEST_LEN};
-use crate::host::engine::{Cx, Driver};
+use crate::host::engine::{Cx, Driver, RxId, TxId};
 use crate::host::Done;
 use crate::host::NamespaceInfo;
-use io_uring::{opcode, types};
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::Status;
-use rdmablk_common::tcp::stream::TxQueue;
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd};
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -108,9 +106,10 @@ struct Client {
     neg: Negotiated,
     peer: String,
     /// Bytes received and not yet taken: request headers, and the first
-    /// bytes of a write's payload (`rx[rx_start..rx_end]`). One receive
-    /// brings as many headers as the client has sent.
-    rx: [u8; RX_LEN],
+    /// bytes of a write's payload (`rx[rx_start..rx_end]`, a buffer of
+    /// `RX_LEN` bytes the engine keeps). One receive brings as many headers
+    /// as the client has sent.
+    rx: RxId,
     rx_start: usize,
     rx_end: usize,
     /// The receive in flight writes into `rx` (else into a payload's buffer).
@@ -119,7 +118,8 @@ struct Client {
     receiving: Option<usize>,
     reqs: Vec<Option<Req>>,
     recv_busy: bool,
-    tx: TxQueue,
+    /// Replies to send, in a queue the engine keeps.
+    tx: TxId,
     send_busy: bool,
     /// No more requests: the client sent DISC, broke the protocol or left.
     closing: bool,
@@ -143,11 +143,6 @@ impl Client {
         self.rx_end > self.rx_start || self.receiving.is_some() || self.parked.is_some()
     }
 
-    /// Bytes received and not yet taken.
-    fn staged(&self) -> &[u8] {
-        &self.rx[self.rx_start..self.rx_end]
-    }
-
     /// Takes `n` staged bytes; an emptied buffer starts over at its front.
     fn take_staged(&mut self, n: usize) {
         self.rx_start += n;
@@ -161,10 +156,8 @@ impl Client {
 /// Serves the NBD clients handed to one engine.
 pub struct NbdDriver {
     export: ExportInfo,
-    /// Boxed: a client's receive writes into its `rx` while the table may
-    /// grow; a box keeps it at one address until the client is freed, which
-    /// waits for its receive and send to complete.
-    clients: Vec<Option<Box<Client>>>,
+    /// A client is freed once its receive and send have completed.
+    clients: Vec<Option<Client>>,
     incoming: Receiver<NewClient>,
     stop: Arc<AtomicBool>,
     /// The association is gone for good: fail what waits for it.
@@ -219,20 +212,20 @@ impl NbdDriver {
         self.export.ns.block_size as u64
     }
 
-    fn adopt(&mut self) {
+    fn adopt(&mut self, cx: &mut Cx) {
         while let Ok(n) = self.incoming.try_recv() {
-            let c = Box::new(Client {
+            let c = Client {
                 fd: n.fd,
                 neg: n.negotiated,
                 peer: n.peer,
-                rx: [0; RX_LEN],
+                rx: cx.rx_open(RX_LEN),
                 rx_start: 0,
                 rx_end: 0,
                 recv_into_rx: false,
                 receiving: None,
                 reqs: (0..MAX_REQUESTS).map(|_| None).collect(),
                 recv_busy: false,
-                tx: TxQueue::default(),
+                tx: cx.tx_open(),
                 send_busy: false,
                 closing: false,
                 parked: None,
@@ -240,7 +233,7 @@ impl NbdDriver {
                 held: 0,
                 stalled_since: None,
                 _seat: n.seat,
-            });
+            };
             tracing::info!(peer = %c.peer, structured = c.neg.structured_replies, "NBD client connected");
             match self.clients.iter().position(Option::is_none) {
                 Some(i) => self.clients[i] = Some(c),
@@ -254,7 +247,7 @@ impl Driver for NbdDriver {
     fn pump(&mut self, cx: &mut Cx) -> bool {
         let stopping = self.stop.load(Ordering::Acquire);
         if !stopping {
-            self.adopt();
+            self.adopt(cx);
         } else if self.stop_seen.is_none() {
             self.stop_seen = Some(std::time::Instant::now());
         }
@@ -276,7 +269,7 @@ impl Driver for NbdDriver {
             if stopping && !c.closing {
                 c.closing = true;
             }
-            let idle = !c.busy() && !c.mid_request() && c.tx.is_empty() && !c.send_busy;
+            let idle = !c.busy() && !c.mid_request() && cx.tx_is_empty(&c.tx) && !c.send_busy;
             if c.closing && (idle || grace_over) {
                 if grace_over && !idle {
                     tracing::warn!(peer = %c.peer, "NBD client did not finish its request in time; closing");
@@ -284,16 +277,10 @@ impl Driver for NbdDriver {
                 self.close(ci, cx);
             }
             let c = self.clients[ci].as_mut().expect("live client");
-            if !c.send_busy && !c.tx.is_empty() && !c.shut {
-                let e = opcode::SendMsg::new(types::Fd(c.fd.as_raw_fd()), c.tx.message())
-                    .flags(libc::MSG_NOSIGNAL as u32)
-                    .build();
-                // SAFETY: the message header and iovecs live in the boxed
-                // client's TxQueue (its header boxed, its heads heap buffers
-                // that do not move with the queue), payloads in the arena
-                // buffers of requests released only when `advance` returns
-                // their tokens; nothing of it is dropped while `send_busy`.
-                unsafe { cx.submit(e, token(ci, true)) };
+            if !c.send_busy && !cx.tx_is_empty(&c.tx) && !c.shut {
+                // Payloads are in the arena buffers of requests released
+                // only when `tx_advance` returns their tokens.
+                cx.send(c.fd.as_raw_fd(), &c.tx, token(ci, true));
                 c.send_busy = true;
                 c.stalled_since.get_or_insert_with(std::time::Instant::now);
             }
@@ -303,7 +290,9 @@ impl Driver for NbdDriver {
             let c = self.clients[ci].as_ref().expect("live client");
             if c.shut && !c.recv_busy && !c.send_busy && !c.busy() {
                 tracing::debug!(peer = %c.peer, "NBD client released");
-                self.clients[ci] = None;
+                let c = self.clients[ci].take().expect("live client");
+                cx.rx_close(c.rx);
+                cx.tx_close(c.tx);
             }
         }
         !(stopping && self.clients.iter().all(Option::is_none))

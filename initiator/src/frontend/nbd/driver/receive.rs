@@ -1,10 +1,9 @@
 //! Taking requests in: receives of request headers and write payloads, and
 //! the requests they carry.
 
-use super::{token, NbdDriver, Req, Stage, CLIENT_SHARE, RX_LEN};
+use super::{token, NbdDriver, Req, Stage, CLIENT_SHARE};
 use crate::frontend::nbd::proto::{self, errno, Command, Request, REQUEST_LEN};
 use crate::host::engine::Cx;
-use io_uring::{opcode, types};
 use rdmablk_common::mem::capacity_for;
 use std::os::fd::AsRawFd;
 
@@ -24,7 +23,7 @@ impl NbdDriver {
                 match (&req.buf, req.stage) {
                     (Some(b), Stage::Payload) => {
                         let at = (req.r.offset - req.base) as usize + req.got;
-                        Some((cx.arena.addr(b, at), req.r.length as usize - req.got))
+                        Some(cx.data(b, at, req.r.length as usize - req.got))
                     }
                     _ => None,
                 }
@@ -32,8 +31,13 @@ impl NbdDriver {
             Some(_) => return, // staged bytes are taken first (drain_rx)
             None => None,
         };
-        let (ptr, len) = match direct {
-            Some(d) => d,
+        let fd = c.fd.as_raw_fd();
+        match direct {
+            // The request keeps its buffer until this receive completes.
+            Some(data) => {
+                c.recv_into_rx = false;
+                cx.recv_data(fd, data, token(ci, false));
+            }
             None => {
                 let free_slot = c.reqs.iter().any(Option::is_none);
                 let whole_header = c.rx_end - c.rx_start >= REQUEST_LEN;
@@ -41,21 +45,14 @@ impl NbdDriver {
                     return; // a request must finish, or drain_rx take what is here
                 }
                 if c.rx_start > 0 {
-                    c.rx.copy_within(c.rx_start..c.rx_end, 0);
+                    cx.rx(&c.rx).copy_within(c.rx_start..c.rx_end, 0);
                     c.rx_end -= c.rx_start;
                     c.rx_start = 0;
                 }
-                (c.rx[c.rx_end..].as_mut_ptr(), RX_LEN - c.rx_end)
+                c.recv_into_rx = true;
+                cx.recv(fd, &c.rx, c.rx_end, token(ci, false));
             }
-        };
-        c.recv_into_rx = direct.is_none();
-        let e = opcode::Recv::new(types::Fd(c.fd.as_raw_fd()), ptr, len as u32).build();
-        // SAFETY: the receive writes into the boxed client's `rx` (its free
-        // tail) or into the arena buffer of the request whose payload it is;
-        // the request keeps its buffer and the client stays in its box until
-        // `recv_busy` is cleared by this receive's completion, and nothing
-        // moves `rx` meanwhile (compaction happens only before a receive).
-        unsafe { cx.submit(e, token(ci, false)) };
+        }
         c.recv_busy = true;
     }
 
@@ -113,7 +110,8 @@ impl NbdDriver {
                 let k = (req.r.length as usize - req.got).min(c.rx_end - c.rx_start);
                 if let (Some(b), Stage::Payload) = (&req.buf, req.stage) {
                     let at = (req.r.offset - req.base) as usize + req.got;
-                    cx.arena.write(b, at, &c.rx[c.rx_start..c.rx_start + k]);
+                    let (rx, arena) = cx.rx_and_arena(&c.rx);
+                    arena.write(b, at, &rx[c.rx_start..c.rx_start + k]);
                 }
                 req.got += k;
                 let done = req.got == req.r.length as usize;
@@ -134,7 +132,7 @@ impl NbdDriver {
                 return;
             }
             let mut hdr = [0u8; REQUEST_LEN];
-            hdr.copy_from_slice(&c.staged()[..REQUEST_LEN]);
+            hdr.copy_from_slice(&cx.rx(&c.rx)[c.rx_start..c.rx_start + REQUEST_LEN]);
             c.take_staged(REQUEST_LEN);
             if !self.on_request(ci, &hdr, cx) {
                 if let Some(c) = self.clients[ci].as_mut() {

@@ -4,6 +4,7 @@
 use super::{tag, NbdDriver, Stage, MAX_REQUESTS};
 use crate::frontend::nbd::proto::{self, Command};
 use crate::host::engine::Cx;
+use nix::sys::socket::{shutdown, Shutdown};
 use std::os::fd::AsRawFd;
 
 impl NbdDriver {
@@ -56,15 +57,15 @@ impl NbdDriver {
             let bytes = if c.neg.structured_replies {
                 proto::structured_error(cookie, req.error, &msg)
             } else {
-                let mut head = c.tx.buf();
+                let mut head = cx.tx_buf(&c.tx);
                 head.extend_from_slice(&proto::simple_reply(req.error, cookie));
                 head
             };
-            c.tx.push(bytes, t);
+            cx.tx_push(&c.tx, bytes, t);
         } else if req.r.command == Command::Read && req.r.length > 0 {
             let b = req.buf.as_ref().expect("read buffer");
-            let body = cx.arena.addr(b, (req.r.offset - req.base) as usize);
-            let mut head = c.tx.buf();
+            let body = cx.data(b, (req.r.offset - req.base) as usize, req.r.length as usize);
+            let mut head = cx.tx_buf(&c.tx);
             if c.neg.structured_replies {
                 head.extend_from_slice(&proto::structured_offset_data_header(
                     cookie,
@@ -75,15 +76,15 @@ impl NbdDriver {
             } else {
                 head.extend_from_slice(&proto::simple_reply(0, cookie));
             }
-            c.tx.push_with_body(head, body, req.r.length as usize, None, t);
+            cx.tx_push_data(&c.tx, head, body, t);
         } else {
-            let mut head = c.tx.buf();
+            let mut head = cx.tx_buf(&c.tx);
             if req.r.command == Command::Read && c.neg.structured_replies {
                 head.extend_from_slice(&proto::structured_done(cookie));
             } else {
                 head.extend_from_slice(&proto::simple_reply(0, cookie));
             }
-            c.tx.push(head, t);
+            cx.tx_push(&c.tx, head, t);
         }
     }
 
@@ -100,9 +101,9 @@ impl NbdDriver {
             return self.close(ci, cx);
         }
         let mut sent = std::mem::take(&mut self.sent);
-        c.tx.advance(res as usize, &mut sent);
+        cx.tx_advance(&c.tx, res as usize, &mut sent);
         // Replies moved: the clock restarts, or stops when all went out.
-        c.stalled_since = (!c.tx.is_empty()).then(std::time::Instant::now);
+        c.stalled_since = (!cx.tx_is_empty(&c.tx)).then(std::time::Instant::now);
         for t in sent.drain(..) {
             self.release(ci, (t & 0xffff_ffff) as usize, cx);
         }
@@ -119,8 +120,7 @@ impl NbdDriver {
         }
         c.shut = true;
         c.receiving = None;
-        // SAFETY: shutdown on a descriptor we own; it only ends the connection.
-        unsafe { libc::shutdown(c.fd.as_raw_fd(), libc::SHUT_RDWR) };
+        let _ = shutdown(c.fd.as_raw_fd(), Shutdown::Both);
         let (recv_busy, send_busy) = (c.recv_busy, c.send_busy);
         // A receive in flight may still write into a payload buffer, and a
         // send in flight still reads the queue's heads and the payloads of
@@ -156,9 +156,10 @@ impl NbdDriver {
     fn drop_unsent(&mut self, ci: usize, cx: &mut Cx) {
         let c = self.clients[ci].as_mut().expect("live client");
         debug_assert!(!c.send_busy);
-        let mut unsent = std::mem::take(&mut c.tx);
+        let unsent = std::mem::replace(&mut c.tx, cx.tx_open());
         let mut sent = std::mem::take(&mut self.sent);
-        unsent.advance(usize::MAX / 2, &mut sent);
+        cx.tx_advance(&unsent, usize::MAX / 2, &mut sent);
+        cx.tx_close(unsent);
         for ri in sent.drain(..).map(|t| (t & 0xffff_ffff) as usize) {
             self.release(ci, ri, cx);
         }

@@ -6,6 +6,7 @@ use super::{tag, NbdDriver, Req, Stage};
 use crate::frontend::nbd::proto::{errno, Command};
 use crate::host::block::{self, DSM_RANGE_LEN};
 use crate::host::engine::Cx;
+use crate::host::Data;
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::nvm;
 use std::sync::atomic::Ordering;
@@ -124,26 +125,26 @@ impl NbdDriver {
             let buf = req.buf.as_ref();
             for (i, cmd) in plan.iter().enumerate().skip(first).take(batch) {
                 let lba = cmd.offset / block;
-                let (ptr, bytes, to_host) = match cmd.opcode {
+                let (data, to_host) = match cmd.opcode {
                     nvm::READ | nvm::WRITE => {
                         let b = buf.expect("data request has a buffer");
                         let to_host = cmd.opcode == nvm::READ;
-                        (cx.arena.addr(b, cmd.buf_offset), cmd.len as usize, to_host)
+                        (cx.data(b, cmd.buf_offset, cmd.len as usize), to_host)
                     }
                     nvm::DSM => {
                         let b = buf.expect("allocated above");
                         let mut range = [0u8; DSM_RANGE_LEN];
                         block::dsm_range(&mut range, lba, (cmd.len / block) as u32);
                         cx.arena.write(b, i * DSM_RANGE_LEN, &range);
-                        (cx.arena.addr(b, i * DSM_RANGE_LEN), DSM_RANGE_LEN, false)
+                        (cx.data(b, i * DSM_RANGE_LEN, DSM_RANGE_LEN), false)
                     }
-                    _ => (std::ptr::null_mut(), 0, false),
+                    _ => (Data::NONE, false),
                 };
                 let blocks = cmd.len / block;
                 let sqe = block::sqe(cmd.opcode, nsid, lba, blocks, cmd.fua_or_deallocate);
-                // SAFETY: the buffers live in the arena until the request is
-                // finished, which waits for every command's completion.
-                let ok = unsafe { cx.paths.submit(sqe, ptr, bytes, to_host, tag(ci, ri)) };
+                // The buffers stay the request's until it is finished, which
+                // waits for every command's completion.
+                let ok = cx.paths.submit(sqe, data, to_host, tag(ci, ri));
                 debug_assert!(ok, "free slots were checked");
             }
         }

@@ -3,16 +3,16 @@
 //! one `rdmablk connect` process per subsystem (so each is an independent
 //! export that `rdmablk list` shows and a signal ends cleanly).
 
-use super::{discovery_params, Target, MAX_PATHS};
+use super::params::{discovery_params, MAX_PATHS};
+use crate::cli::Target;
 use rdmablk::host::{Session, Transport};
+use rdmablk::signals::{stop_set, StopSignals};
 use rdmablk_common::fabrics::discovery::subtype;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, ExitCode};
 use std::time::Duration;
 
-/// Where nvme-cli keeps its discovery controllers.
-pub const DISCOVERY_CONF: &str = "/etc/nvme/discovery.conf";
 /// Subsystems one `connect-all` serves at most (a process each), whatever
 /// a discovery log lists.
 const MAX_SUBSYSTEMS: usize = 128;
@@ -151,11 +151,10 @@ pub fn run(
     if found.is_empty() {
         return Err("the discovery log lists no NVMe subsystem for this host".into());
     }
-    let mut set = nix::sys::signal::SigSet::empty();
-    set.add(nix::sys::signal::Signal::SIGINT);
-    set.add(nix::sys::signal::Signal::SIGTERM);
-    set.thread_block()
+    stop_set()
+        .thread_block()
         .map_err(|e| format!("blocking signals: {e}"))?;
+    let signals = StopSignals::new()?;
     let exe = std::env::current_exe().map_err(|e| format!("finding rdmablk: {e}"))?;
     let mut children: Vec<(String, Child)> = Vec::new();
     for (i, (nqn, paths)) in found.iter().enumerate() {
@@ -190,15 +189,9 @@ pub fn run(
             .map_err(|e| format!("starting rdmablk connect: {e}"))?;
         children.push((nqn.clone(), child));
     }
-    let timeout = libc::timespec {
-        tv_sec: 0,
-        tv_nsec: 200_000_000,
-    };
     let (mut failed, mut stopping) = (0, false);
     while !children.is_empty() {
-        // SAFETY: sigtimedwait reads the signal set and the timeout, both valid.
-        let sig = unsafe { libc::sigtimedwait(set.as_ref(), std::ptr::null_mut(), &timeout) };
-        if sig > 0 {
+        if let Some(sig) = signals.wait(Duration::from_millis(200)) {
             stopping = true;
             tracing::info!("signal {sig}: ending {} connection(s)", children.len());
             for (_, c) in &children {
