@@ -42,7 +42,7 @@ pub enum Token {
     Tick,
     Wake,
     /// The time of a command held back by QoS limits came.
-    Release,
+    QosRelease,
     /// A cancellation of a closed queue's operation.
     Cancel,
     /// A backend operation of command `slot` of queue `queue` on endpoint `ep`.
@@ -66,7 +66,7 @@ impl Token {
             Token::Tick => (1u64, 0, 0, 0),
             Token::Wake => (2, 0, 0, 0),
             Token::Cancel => (3, 0, 0, 0),
-            Token::Release => (6, 0, 0, 0),
+            Token::QosRelease => (6, 0, 0, 0),
             Token::Backend { ep, queue, slot } => (4, ep, queue, slot),
             Token::Endpoint { ep, queue, what } => (5, ep, queue, what),
         };
@@ -81,7 +81,7 @@ impl Token {
             1 => Token::Tick,
             2 => Token::Wake,
             3 => Token::Cancel,
-            6 => Token::Release,
+            6 => Token::QosRelease,
             4 => Token::Backend {
                 ep,
                 queue,
@@ -399,7 +399,7 @@ impl Poller {
                 return worked;
             }
             Some(Token::Cancel) => return false,
-            Some(Token::Release) => {
+            Some(Token::QosRelease) => {
                 // Queues let their commands go when pumped, next.
                 self.release_due = true;
                 if self.release_armed.is_some_and(|t| t <= Instant::now()) {
@@ -544,7 +544,7 @@ impl Poller {
         self.release_in = types::Timespec::from(at.saturating_duration_since(Instant::now()));
         let e = opcode::Timeout::new(&self.release_in)
             .build()
-            .user_data(Token::Release.encode());
+            .user_data(Token::QosRelease.encode());
         // SAFETY: the timespec is a field of this poller, which `run` owns
         // and does not move until the thread ends; it is not changed before
         // the next submission, which reads it (at most one arm per round).
@@ -569,7 +569,7 @@ mod tests {
             Token::Tick,
             Token::Wake,
             Token::Cancel,
-            Token::Release,
+            Token::QosRelease,
             Token::Backend {
                 ep: 1,
                 queue: u32::MAX,

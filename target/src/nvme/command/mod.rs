@@ -24,7 +24,7 @@ use std::sync::Arc;
 const MAX_ADMIN_DATA: usize = 256 << 10;
 
 mod io;
-mod reserve;
+mod reservation;
 
 /// Where a command is in its life. A command starts `Received`; a free
 /// slot holds none. Every transport moves its commands through these

@@ -19,14 +19,14 @@ use std::sync::Arc;
 
 impl Command {
     /// Executes reservation command `op` of `ctrl`'s host.
-    pub(super) fn reserve(
+    pub(super) fn start_reservation(
         &mut self,
         op: u8,
         arena: &mut Arena,
         ctrl: &Arc<Controller>,
     ) -> Progress {
         let Work::Io(req) = &self.work else {
-            unreachable!("reserve on a non-I/O command")
+            unreachable!("start_reservation on a non-I/O command")
         };
         let ns = req.ns.clone();
         let r = ns
