@@ -4,7 +4,7 @@
 use crate::app::gateway::status::GroupStatus;
 use crate::base::metrics::{NsMetrics, PollerCounters, BUCKETS, LATENCY_BOUNDS_US, OPS};
 use crate::engine::poller::Shared;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
 use rdmablk_common::nvme::Status;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

@@ -1,4 +1,4 @@
-//! Commands held back by QoS limits (`nvme::qos`): a command over its
+//! Commands held back by QoS limits (`service::qos`): a command over its
 //! limits waits in [`State::Throttled`] before it takes a buffer or asks
 //! for its data, so that a throttled host holds nothing but its queue
 //! entries (at most the queue's depth); it goes on, in arrival order, when

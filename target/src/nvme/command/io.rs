@@ -4,12 +4,12 @@
 //! flush, the other way of zeroing, a Compare's comparison and a fused
 //! Compare and Write's write).
 
+use super::decode::{self, IoKind};
 use super::{Command, Entries, Progress, Step, Work};
 use crate::backend::{Access, Backend, BackendOp, FixedBuf, Later};
 use crate::nvme::controller::Controller;
-use crate::nvme::io_cmd::{self, IoKind};
-use crate::nvme::reservation::AccessGroup;
-use crate::nvme::write_gate::{Entry, Pass};
+use crate::service::reservation::AccessGroup;
+use crate::service::write_gate::{Entry, Pass};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::Status;
 use std::sync::Arc;
@@ -126,7 +126,7 @@ impl Command {
             }
             IoKind::Dsm { deallocate: false } => {}
             IoKind::Dsm { deallocate: true } => {
-                match io_cmd::dsm_ranges(&ns, self.copy_data(arena, &mut [0u8; MAX_DSM_DATA])) {
+                match decode::dsm_ranges(&ns, self.copy_data(arena, &mut [0u8; MAX_DSM_DATA])) {
                     Ok(ranges) => {
                         for (o, l) in ranges {
                             take(ns.backend.zero(o, l, true), &mut self.status);

@@ -25,11 +25,11 @@ pub use transfer::{admin_transfer_len, fabrics_transfer_len, TransferLen};
 
 use crate::base::admission::{Gauge, Permit};
 use crate::base::offload::Job;
-use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::Arrival;
-use crate::nvme::reservation::ptpl::Persistent;
 use crate::nvme::subsystem::{Registry, Subsystem};
+use crate::service::ana::AnaStates;
+use crate::service::reservation::ptpl::Persistent;
 use aen::Events;
 use rdmablk_common::nvme::Status;
 use std::collections::HashMap;

@@ -4,8 +4,8 @@
 //! (feature 83h), as NVMe Base 2.1 defines them with reservations (8.1.22).
 
 use super::{aen, Controller, Reply};
-use crate::nvme::reservation::ptpl::Persistent;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
+use crate::service::reservation::ptpl::Persistent;
 use rdmablk_common::nvme::resv::{notice, NoticeLog};
 use rdmablk_common::nvme::{Sqe, Status};
 use std::collections::{HashMap, VecDeque};

@@ -3,10 +3,10 @@
 
 use crate::base::metrics::Op;
 use crate::config::QosClass;
-use crate::nvme::ana::AnaStates;
-use crate::nvme::qos::Throttle;
-use crate::nvme::reservation::AccessGroup;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
+use crate::service::ana::AnaStates;
+use crate::service::qos::Throttle;
+use crate::service::reservation::AccessGroup;
 use rdmablk_common::nvme::resv::{KEYS_LEN, KEY_LEN, STATUS_EXT_HEADER};
 use rdmablk_common::nvme::{fuse, nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
