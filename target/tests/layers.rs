@@ -212,10 +212,10 @@ fn the_scan_sees_paths_in_every_form() {
 fn a_service_importing_nvme_is_reported() {
     let shared: Vec<String> = vec!["service".into(), "reservation".into(), "shared".into()];
     for line in [
-        "use crate::nvme::subsystem::Namespace;",
+        "use crate::nvme::namespace::Namespace;",
         "use crate::{backend::Waker, nvme::port::Arrival};",
         "use super::super::super::nvme::controller::Controller;",
-        "let ns: &crate::nvme::subsystem::Namespace = todo!();",
+        "let ns: &crate::nvme::namespace::Namespace = todo!();",
     ] {
         assert_eq!(upward(line, &shared), ["nvme"], "{line}");
     }
