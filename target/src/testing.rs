@@ -198,7 +198,7 @@ impl Rig {
             poller: 0,
             completions: &self.completions,
             wake_at: &mut self.wake_at,
-            release_due: true,
+            qos_release_due: true,
         }
     }
 

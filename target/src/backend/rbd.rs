@@ -24,8 +24,7 @@
 //! Here the backend and the cluster connections it shares; `ops` (the
 //! image's I/O), `lifecycle` (the namespace's thread), `ffi` (librbd and
 //! librados), `objects` (RADOS attributes, compare-and-set, watch and
-//! notify) and `sys` (the
-//! bindings).
+//! notify) and `sys` (the bindings).
 
 mod ffi;
 mod lifecycle;

@@ -4,7 +4,7 @@
 //! write gate that orders writes against a Preempt and Abort and a fused
 //! Compare and Write (`write_gate`), QoS limits (`qos`), who sees a
 //! namespace and its limits (`tenancy`), the ANA states a listener reports
-//! (`ana`) and DH-HMAC-CHAP authentication (`auth`). Nothing here knows a
+//! (`ana`) and DH-HMAC-CHAP authentication (`auth`). Nothing here uses a
 //! controller or a command: `nvme` uses these, never the reverse.
 
 pub mod ana;
