@@ -7,11 +7,11 @@ use crate::base::budget::PollerBudget;
 use crate::base::completions::Completions;
 use crate::config::{self, Limits, ListenerConfig, QuickArgs};
 use crate::engine::poller::Io;
-use crate::nvme::ana::AnaStates;
 use crate::nvme::controller::{connect, Association, Refusal, Reply};
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::Arrival;
 use crate::nvme::subsystem::Registry;
+use crate::service::ana::AnaStates;
 use io_uring::squeue;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, PropertyCmd};
 use rdmablk_common::mem::{Arena, ArenaBuf};
@@ -198,7 +198,7 @@ impl Rig {
             poller: 0,
             completions: &self.completions,
             wake_at: &mut self.wake_at,
-            release_due: true,
+            qos_release_due: true,
         }
     }
 

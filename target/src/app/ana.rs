@@ -6,8 +6,8 @@
 
 use crate::app::reload::{Listening, Running};
 use crate::config::{AnaState, MAX_ANA_GROUP};
-use crate::nvme::ana::{AnaStates, ANATT};
 use crate::nvme::subsystem::Registry;
+use crate::service::ana::{AnaStates, ANATT};
 use std::sync::Arc;
 
 /// Sets ANA group `group` to `state` on the listener `listener` names

@@ -10,8 +10,9 @@ use crate::config::{
 };
 use crate::engine::poller::PollerLink;
 use crate::nvme::controller::Controller;
+use crate::nvme::namespace::{self, Namespace};
 use crate::nvme::port::Port;
-use crate::nvme::subsystem::{self, HostAccess, Namespace, Registry, Subsystem};
+use crate::nvme::subsystem::{self, HostAccess, Registry, Subsystem};
 use crate::transport::{self, ListenerHandle};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
@@ -389,7 +390,7 @@ fn open(
     key: &str,
     registry: &Registry,
 ) -> Result<Arc<Namespace>, ConfigError> {
-    subsystem::open_namespace(nqn, n, registry.pollers, &registry.state_directory)
+    namespace::open_namespace(nqn, n, registry.pollers, &registry.state_directory)
         .map(Arc::new)
         .map_err(|e| refuse(key, e.to_string()))
 }

@@ -31,7 +31,7 @@ pub enum BackendOp {
     /// An io_uring entry (files and block devices).
     Ring(squeue::Entry),
     /// A librbd asynchronous call.
-    Rbd(rbd::RbdOp),
+    Rbd(rbd::ops::RbdOp),
     /// Work on the offload thread (DH-HMAC-CHAP's Diffie-Hellman).
     Offload(crate::base::offload::Job),
     /// A wait whose end another thread reports: a write gate's pass, a

@@ -20,16 +20,21 @@
 //! connection, puts it in place of the old one, and closes the old one once
 //! its operations ended. The namespace stays active meanwhile; its I/O is
 //! answered with a status the host retries.
+//!
+//! Here the backend and the cluster connections it shares; `ops` (the
+//! image's I/O), `lifecycle` (the namespace's thread), `ffi` (librbd and
+//! librados), `objects` (RADOS attributes, compare-and-set, watch and
+//! notify) and `sys` (the bindings).
 
 mod ffi;
+mod lifecycle;
 mod objects;
+pub mod ops;
 #[rustfmt::skip]
 mod sys;
 
-use super::{Access, BackendOp, FixedBuf};
-use crate::base::completions::Completions;
 use crate::config::RbdImage;
-use ffi::{Aio, Finish, Image};
+use ffi::Image;
 pub use ffi::{Cluster, Pool};
 pub use objects::Watch;
 use std::collections::HashMap;
@@ -37,10 +42,7 @@ use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc, Mutex, OnceLock, PoisonError, Weak};
-use std::time::{Duration, Instant};
-
-/// How long after a failed open the next attempt starts.
-const RETRY_OPEN: Duration = Duration::from_secs(5);
+use std::time::Duration;
 
 /// What every cluster connection is opened with, besides the timeouts.
 /// - No client cache: two gateways exporting one image must not serve
@@ -192,57 +194,6 @@ impl RbdBackend {
         }
     }
 
-    fn op(&self, aio: Aio, result: OnSuccess) -> Access {
-        Access::Submit(BackendOp::Rbd(RbdOp {
-            image: self.current(),
-            health: self.health.clone(),
-            aio,
-            result,
-        }))
-    }
-
-    pub fn read(&self, offset: u64, buf: FixedBuf) -> Access {
-        let (buf, len) = (buf.ptr, buf.len);
-        self.op(Aio::Read { offset, buf, len }, OnSuccess::Bytes)
-    }
-
-    pub fn write(&self, offset: u64, buf: FixedBuf) -> Access {
-        let (buf, len) = (buf.ptr, buf.len);
-        self.op(
-            Aio::Write { offset, buf, len },
-            OnSuccess::BytesOr(len as i32),
-        )
-    }
-
-    /// Writes `data` at `offset` if the bytes there equal `cmp` (as long),
-    /// atomically at the OSD; ends with -EILSEQ when they differ.
-    pub fn compare_and_write(&self, offset: u64, cmp: FixedBuf, data: FixedBuf) -> Access {
-        self.op(
-            Aio::CompareAndWrite {
-                offset,
-                cmp: cmp.ptr,
-                buf: data.ptr,
-                len: cmp.len,
-                mismatch: std::ptr::null_mut(),
-            },
-            OnSuccess::Zero,
-        )
-    }
-
-    pub fn flush(&self) -> Access {
-        self.op(Aio::Flush, OnSuccess::Zero)
-    }
-
-    /// Discards (deallocate) or writes zeroes; both read back as zeroes.
-    pub fn zero(&self, offset: u64, len: u64, deallocate: bool) -> Access {
-        let aio = if deallocate {
-            Aio::Discard { offset, len }
-        } else {
-            Aio::WriteZeroes { offset, len }
-        };
-        self.op(aio, OnSuccess::Zero)
-    }
-
     /// The image's size now; 0 while it is not open.
     pub fn current_size(&self) -> io::Result<u64> {
         match self.current() {
@@ -268,23 +219,6 @@ impl RbdBackend {
             if self.read_only { ", read-only" } else { "" }
         )
     }
-
-    /// Starts, once, the thread that opens the image of `ns` (whose backend
-    /// this is), activates the namespace and follows the image's resizes;
-    /// `changed` tells the subsystem's controllers that the namespace
-    /// changed. The thread ends when the namespace goes.
-    pub fn start(&self, ns: Weak<dyn RbdNamespace>, changed: impl Fn() + Send + 'static) {
-        if self.started.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let name = format!("rbd-{}", self.spec.image);
-        let spawned = std::thread::Builder::new()
-            .name(name.chars().take(15).collect())
-            .spawn(move || manage(ns, changed));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the thread that opens an RBD image: {e}");
-        }
-    }
 }
 
 /// The namespace an RBD backend serves, as the thread that opens its image
@@ -301,252 +235,6 @@ pub trait RbdNamespace: Send + Sync {
     /// Sets its identifiers (those the configuration does not give derived
     /// from `key`), before it becomes active.
     fn derive_ids(&self, key: &str);
-}
-
-/// The life of an RBD namespace after it is made: open (retrying until it
-/// works or the namespace is gone), activate, then follow resizes; when the
-/// cluster blocklisted the client, replace the connection and open again.
-fn manage(ns: Weak<dyn RbdNamespace>, changed: impl Fn()) {
-    // The senders are the backend's and its images' watches' only: this
-    // thread ends once the namespace and its images are gone.
-    let (wake, woken) = mpsc::sync_channel::<()>(1);
-    match ns.upgrade() {
-        Some(n) => {
-            let _ = n.rbd().health.wake.set(wake);
-        }
-        None => return,
-    }
-    if !open_until_done(&ns, &changed) {
-        return;
-    }
-    // Woken by the image's update watch (a resize) or by an operation the
-    // cluster refused (blocklisted).
-    loop {
-        if woken.recv().is_err() {
-            return;
-        }
-        let Some(n) = ns.upgrade() else {
-            return;
-        };
-        let r = n.rbd();
-        let reported = r.health.blocklisted.swap(0, Ordering::AcqRel);
-        match r.current() {
-            Some(old) if Arc::as_ptr(&old) as usize == reported => {
-                drop(n);
-                if !reconnect(&ns, old, &changed) {
-                    return;
-                }
-            }
-            _ => follow_resize(&*n, &changed),
-        }
-    }
-}
-
-/// Opens the image of the namespace behind `ns` and makes it the
-/// namespace's, retrying every RETRY_OPEN; the image's update watch wakes
-/// the namespace's thread. False once the namespace is gone.
-fn open_until_done(ns: &Weak<dyn RbdNamespace>, changed: &impl Fn()) -> bool {
-    // A failure is logged as an error when it is new, then quietly while it
-    // repeats every RETRY_OPEN.
-    let mut last_failure = String::new();
-    // Kept while the image does not exist yet: no new connection per try.
-    let mut connected: Option<Arc<Cluster>> = None;
-    loop {
-        let Some(n) = ns.upgrade() else {
-            return false;
-        };
-        let r = n.rbd();
-        let opened = match connected.take() {
-            Some(c) => Ok(c),
-            None => cluster(&r.spec),
-        }
-        .and_then(|c| {
-            open(&c, &r.spec, r.read_only).inspect_err(|e| {
-                if ffi::errno_of(e) == Some(libc::ENOENT) {
-                    connected = Some(c.clone());
-                }
-            })
-        });
-        match opened {
-            Ok(mut opened) => {
-                let notice = r.health.wake.get().cloned();
-                if let Err(e) = opened.watch(move || {
-                    // One pending notice is enough: the size is read anew.
-                    if let Some(n) = &notice {
-                        let _ = n.try_send(());
-                    }
-                }) {
-                    tracing::warn!(image = %r.spec.spec(), "resizes will not be seen: {e}");
-                }
-                match activate(&*n, opened) {
-                    Ok(first) => {
-                        if first {
-                            changed();
-                        } else {
-                            follow_resize(&*n, changed);
-                        }
-                        return true;
-                    }
-                    Err(e) => tracing::error!(image = %r.spec.spec(), "{e}; retrying"),
-                }
-            }
-            Err(e) if e.to_string() == last_failure => tracing::debug!(
-                image = %r.spec.spec(),
-                "still cannot open the RBD image: {e}; retrying in {RETRY_OPEN:?}"
-            ),
-            Err(e) => {
-                tracing::error!(
-                    image = %r.spec.spec(),
-                    client = %r.spec.client_id,
-                    "cannot open the RBD image: {e}; retrying every {RETRY_OPEN:?}"
-                );
-                last_failure = e.to_string();
-            }
-        }
-        drop(n);
-        std::thread::sleep(RETRY_OPEN);
-    }
-}
-
-/// Replaces `old`, whose client the cluster blocklisted: the shared
-/// connection is forgotten, the image opened again on a new one and put in
-/// its place (I/O meanwhile fails on the old one with a status the host
-/// retries), then the old one is closed once the operations started on it
-/// have ended (librbd ends them with an error, within the client's
-/// operation timeout). False once the namespace is gone.
-fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) -> bool {
-    let Some(n) = ns.upgrade() else {
-        return false;
-    };
-    let r = n.rbd();
-    let (spec, client, timeout) = (r.spec.spec(), r.spec.client_id.clone(), r.spec.timeout);
-    tracing::warn!(
-        image = %spec,
-        client = %client,
-        "the cluster blocklisted this client (another client took the image's lock, or an \
-         operator); opening the image again on a new connection; I/O meanwhile is answered \
-         with a status the host retries"
-    );
-    forget_cluster(&r.spec, old.cluster());
-    drop(n);
-    let reopened = open_until_done(ns, changed);
-    let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);
-    while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    if Arc::strong_count(&old) > 1 {
-        // Closing it would free what librbd still uses: it is left open.
-        tracing::error!(
-            image = %spec,
-            "operations of the blocklisted connection did not end; its image is left open"
-        );
-        std::mem::forget(old);
-    } else {
-        old.close();
-    }
-    reopened
-}
-
-/// Grows the namespace to its image's size (a resize seen by the update
-/// watch, or while the connection was replaced) and tells the controllers.
-fn follow_resize(n: &dyn RbdNamespace, changed: &impl Fn()) {
-    let r = n.rbd();
-    let Some(image) = r.current() else {
-        return;
-    };
-    let now = n.size();
-    match image.size() {
-        Ok(size) if size > now => {
-            n.grow_to(size / r.block_size as u64 * r.block_size as u64);
-            tracing::info!(image = %r.spec.spec(), size, "RBD image grew; namespace resized");
-            changed();
-        }
-        Ok(size) if size < now => tracing::warn!(
-            image = %r.spec.spec(),
-            size,
-            served = now,
-            "RBD image shrank; the namespace keeps its size and I/O past the image's end fails"
-        ),
-        Ok(_) => {}
-        // The watch also fires when the client is blocklisted: an idle
-        // namespace gets a new connection too.
-        Err(e) if blocklisted(&e) => r.health.blocklisted(&image),
-        Err(e) => tracing::warn!(image = %r.spec.spec(), "cannot read the image's size: {e}"),
-    }
-}
-
-/// Makes `opened` the image of `n`: at the first opening, sets the size and
-/// identifiers and activates the namespace (returns true); later (after a
-/// blocklisted connection), the image must be the same one (same id). Its
-/// configuration must keep what the namespace promises (`REQUIRED_OPTIONS`).
-fn activate(n: &dyn RbdNamespace, opened: Image) -> io::Result<bool> {
-    let r = n.rbd();
-    for &(name, want) in &CLIENT_OPTIONS[..REQUIRED_OPTIONS] {
-        if let Some(v) = opened.config(name)?.filter(|v| v != want) {
-            return Err(io::Error::other(format!(
-                "the image's configuration sets {name} = {v} (the target needs {want}: \
-                 acknowledged writes durable, deallocated blocks reading zeroes); remove it \
-                 with `rbd config image rm {spec} {name}` or `rbd config pool rm {pool} {name}`",
-                spec = r.spec.spec(),
-                pool = r.spec.pool
-            )));
-        }
-    }
-    let size = opened.size()?;
-    let id = opened.id()?;
-    let s = &r.spec;
-    let first = r.image_id.get().is_none();
-    if let Some(was) = r.image_id.get().filter(|&was| *was != id) {
-        return Err(io::Error::other(format!(
-            "the image is not the one this namespace served (id {id}, was {was}): \
-             it was removed and made again; restart the target to serve the new one"
-        )));
-    }
-    if first {
-        let blocks = size / r.block_size as u64;
-        if blocks == 0 {
-            return Err(io::Error::other(format!(
-                "the image is smaller than one {}-byte block",
-                r.block_size
-            )));
-        }
-        n.grow_to(blocks * r.block_size as u64);
-        n.derive_ids(&format!(
-            "rbd:{}/{}/{id}",
-            s.pool,
-            s.namespace.as_deref().unwrap_or("")
-        ));
-    }
-    let closing = r.closing.lock().unwrap_or_else(PoisonError::into_inner);
-    if *closing {
-        return Err(io::Error::other("the daemon is stopping"));
-    }
-    *r.image.lock().unwrap_or_else(PoisonError::into_inner) = Some(Arc::new(opened));
-    let _ = r.image_id.set(id.clone());
-    r.active.store(true, Ordering::Release);
-    drop(closing);
-    if first {
-        tracing::info!(
-            image = %s.spec(),
-            image_id = %id,
-            nsid = n.nsid(),
-            size,
-            "RBD image open; namespace active"
-        );
-    } else {
-        tracing::info!(image = %s.spec(), nsid = n.nsid(), "RBD image open again on a new connection");
-    }
-    Ok(first)
-}
-
-/// Connects (or shares a connection) and opens the image.
-fn open(cluster: &Arc<Cluster>, spec: &RbdImage, read_only: bool) -> io::Result<Image> {
-    cluster.open(
-        &spec.pool,
-        spec.namespace.as_deref().unwrap_or(""),
-        &spec.image,
-        read_only,
-    )
 }
 
 /// The connection of one (ceph.conf, client id), while images use it.
@@ -644,96 +332,4 @@ pub fn image_clients() -> Vec<String> {
     })
     .filter_map(|c| c.addresses().ok())
     .collect()
-}
-
-/// One librbd call of a command, started by its queue with the command's
-/// token (`RbdOp::start`).
-pub struct RbdOp {
-    /// None before the image opened (the namespace is inactive then) or
-    /// after shutdown.
-    image: Option<Arc<Image>>,
-    health: Arc<Health>,
-    aio: Aio,
-    result: OnSuccess,
-}
-
-/// What a successful operation reports, in io_uring's convention, which the
-/// command's completion expects: a read, the bytes librbd returned (fewer
-/// past the end of an image that shrank, which the command then answers as
-/// an error rather than send stale buffer bytes); a write, those or its
-/// length; the others 0.
-#[derive(Clone, Copy)]
-enum OnSuccess {
-    Bytes,
-    BytesOr(i32),
-    Zero,
-}
-
-impl RbdOp {
-    /// Starts the call; its end reaches `completions` as (`token`, result):
-    /// -ENOTCONN at once when there is no image.
-    ///
-    /// # Safety
-    /// A read or write's arena buffer stays with the command until the
-    /// completion was dispatched.
-    pub unsafe fn start(self, token: u64, completions: &Arc<Completions>) {
-        let Some(image) = self.image else {
-            return completions.push(token, -libc::ENOTCONN);
-        };
-        let done = Box::new(Done {
-            token,
-            result: self.result,
-            completions: completions.clone(),
-            image: Some(image.clone()),
-            health: self.health,
-            mismatch: std::cell::UnsafeCell::new(0),
-        });
-        let mut aio = self.aio;
-        if let Aio::CompareAndWrite { mismatch, .. } = &mut aio {
-            // librbd writes it when the operation ends; `done` (on the
-            // heap, moved only as a pointer) lives until then.
-            *mismatch = done.mismatch.get();
-        }
-        // SAFETY: the buffers stay valid until completion (as the caller
-        // promised), and `done` keeps the image from being closed until then
-        // (an image is closed only by its last holder: see `reconnect`).
-        unsafe { image.start(aio, done) };
-    }
-}
-
-/// Where a librbd completion goes.
-struct Done {
-    token: u64,
-    result: OnSuccess,
-    completions: Arc<Completions>,
-    /// Held until the operation ended.
-    image: Option<Arc<Image>>,
-    health: Arc<Health>,
-    /// Where a compare and write that did not match says where (librbd
-    /// writes it).
-    mismatch: std::cell::UnsafeCell<u64>,
-}
-
-impl Finish for Done {
-    fn finish(mut self: Box<Self>, rc: i64) {
-        if rc == -(libc::ESHUTDOWN as i64) {
-            if let Some(image) = &self.image {
-                // librados' EBLOCKLISTED.
-                self.health.blocklisted(image);
-            }
-        }
-        // The image goes before the command can complete: its completion
-        // may drop the namespace, and the last holder of an image must not
-        // be a librbd thread (closing waits for them).
-        drop(self.image.take());
-        let bytes = || i32::try_from(rc).unwrap_or(i32::MAX);
-        let res = match self.result {
-            _ if rc < 0 => i32::try_from(rc).unwrap_or(-libc::EIO),
-            OnSuccess::Bytes => bytes(),
-            OnSuccess::BytesOr(len) if rc == 0 => len,
-            OnSuccess::BytesOr(_) => bytes(),
-            OnSuccess::Zero => 0,
-        };
-        self.completions.push(self.token, res);
-    }
 }

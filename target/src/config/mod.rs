@@ -34,8 +34,8 @@ mod validate;
 pub use error::ConfigError;
 pub use model::{
     AnaState, BackendConfig, Config, GatewayGroup, GivenIds, HostAuth, HostQos, Limits,
-    ListenerConfig, NamespaceConfig, Pollers, QosKey, QosLimits, SubsystemConfig, Transport,
-    DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
+    ListenerConfig, NamespaceConfig, Pollers, QosClass, QosKey, QosLimits, SubsystemConfig,
+    Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::{validate_nqn, DEFAULT_NQN};
 pub use qos::apply_setting as qos_setting;

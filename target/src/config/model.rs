@@ -332,14 +332,22 @@ impl QosKey {
         )
     }
 
-    /// Whether it applies to reads (`true`) or writes (`false`).
-    pub fn applies_to(self, read: bool) -> bool {
+    /// Whether it applies to commands of `class`.
+    pub fn applies_to(self, class: QosClass) -> bool {
         match self {
             QosKey::Iops | QosKey::Bandwidth => true,
-            QosKey::ReadIops | QosKey::ReadBandwidth => read,
-            QosKey::WriteIops | QosKey::WriteBandwidth => !read,
+            QosKey::ReadIops | QosKey::ReadBandwidth => class == QosClass::Read,
+            QosKey::WriteIops | QosKey::WriteBandwidth => class == QosClass::Write,
         }
     }
+}
+
+/// What QoS limits count a command as: the `read_*` keys limit reads, the
+/// `write_*` keys writes, the others both.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum QosClass {
+    Read,
+    Write,
 }
 
 /// QoS limits, per second, by [`QosKey`]; `None` is no limit.

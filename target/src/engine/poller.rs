@@ -42,7 +42,7 @@ pub enum Token {
     Tick,
     Wake,
     /// The time of a command held back by QoS limits came.
-    Release,
+    QosRelease,
     /// A cancellation of a closed queue's operation.
     Cancel,
     /// A backend operation of command `slot` of queue `queue` on endpoint `ep`.
@@ -66,7 +66,7 @@ impl Token {
             Token::Tick => (1u64, 0, 0, 0),
             Token::Wake => (2, 0, 0, 0),
             Token::Cancel => (3, 0, 0, 0),
-            Token::Release => (6, 0, 0, 0),
+            Token::QosRelease => (6, 0, 0, 0),
             Token::Backend { ep, queue, slot } => (4, ep, queue, slot),
             Token::Endpoint { ep, queue, what } => (5, ep, queue, what),
         };
@@ -81,7 +81,7 @@ impl Token {
             1 => Token::Tick,
             2 => Token::Wake,
             3 => Token::Cancel,
-            6 => Token::Release,
+            6 => Token::QosRelease,
             4 => Token::Backend {
                 ep,
                 queue,
@@ -151,7 +151,7 @@ pub struct Io<'a> {
     pub wake_at: &'a mut Option<Instant>,
     /// A time of held commands came (or a tick passed): queues holding
     /// some look at them this round.
-    pub release_due: bool,
+    pub qos_release_due: bool,
 }
 
 impl Io<'_> {
@@ -256,9 +256,9 @@ pub fn spawn(
         off_ring: Vec::new(),
         tick: types::Timespec::from(TICK),
         wake_at: None,
-        release_due: false,
-        release_armed: None,
-        release_in: types::Timespec::new(),
+        qos_release_due: false,
+        qos_release_armed: None,
+        qos_release_in: types::Timespec::new(),
         shared,
         stop_at: None,
         ends_seen: crate::nvme::controller::ends(),
@@ -296,10 +296,10 @@ struct Poller {
     /// When a command held back by QoS limits may go next, as far as the
     /// queues said; whether that time (or a tick) came this round.
     wake_at: Option<Instant>,
-    release_due: bool,
+    qos_release_due: bool,
     /// The earliest time a release timer is armed for, and its timeout.
-    release_armed: Option<Instant>,
-    release_in: types::Timespec,
+    qos_release_armed: Option<Instant>,
+    qos_release_in: types::Timespec,
     shared: Arc<Shared>,
     /// When the stop was noticed.
     stop_at: Option<Instant>,
@@ -344,7 +344,7 @@ impl Poller {
                 }
             }
             self.pump_all();
-            self.arm_release();
+            self.arm_qos_release();
             sleep = self.spin.sleep_next(worked);
             if sleep {
                 let counters = &self.shared.pollers[self.id];
@@ -375,7 +375,7 @@ impl Poller {
                 poller: self.id,
                 completions: &self.completions,
                 wake_at: &mut self.wake_at,
-                release_due: self.release_due,
+                qos_release_due: self.qos_release_due,
             },
             &mut self.endpoints,
             &self.shared,
@@ -388,7 +388,7 @@ impl Poller {
         match Token::decode(ud) {
             Some(Token::Tick) => {
                 // (Also lets go commands whose limits were replaced.)
-                self.release_due = true;
+                self.qos_release_due = true;
                 self.on_tick();
                 self.arm_tick();
             }
@@ -399,11 +399,11 @@ impl Poller {
                 return worked;
             }
             Some(Token::Cancel) => return false,
-            Some(Token::Release) => {
+            Some(Token::QosRelease) => {
                 // Queues let their commands go when pumped, next.
-                self.release_due = true;
-                if self.release_armed.is_some_and(|t| t <= Instant::now()) {
-                    self.release_armed = None;
+                self.qos_release_due = true;
+                if self.qos_release_armed.is_some_and(|t| t <= Instant::now()) {
+                    self.qos_release_armed = None;
                 }
             }
             Some(Token::Backend { ep, queue, slot }) => {
@@ -431,7 +431,7 @@ impl Poller {
         let id = self.id;
         // Queues with held commands look at them when a time came, and
         // say when the next may go.
-        if self.release_due {
+        if self.qos_release_due {
             self.wake_at = None;
         }
         let (mut io, endpoints, shared) = self.split();
@@ -456,7 +456,7 @@ impl Poller {
             }
         }
         self.freed += freed;
-        self.release_due = false;
+        self.qos_release_due = false;
     }
 
     /// Dispatches the backend completions recorded beside the ring (after
@@ -536,20 +536,20 @@ impl Poller {
 
     /// Arms a timer for the next held command, unless one that fires
     /// earlier is armed.
-    fn arm_release(&mut self) {
+    fn arm_qos_release(&mut self) {
         let Some(at) = self.wake_at else { return };
-        if self.release_armed.is_some_and(|armed| armed <= at) {
+        if self.qos_release_armed.is_some_and(|armed| armed <= at) {
             return;
         }
-        self.release_in = types::Timespec::from(at.saturating_duration_since(Instant::now()));
-        let e = opcode::Timeout::new(&self.release_in)
+        self.qos_release_in = types::Timespec::from(at.saturating_duration_since(Instant::now()));
+        let e = opcode::Timeout::new(&self.qos_release_in)
             .build()
-            .user_data(Token::Release.encode());
+            .user_data(Token::QosRelease.encode());
         // SAFETY: the timespec is a field of this poller, which `run` owns
         // and does not move until the thread ends; it is not changed before
         // the next submission, which reads it (at most one arm per round).
         unsafe { self.ring.submissions().push(e) };
-        self.release_armed = Some(at);
+        self.qos_release_armed = Some(at);
     }
 
     fn arm_wake(&mut self) {
@@ -569,7 +569,7 @@ mod tests {
             Token::Tick,
             Token::Wake,
             Token::Cancel,
-            Token::Release,
+            Token::QosRelease,
             Token::Backend {
                 ep: 1,
                 queue: u32::MAX,

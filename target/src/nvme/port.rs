@@ -4,8 +4,8 @@
 //! its [`Arrival`].
 
 use crate::config;
-use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::service::ana::AnaStates;
 use rdmablk_common::fabrics::discovery::{adrfam, subtype, treq, DiscoveryEntry};
 use rdmablk_common::ring::Op;
 use std::net::{IpAddr, SocketAddr};

@@ -1,10 +1,10 @@
 //! The Prometheus text exposition (format 0.0.4) a scrape of the metrics
 //! endpoint gets, rendered from the counters.
 
-use crate::app::gateway::GroupStatus;
+use crate::app::gateway::status::GroupStatus;
 use crate::base::metrics::{NsMetrics, PollerCounters, BUCKETS, LATENCY_BOUNDS_US, OPS};
 use crate::engine::poller::Shared;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
 use rdmablk_common::nvme::Status;
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt::Write as _;

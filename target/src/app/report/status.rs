@@ -3,7 +3,7 @@
 
 use crate::base::ids::{hex_text, uuid_text};
 use crate::engine::poller::Shared;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
 use rdmablk_common::spin::PollMode;
 use rdmablk_common::units::format_size;
 use std::collections::{BTreeMap, BTreeSet};

@@ -7,7 +7,8 @@ use crate::config::{self, Limits, QuickArgs};
 use crate::nvme::subsystem::Registry;
 use crate::testing::*;
 use rdmablk_common::fabrics::cattr;
-use rdmablk_common::nvme::{nvm, Sgl};
+use rdmablk_common::nvme::identify::sgls;
+use rdmablk_common::nvme::{fuse, nvm, Sgl};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 

@@ -1,4 +1,4 @@
-//! Commands held back by QoS limits (`nvme::qos`): a command over its
+//! Commands held back by QoS limits (`service::qos`): a command over its
 //! limits waits in [`State::Throttled`] before it takes a buffer or asks
 //! for its data, so that a throttled host holds nothing but its queue
 //! entries (at most the queue's depth); it goes on, in arrival order, when
@@ -23,7 +23,7 @@ impl Queue {
     /// when the next may (only in a round where such a time came: the
     /// poller's timer, or its tick for limits replaced meanwhile).
     pub(super) fn release_held<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
-        if self.throttled.is_empty() || !io.release_due {
+        if self.throttled.is_empty() || !io.qos_release_due {
             return;
         }
         let now = Instant::now();

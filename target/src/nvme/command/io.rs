@@ -4,11 +4,12 @@
 //! flush, the other way of zeroing, a Compare's comparison and a fused
 //! Compare and Write's write).
 
+use super::decode::{self, IoKind};
 use super::{Command, Entries, Progress, Step, Work};
 use crate::backend::{Access, Backend, BackendOp, FixedBuf, Later};
 use crate::nvme::controller::Controller;
-use crate::nvme::io_cmd::{self, IoKind};
-use crate::nvme::write_gate::{Entry, Pass};
+use crate::service::reservation::AccessGroup;
+use crate::service::write_gate::{Entry, Pass};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::Status;
 use std::sync::Arc;
@@ -46,14 +47,17 @@ impl Command {
                 return Progress::Complete;
             }
             // A fused Compare and Write also writes.
-            let write = req.kind.access_group().map(|w| w || fused);
-            if write.is_some_and(|w| !r.admits(host, w)) {
+            let access = match req.kind.access_group() {
+                Some(_) if fused => Some(AccessGroup::Write),
+                group => group,
+            };
+            if access.is_some_and(|a| !r.admits(host, a)) {
                 self.status = Status::RESERVATION_CONFLICT;
                 return Progress::Complete;
             }
         }
         let entry = match req.kind {
-            IoKind::Reservation(op) => return self.reserve(op, arena, ctrl),
+            IoKind::Reservation(op) => return self.start_reservation(op, arena, ctrl),
             IoKind::Write { .. }
             | IoKind::WriteZeroes { .. }
             | IoKind::Dsm { deallocate: true } => {
@@ -122,7 +126,7 @@ impl Command {
             }
             IoKind::Dsm { deallocate: false } => {}
             IoKind::Dsm { deallocate: true } => {
-                match io_cmd::dsm_ranges(&ns, self.copy_data(arena, &mut [0u8; MAX_DSM_DATA])) {
+                match decode::dsm_ranges(&ns, self.copy_data(arena, &mut [0u8; MAX_DSM_DATA])) {
                     Ok(ranges) => {
                         for (o, l) in ranges {
                             take(ns.backend.zero(o, l, true), &mut self.status);
@@ -143,7 +147,9 @@ impl Command {
                     take(self.transfer(arena), &mut self.status)
                 }
             },
-            IoKind::Reservation(_) => unreachable!("reservation commands run in `reserve`"),
+            IoKind::Reservation(_) => {
+                unreachable!("reservation commands run in `start_reservation`")
+            }
         }
         self.ops_in_flight = entries.len() as u32;
         if entries.is_empty() {

@@ -2,6 +2,10 @@
 //! execute Fabrics and admin commands, and turn I/O commands into backend
 //! operations whose completions are counted here. Transports move the data
 //! and send the response.
+//!
+//! I/O commands have one room here: `decode` (decoding and validation
+//! against the namespace), `io` (their execution) and `reservation` (the
+//! reservation commands).
 
 use crate::backend::{BackendOp, Later};
 use crate::base::budget::{Ledger, PollerBudget};
@@ -9,11 +13,10 @@ use crate::nvme::controller::{
     self, admin_transfer_len, fabrics_transfer_len, Association, Reply, TransferLen, MAX_AERS,
 };
 use crate::nvme::fabric::TransportCaps;
-use crate::nvme::io_cmd::{self, IoRequest};
 use crate::nvme::port::Arrival;
-use crate::nvme::reservation::ptpl::Saver;
 use crate::nvme::subsystem::Registry;
-use crate::nvme::write_gate::Pass;
+use crate::service::reservation::ptpl::Saver;
+use crate::service::write_gate::Pass;
 use rdmablk_common::fabrics::{fctype, CONNECT_ATR, CONNECT_DATA_LEN};
 use rdmablk_common::mem::{Arena, ArenaBuf};
 use rdmablk_common::nvme::{DataDirection, Sqe, Status, FABRICS_OPCODE, PSDT_SGL};
@@ -23,8 +26,11 @@ use std::sync::Arc;
 /// 4 KiB; the discovery log grows by 1 KiB per entry).
 const MAX_ADMIN_DATA: usize = 256 << 10;
 
+mod decode;
 mod io;
-mod reserve;
+mod reservation;
+
+use decode::IoRequest;
 
 /// Where a command is in its life. A command starts `Received`; a free
 /// slot holds none. Every transport moves its commands through these
@@ -147,7 +153,7 @@ pub fn plan(
     let is_fabrics = sqe.opcode() == FABRICS_OPCODE;
     // Every Fabrics command uses SGLs (NVMe over Fabrics 1.1, 2.1: PSDT
     // 01b), and only I/O commands are fused (Compare and Write; which ones
-    // `io_cmd::decode` says).
+    // `decode::decode` says).
     let io_queue = !is_fabrics && assoc.is_some_and(|a| a.qid != 0);
     if sqe.psdt() != PSDT_SGL || sqe.fuse() != 0 && !io_queue {
         return Err(Status::INVALID_FIELD);
@@ -160,7 +166,7 @@ pub fn plan(
         // (nvmet_check_auth_status): Authentication Required, DNR.
         Some(a) if a.auth_pending() => return Err(Status::AUTH_REQUIRED),
         Some(a) if a.qid == 0 => Work::Admin,
-        Some(a) => Work::Io(io_cmd::decode(
+        Some(a) => Work::Io(decode::decode(
             |nsid| a.namespace(nsid),
             a.ctrl.ana(),
             sqe,
@@ -175,7 +181,7 @@ pub fn plan(
         sqe.opcode()
     });
     let len = match &work {
-        // io_cmd::decode checked the SGL against the command.
+        // decode::decode checked the SGL against the command.
         Work::Io(req) => req.data_to_controller().max(req.data_to_host()),
         _ => {
             let want = if is_fabrics {

@@ -7,11 +7,12 @@ use super::aen::Events;
 use super::{Controller, Refusal, Reply, State, MAX_IO_QUEUES};
 use crate::base::admission::Permit;
 use crate::config::Limits;
-use crate::nvme::auth::{self, QueueAuth};
 use crate::nvme::fabric::{TransportCaps, ADMIN_QUEUE_SIZE};
+use crate::nvme::namespace::Namespace;
 use crate::nvme::port::Arrival;
-use crate::nvme::qos::Throttle;
-use crate::nvme::subsystem::{Namespace, NamespaceView, Registry, Subsystem};
+use crate::nvme::subsystem::{NamespaceView, Registry, Subsystem};
+use crate::service::auth::{self, QueueAuth};
+use crate::service::qos::Throttle;
 use rdmablk_common::auth::message;
 use rdmablk_common::fabrics::{
     cattr, fctype, invalid_param_dw0, ConnectCmd, ConnectData, CONNECT_DATA_LEN,

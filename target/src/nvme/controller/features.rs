@@ -19,8 +19,8 @@ impl Controller {
             return Reply::status(Status::FEATURE_NOT_SAVEABLE);
         }
         match fid {
-            feature::RESV_MASK => return self.set_resv_mask(sqe),
-            feature::RESV_PERSIST => return self.set_resv_persistence(sqe),
+            feature::RESV_MASK => return self.set_reservation_mask(sqe),
+            feature::RESV_PERSIST => return self.set_reservation_persistence(sqe),
             _ => {}
         }
         let mut st = self.state.lock().expect("controller state");
@@ -82,8 +82,8 @@ impl Controller {
     pub(super) fn get_features(&self, sqe: &Sqe) -> Reply {
         let fid = sqe.cdw(10) as u8;
         match fid {
-            feature::RESV_MASK => return self.get_resv_mask(sqe),
-            feature::RESV_PERSIST => return self.get_resv_persistence(sqe),
+            feature::RESV_MASK => return self.get_reservation_mask(sqe),
+            feature::RESV_PERSIST => return self.get_reservation_persistence(sqe),
             _ => {}
         }
         let st = self.state.lock().expect("controller state");

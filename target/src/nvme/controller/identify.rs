@@ -6,9 +6,9 @@
 use super::fabrics::KAS;
 use super::{aen, Controller, Reply, CRDT, MAX_AERS, VERSION};
 use crate::config::{MAX_ANA_GROUP, MAX_NSID};
-use crate::nvme::ana::{ANACAP, ANATT_SECS};
 use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
+use crate::service::ana::{ANACAP, ANATT_SECS};
 use rdmablk_common::nvme::identify::{
     cns, cntrltype, csi_of, encode_ns_descriptors, encode_ns_list, fuses, oncs, ControllerId,
     IndependentNamespaceId, NamespaceId, NamespaceIdentifiers, NvmControllerId, CSI_NVM,

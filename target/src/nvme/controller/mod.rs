@@ -6,7 +6,8 @@
 //! One file per concern, as nvmet has one per command family: `connect`
 //! (Connect and the queue's association), `fabrics` (properties and
 //! keep-alive), `admin` (the admin command dispatch), `identify`,
-//! `log_page`, `features`, `aen` (asynchronous events) and `transfer` (the
+//! `log_page`, `features`, `aen` (asynchronous events), `reservation` (its
+//! notices, mask and persistence) and `transfer` (the
 //! data each command calls for).
 
 mod admin;
@@ -16,7 +17,7 @@ mod fabrics;
 mod features;
 mod identify;
 mod log_page;
-mod resv;
+mod reservation;
 mod transfer;
 
 pub use connect::{connect, Association};
@@ -24,11 +25,11 @@ pub use transfer::{admin_transfer_len, fabrics_transfer_len, TransferLen};
 
 use crate::base::admission::{Gauge, Permit};
 use crate::base::offload::Job;
-use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::Arrival;
-use crate::nvme::reservation::ptpl::Persistent;
 use crate::nvme::subsystem::{Registry, Subsystem};
+use crate::service::ana::AnaStates;
+use crate::service::reservation::ptpl::Persistent;
 use aen::Events;
 use rdmablk_common::nvme::Status;
 use std::collections::HashMap;
@@ -107,7 +108,7 @@ struct State {
     acre: bool,
     features: HashMap<u8, u32>,
     events: Events,
-    notices: resv::Notices,
+    notices: reservation::Notices,
 }
 
 /// A refused Connect: status, CQE dword 0 and why, for the log.

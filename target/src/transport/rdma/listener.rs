@@ -3,8 +3,8 @@
 use super::PROFILE;
 use crate::base::admission::Permit;
 use crate::base::error::{starting, DaemonError};
-use crate::nvme::ana::AnaStates;
 use crate::nvme::fabric::ADMIN_QUEUE_SIZE;
+use crate::service::ana::AnaStates;
 use crate::transport::Listen;
 use rdmablk_common::rdma::private_data::{encode_reject, ConnectRequest, RejectStatus};
 use rdmablk_common::rdma::{CmChannel, CmId, NewId};

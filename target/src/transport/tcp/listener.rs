@@ -1,7 +1,7 @@
 //! Accepting NVMe/TCP connections and handing them to the pollers.
 
 use crate::base::admission::Permit;
-use crate::nvme::ana::AnaStates;
+use crate::service::ana::AnaStates;
 use crate::transport::Listen;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::Ordering;

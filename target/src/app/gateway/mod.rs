@@ -25,8 +25,16 @@
 //!   gives the group back once the preferred one has been alive for
 //!   `failback_delay`: it reports the group inaccessible, marks the lease
 //!   object as handed over (no fencing), and unlocks.
+//!
+//! Here the group's thread and watchdog; `heartbeat` (the gateways' signs
+//! of life), `lease` (one ANA group's lease), `records` (the shared
+//! reservations) and `status` (what reports show).
 
-use crate::app::records;
+mod heartbeat;
+mod lease;
+mod records;
+pub mod status;
+
 use crate::backend::rbd::{self, Cluster, Pool};
 use crate::config::{AnaState, GatewayGroup};
 use crate::nvme::subsystem::Registry;
@@ -119,19 +127,6 @@ impl Group {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-
-    fn object(&self, group: u32) -> String {
-        format!("rdmablk.gwgroup.{}.ana.{group}", self.cfg.name)
-    }
-
-    /// The object whose attributes are the gateways' heartbeats.
-    fn members_object(&self) -> String {
-        format!("rdmablk.gwgroup.{}.gateways", self.cfg.name)
-    }
-
-    fn heartbeat_attr(&self) -> String {
-        format!("{HEARTBEAT_ATTR}{}", self.cfg.gateway)
     }
 
     /// Hands the groups this gateway owns over (the daemon stops, its I/O
@@ -243,51 +238,6 @@ impl Group {
         }
     }
 
-    /// Keeps, takes or hands back ANA group `g` every round; hands it over
-    /// when the daemon stops. Ends with the connection when it was `fenced`.
-    fn keep_group(&self, pool: &Pool, g: u32, fenced: &AtomicBool) {
-        let round = self.cfg.lease / 3;
-        while !self.stopping.load(Ordering::Acquire) {
-            if fenced.load(Ordering::Acquire) {
-                self.lock().owned.remove(&g);
-                self.enforce();
-                return;
-            }
-            let started = Instant::now();
-            let addresses = self.lock().addresses.clone();
-            self.keep(pool, g, &addresses);
-            // A standby looks twice as often: a lapsed lease is taken
-            // within half a round.
-            let owned = self.lock().owned.contains_key(&g);
-            let round = if owned { round } else { round / 2 };
-            self.pause(round.saturating_sub(started.elapsed()));
-        }
-        if self.lock().owned.contains_key(&g) {
-            let addresses = self.lock().addresses.clone();
-            self.hand_back(pool, g, "the other gateways (this one stops)", &addresses);
-        }
-    }
-
-    /// One round of the group: heartbeat, peers, this gateway's clients.
-    fn round(&self, pool: &Pool) -> std::io::Result<()> {
-        let beat = {
-            let mut st = self.lock();
-            st.heartbeat += 1;
-            st.heartbeat
-        };
-        let addresses = self.addresses(pool.cluster());
-        self.lock().addresses = addresses;
-        let members = self.members_object();
-        pool.set_attr(
-            &members,
-            &self.heartbeat_attr(),
-            beat.to_string().as_bytes(),
-        )?;
-        self.watch_peers(&pool.get_attrs(&members)?);
-        self.enforce();
-        Ok(())
-    }
-
     /// The ANA groups the namespaces use now, and those with a preferred
     /// owner.
     fn groups(&self) -> BTreeSet<u32> {
@@ -309,196 +259,6 @@ impl Group {
         }
         all.sort();
         all.join(" ")
-    }
-
-    /// Follows the other gateways' heartbeats (`attrs`: the members
-    /// object's attributes).
-    fn watch_peers(&self, attrs: &[(String, Vec<u8>)]) {
-        let now = Instant::now();
-        let lease = self.cfg.lease;
-        let mut st = self.lock();
-        for (name, beat) in attrs {
-            let Some(p) = name.strip_prefix(HEARTBEAT_ATTR) else {
-                continue;
-            };
-            if p == self.cfg.gateway {
-                continue;
-            }
-            if beat == STOPPED {
-                st.peers.remove(p);
-                continue;
-            }
-            let e = st
-                .peers
-                .entry(p.to_string())
-                .or_insert((beat.clone(), now, now));
-            if e.0 != *beat {
-                if e.1.elapsed() > lease {
-                    e.2 = now; // back after a silence
-                }
-                e.0.clone_from(beat);
-                e.1 = now;
-            }
-        }
-    }
-
-    /// Whether gateway `gw` showed life within the last lease, and since
-    /// when without a break.
-    fn alive_since(&self, gw: &str) -> Option<Instant> {
-        let st = self.lock();
-        if !st.peers.contains_key(gw) && st.since.is_some_and(|s| s.elapsed() > self.cfg.lease) {
-            return None; // stopped
-        }
-        let (_, moved, since) = st.peers.get(gw)?;
-        (moved.elapsed() <= self.cfg.lease).then_some(*since)
-    }
-
-    /// Keeps, takes or hands back ANA group `g`.
-    fn keep(&self, pool: &Pool, g: u32, addresses: &str) {
-        let oid = self.object(g);
-        let me = &self.cfg.gateway;
-        let preferred = self.cfg.preferred.get(&g);
-        let owned = self.lock().owned.contains_key(&g);
-        let started = Instant::now();
-        if owned {
-            if let Some(p) = preferred.filter(|p| *p != me) {
-                let back = self.alive_since(p);
-                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay) {
-                    self.hand_back(pool, g, p, addresses);
-                    return;
-                }
-            }
-            match pool.lock_exclusive(&oid, LOCK, me, me, self.cfg.lease, true) {
-                Ok(()) => {
-                    let republish = self.lock().published != addresses;
-                    if republish {
-                        let _ = self.publish(pool, &oid, "held", addresses);
-                    }
-                    self.lock().owned.insert(g, started);
-                    self.enforce();
-                }
-                Err(e) => {
-                    tracing::error!(group = %self.cfg.name, "ANA group {g}: lease lost ({e}); inaccessible here");
-                    self.lock().owned.remove(&g);
-                    self.enforce();
-                }
-            }
-            return;
-        }
-        // Not ours: the preferred gateway tries at once; the others (after
-        // a lease of watching) once it looks dead, or once the holder, any
-        // gateway, stopped renewing: a lease that lapsed while "held" is a
-        // dead or hung owner, where one "handed-over" is the preferred
-        // gateway's to take.
-        let owner = pool
-            .get_attr(&oid, OWNER_ATTR)
-            .ok()
-            .flatten()
-            .map(|o| String::from_utf8_lossy(&o).into_owned())
-            .unwrap_or_default();
-        let mut words = owner.split(' ');
-        let (name, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-        if !name.is_empty() {
-            self.lock().owners.insert(g, name.to_string());
-        }
-        let may_try = match preferred {
-            None => true,
-            Some(p) if p == me => true,
-            Some(p) => {
-                let watched = self
-                    .lock()
-                    .since
-                    .is_some_and(|s| s.elapsed() > self.cfg.lease);
-                watched && (state == "held" || self.alive_since(p).is_none())
-            }
-        };
-        if may_try
-            && pool
-                .lock_exclusive(&oid, LOCK, me, me, self.cfg.lease, false)
-                .is_ok()
-        {
-            self.take(pool, g, &oid, started, addresses);
-        }
-    }
-
-    /// Group `g`'s lease was just taken: fences its previous owner unless it
-    /// handed the group over, publishes this gateway, reports it optimized.
-    fn take(&self, pool: &Pool, g: u32, oid: &str, started: Instant, addresses: &str) {
-        let previous = pool.get_attr(oid, OWNER_ATTR).ok().flatten();
-        let previous = previous.map(|p| String::from_utf8_lossy(&p).into_owned());
-        let mut words = previous.as_deref().unwrap_or_default().split(' ');
-        let (owner, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
-        // Every client the previous owner published that is not one of this
-        // gateway's own (an earlier process under the same name is fenced
-        // too: it may be frozen, not dead).
-        let mine: Vec<&str> = addresses.split(' ').collect();
-        let clients: Vec<&str> = words
-            .filter(|a| !a.is_empty() && !mine.contains(a))
-            .collect();
-        if state != "handed-over" && !clients.is_empty() {
-            // All at once: each waits for the monitors' next OSD map.
-            let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
-                let calls: Vec<_> = clients
-                    .iter()
-                    .map(|a| s.spawn(move || pool.cluster().blocklist(a, FENCE_FOR)))
-                    .collect();
-                calls
-                    .into_iter()
-                    .map(|c| {
-                        c.join()
-                            .unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
-                    })
-                    .collect()
-            });
-            for (a, r) in clients.iter().zip(results) {
-                if let Err(e) = r {
-                    // Without the fence the group is not served: the lease
-                    // lapses and another round tries again.
-                    tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot fence {owner}'s client {a}: {e}");
-                    let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
-                    return;
-                }
-                self.fenced.fetch_add(1, Ordering::Relaxed);
-                tracing::warn!(group = %self.cfg.name, "ANA group {g}: fenced {owner}'s client {a} (blocklisted)");
-            }
-            self.failovers.fetch_add(1, Ordering::Relaxed);
-        }
-        // The reservations as the previous owner left them.
-        if let Some(Err(e)) = self.registry.upgrade().map(|r| records::refresh(&r, g)) {
-            tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot read its shared reservations: {e}");
-            let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
-            return;
-        }
-        if let Err(e) = self.publish(pool, oid, "held", addresses) {
-            tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot publish this gateway: {e}");
-            let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
-            return;
-        }
-        let from = if owner.is_empty() { "nobody" } else { owner };
-        tracing::info!(group = %self.cfg.name, "ANA group {g}: owned by this gateway (from {from}); optimized here");
-        let mut st = self.lock();
-        st.owned.insert(g, started);
-        st.owners.insert(g, self.cfg.gateway.clone());
-        drop(st);
-        self.enforce();
-    }
-
-    /// Gives group `g` back to its preferred owner `to`.
-    fn hand_back(&self, pool: &Pool, g: u32, to: &str, addresses: &str) {
-        self.lock().owned.remove(&g);
-        self.enforce();
-        let oid = self.object(g);
-        let _ = self.publish(pool, &oid, "handed-over", addresses);
-        let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
-        tracing::info!(group = %self.cfg.name, "ANA group {g}: handed back to {to}; inaccessible here");
-    }
-
-    /// Writes who owns the lease object now.
-    fn publish(&self, pool: &Pool, oid: &str, state: &str, addresses: &str) -> std::io::Result<()> {
-        let text = format!("{} {state} {addresses}", self.cfg.gateway);
-        pool.set_attr(oid, OWNER_ATTR, text.as_bytes())?;
-        self.lock().published = addresses.to_string();
-        Ok(())
     }
 
     /// Makes every listener report what this gateway owns optimized and
@@ -553,76 +313,6 @@ impl Group {
             tracing::error!(group = %self.cfg.name, "ANA groups {late:?}: lease not renewed for {limit:?}; inaccessible here (fenced, or cut off from the cluster)");
             self.enforce();
         }
-    }
-
-    /// The group as this gateway sees it now.
-    pub fn status(&self) -> GroupStatus {
-        let st = self.lock();
-        GroupStatus {
-            name: self.cfg.name.clone(),
-            gateway: self.cfg.gateway.clone(),
-            lease: self.cfg.lease,
-            failovers: self.failovers.load(Ordering::Relaxed),
-            fenced: self.fenced.load(Ordering::Relaxed),
-            peers: st
-                .peers
-                .iter()
-                .map(|(p, (_, moved, _))| (p.clone(), moved.elapsed() <= self.cfg.lease))
-                .collect(),
-            ana_groups: st
-                .owners
-                .iter()
-                .map(|(g, owner)| (*g, owner.clone(), st.owned.get(g).map(Instant::elapsed)))
-                .collect(),
-        }
-    }
-}
-
-/// What `status` and the metrics show of a gateway group.
-pub struct GroupStatus {
-    pub name: String,
-    /// This gateway.
-    pub gateway: String,
-    pub lease: Duration,
-    /// ANA groups taken from a gateway that did not hand them over.
-    pub failovers: u64,
-    /// Cluster clients blocklisted.
-    pub fenced: u64,
-    /// The other gateways that ever beat, and whether each did within the
-    /// last lease.
-    pub peers: Vec<(String, bool)>,
-    /// Each ANA group's owner as last read, with the time since this
-    /// gateway last renewed the lease where it owns the group.
-    pub ana_groups: Vec<(u32, String, Option<Duration>)>,
-}
-
-impl GroupStatus {
-    /// `status` lines: the group, its gateways, each ANA group's owner.
-    pub fn lines(&self) -> Vec<String> {
-        let peers: Vec<String> = self
-            .peers
-            .iter()
-            .map(|(p, alive)| format!("{p} {}", if *alive { "alive" } else { "silent" }))
-            .collect();
-        let mut out = vec![
-            format!(
-                "gateway group {} as {}: lease {:?}, {} failover(s), {} client(s) fenced",
-                self.name, self.gateway, self.lease, self.failovers, self.fenced
-            ),
-            format!(
-                "  gateways: {} (this one){}",
-                self.gateway,
-                peers.iter().map(|p| format!(", {p}")).collect::<String>()
-            ),
-        ];
-        for (g, owner, renewed) in &self.ana_groups {
-            let here = match renewed {
-                Some(t) => format!(" (this gateway, renewed {:.1}s ago)", t.as_secs_f64()),
-                None => String::new(),
-            };
-            out.push(format!("  ANA group {g}: owner {owner}{here}"));
-        }
-        out
     }
 }
 

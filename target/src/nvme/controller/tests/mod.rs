@@ -10,6 +10,8 @@ use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::HOST_BEHAVIOR_LEN;
 use rdmablk_common::nvme::{admin, dnr_of, feature, property, Sqe, FABRICS_OPCODE};
 
+mod ana;
+
 /// NVMe Base 2.1, 3.7.2: CC.EN 1 -> 0 deletes the I/O queues; their ids
 /// connect again once the controller is enabled, and the old queue's end
 /// does not free the new one's id.

@@ -24,6 +24,15 @@ mod tests;
 /// A host identifier (Connect's HOSTID).
 pub type HostId = [u8; 16];
 
+/// The command group a reservation's access rules put an I/O command in
+/// (NVMe Base 2.1, 8.1.22): the read group (Read, Compare) or the write
+/// group (Write, Write Zeroes, Dataset Management, Flush).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum AccessGroup {
+    Read,
+    Write,
+}
+
 /// Preempt and abort events remembered, to tell the commands they abort.
 const ABORTS_KEPT: usize = 64;
 
@@ -75,17 +84,16 @@ impl State {
         }
     }
 
-    /// Whether a command of `host` may run: `write` for the write command
-    /// group (Write, Write Zeroes, Dataset Management, Flush), else the
-    /// read group (Read, Compare): NVMe Base 2.1, 8.1.22, the table of
-    /// Command Behavior in the Presence of a Reservation.
-    pub fn admits(&self, host: &HostId, write: bool) -> bool {
+    /// Whether a command of `host` in command group `access` may run: NVMe
+    /// Base 2.1, 8.1.22, the table of Command Behavior in the Presence of a
+    /// Reservation.
+    pub fn admits(&self, host: &HostId, access: AccessGroup) -> bool {
         let Some((rtype, _)) = self.holder else {
             return true;
         };
         self.holds(host)
             || rtype.admits_registrants() && self.key_of(host).is_some()
-            || !write && !rtype.excludes_readers()
+            || access == AccessGroup::Read && !rtype.excludes_readers()
     }
 
     /// Removes `host`'s registration; the reservation goes with it when it
@@ -329,15 +337,15 @@ impl Reservations {
         }
     }
 
-    /// Whether a command of `host` may run (`write`: the write group).
+    /// Whether a command of `host` in command group `access` may run.
     #[inline]
-    pub fn admits(&self, host: &HostId, write: bool) -> bool {
+    pub fn admits(&self, host: &HostId, access: AccessGroup) -> bool {
         !self.held.load(Ordering::Acquire)
             || self
                 .state
                 .read()
                 .expect("reservations lock")
-                .admits(host, write)
+                .admits(host, access)
     }
 
     /// The number of Preempt and Abort events so far.

@@ -7,11 +7,11 @@
 use super::{Command, Entries, Progress, Step, Work};
 use crate::backend::{BackendOp, Later};
 use crate::nvme::controller::Controller;
-use crate::nvme::reservation::ptpl::{Persistent, Saver};
-use crate::nvme::reservation::shared::{self, Change};
-use crate::nvme::reservation::State;
-use crate::nvme::subsystem::Namespace;
-use crate::nvme::write_gate::{Entry, Pass};
+use crate::nvme::namespace::Namespace;
+use crate::service::reservation::ptpl::{Persistent, Saver};
+use crate::service::reservation::shared::{self, Change};
+use crate::service::reservation::State;
+use crate::service::write_gate::{Entry, Pass};
 use rdmablk_common::mem::Arena;
 use rdmablk_common::nvme::resv::{ResvCmd, KEYS_LEN};
 use rdmablk_common::nvme::{nvm, Status};
@@ -19,14 +19,14 @@ use std::sync::Arc;
 
 impl Command {
     /// Executes reservation command `op` of `ctrl`'s host.
-    pub(super) fn reserve(
+    pub(super) fn start_reservation(
         &mut self,
         op: u8,
         arena: &mut Arena,
         ctrl: &Arc<Controller>,
     ) -> Progress {
         let Work::Io(req) = &self.work else {
-            unreachable!("reserve on a non-I/O command")
+            unreachable!("start_reservation on a non-I/O command")
         };
         let ns = req.ns.clone();
         let r = ns

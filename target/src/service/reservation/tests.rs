@@ -84,17 +84,18 @@ fn access_rules() {
         let all = t.all_registrants();
         let regs = t.admits_registrants();
         let ea = t.excludes_readers();
-        for write in [false, true] {
-            assert!(st.admits(&A, write), "{t:?}: the holder");
+        for group in [AccessGroup::Read, AccessGroup::Write] {
+            let read = group == AccessGroup::Read;
+            assert!(st.admits(&A, group), "{t:?}: the holder");
             assert_eq!(
-                st.admits(&B, write),
-                all || regs || !write && !ea,
-                "{t:?}: a registrant, write {write}"
+                st.admits(&B, group),
+                all || regs || read && !ea,
+                "{t:?}: a registrant, {group:?}"
             );
             assert_eq!(
-                st.admits(&C, write),
-                !write && !ea,
-                "{t:?}: a stranger, write {write}"
+                st.admits(&C, group),
+                read && !ea,
+                "{t:?}: a stranger, {group:?}"
             );
         }
         assert_eq!(st.report().registrants[1].holds, all, "{t:?}");
@@ -208,7 +209,7 @@ fn aborts_are_told_to_commands_that_started_before() {
         st.acquire(&A, &cmd(racqa::ACQUIRE, 1, 1, 0))
     })
     .expect("setup");
-    assert!(!r.admits(&B, true) && r.admits(&B, false));
+    assert!(!r.admits(&B, AccessGroup::Write) && r.admits(&B, AccessGroup::Read));
     r.apply(|st| st.acquire(&B, &cmd(racqa::PREEMPT_AND_ABORT, 1, 2, 1)))
         .expect("preempt");
     assert!(r.aborted_since(&A, seen));

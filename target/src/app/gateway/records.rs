@@ -1,14 +1,15 @@
 //! The gateway group's shared reservations: every RBD namespace with
-//! reservations gets a record ([`crate::nvme::reservation::shared`]) in
+//! reservations gets a record ([`crate::service::reservation::shared`]) in
 //! the group's pool, `rdmablk.gwgroup.GROUP.resv.NQN.nsNSID`, on each
 //! connection of this gateway to the cluster; a gateway that takes an ANA
 //! group reads the records of its namespaces first.
 
 use crate::backend::rbd::Pool;
 use crate::backend::Backend;
-use crate::nvme::reservation::shared::{self, Record};
-use crate::nvme::reservation::{HostId, State};
-use crate::nvme::subsystem::{Namespace, Registry, Subsystem};
+use crate::nvme::namespace::Namespace;
+use crate::nvme::subsystem::{Registry, Subsystem};
+use crate::service::reservation::shared::{self, Record};
+use crate::service::reservation::{HostId, State};
 use std::sync::{Arc, Weak};
 
 /// A namespace of a subsystem, as its record reaches it.

@@ -4,7 +4,7 @@
 //! subsystem's generation moves (`NamespaceView`), never per command.
 
 use crate::config::{NamespaceConfig, QosLimits};
-use crate::nvme::qos::{Limiter, Throttle};
+use crate::service::qos::{Limiter, Throttle};
 use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex};
 

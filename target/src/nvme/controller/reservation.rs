@@ -4,8 +4,8 @@
 //! (feature 83h), as NVMe Base 2.1 defines them with reservations (8.1.22).
 
 use super::{aen, Controller, Reply};
-use crate::nvme::reservation::ptpl::Persistent;
-use crate::nvme::subsystem::Namespace;
+use crate::nvme::namespace::Namespace;
+use crate::service::reservation::ptpl::Persistent;
 use rdmablk_common::nvme::resv::{notice, NoticeLog};
 use rdmablk_common::nvme::{Sqe, Status};
 use std::collections::{HashMap, VecDeque};
@@ -82,7 +82,7 @@ impl Controller {
             .any(|n| n.reservations.is_some())
     }
 
-    fn resv_namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
+    fn reservation_namespace(&self, nsid: u32) -> Result<Arc<Namespace>, Status> {
         let ns = self
             .subsys
             .visible_namespace(nsid, &self.hostnqn)
@@ -95,7 +95,7 @@ impl Controller {
 
     /// Set Features, Reservation Notification Mask: for one namespace, or
     /// every one with reservations (NSID FFFFFFFFh).
-    pub(super) fn set_resv_mask(&self, sqe: &Sqe) -> Reply {
+    pub(super) fn set_reservation_mask(&self, sqe: &Sqe) -> Reply {
         let mask = sqe.cdw(11);
         if mask & !notice::MASKABLE != 0 {
             return Reply::status(Status::INVALID_FIELD);
@@ -108,7 +108,7 @@ impl Controller {
                 .filter(|n| n.reservations.is_some())
                 .map(|n| n.nsid)
                 .collect(),
-            nsid => match self.resv_namespace(nsid) {
+            nsid => match self.reservation_namespace(nsid) {
                 Ok(ns) => vec![ns.nsid],
                 Err(st) => return Reply::status(st),
             },
@@ -121,8 +121,8 @@ impl Controller {
     }
 
     /// Get Features, Reservation Notification Mask of one namespace.
-    pub(super) fn get_resv_mask(&self, sqe: &Sqe) -> Reply {
-        match self.resv_namespace(sqe.nsid()) {
+    pub(super) fn get_reservation_mask(&self, sqe: &Sqe) -> Reply {
+        match self.reservation_namespace(sqe.nsid()) {
             Ok(ns) => {
                 let st = self.state.lock().expect("controller state");
                 Reply::ok(st.notices.masks.get(&ns.nsid).copied().unwrap_or(0))
@@ -133,8 +133,8 @@ impl Controller {
 
     /// Set Features, Reservation Persistence: PTPL of one namespace, written
     /// to its state file before the command completes.
-    pub(super) fn set_resv_persistence(&self, sqe: &Sqe) -> Reply {
-        let ns = match self.resv_namespace(sqe.nsid()) {
+    pub(super) fn set_reservation_persistence(&self, sqe: &Sqe) -> Reply {
+        let ns = match self.reservation_namespace(sqe.nsid()) {
             Ok(ns) => ns,
             Err(st) => return Reply::status(st),
         };
@@ -148,8 +148,8 @@ impl Controller {
     }
 
     /// Get Features, Reservation Persistence.
-    pub(super) fn get_resv_persistence(&self, sqe: &Sqe) -> Reply {
-        match self.resv_namespace(sqe.nsid()) {
+    pub(super) fn get_reservation_persistence(&self, sqe: &Sqe) -> Reply {
+        match self.reservation_namespace(sqe.nsid()) {
             Ok(ns) => Reply::ok(ns.reservations.as_ref().is_some_and(|r| r.snapshot().ptpl) as u32),
             Err(st) => Reply::status(st),
         }

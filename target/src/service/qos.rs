@@ -14,7 +14,7 @@
 //! limits never get here.
 
 use crate::base::clock;
-use crate::config::{QosKey, QosLimits};
+use crate::config::{QosClass, QosKey, QosLimits};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -92,9 +92,9 @@ impl Limiter {
 
     /// Takes a command's cost from every limit it falls under; returns the
     /// latest clock found.
-    fn take(&self, read: bool, bytes: u64, now: u64) -> u64 {
+    fn take(&self, class: QosClass, bytes: u64, now: u64) -> u64 {
         let mut latest = 0;
-        for k in QosKey::ALL.into_iter().filter(|k| k.applies_to(read)) {
+        for k in QosKey::ALL.into_iter().filter(|k| k.applies_to(class)) {
             if let Some(c) = &self.clocks[k as usize] {
                 let units = if k.is_bandwidth() { bytes } else { 1 };
                 if units > 0 {
@@ -123,13 +123,13 @@ impl Throttle {
         self.namespace.iter().chain(&self.host)
     }
 
-    /// Takes the cost of a command (a read or not, moving `bytes`) arriving
-    /// at `now`; returns when it may start, if later than `now`.
-    pub fn admit(&self, read: bool, bytes: u64, now: Instant) -> Option<Instant> {
+    /// Takes the cost of a command of `class` moving `bytes` arriving at
+    /// `now`; returns when it may start, if later than `now`.
+    pub fn admit(&self, class: QosClass, bytes: u64, now: Instant) -> Option<Instant> {
         let t = clock::nanos(now);
         let found = self
             .limiters()
-            .map(|l| l.take(read, bytes, t))
+            .map(|l| l.take(class, bytes, t))
             .max()
             .unwrap_or(0);
         let start = found.saturating_sub(TOLERANCE.as_nanos() as u64);
@@ -161,7 +161,9 @@ mod tests {
         let t =
             Throttle::of(Limiter::new(limits(&[(QosKey::ReadIops, 1000)])), None).expect("a limit");
         let now = Instant::now();
-        let starts: Vec<Option<Instant>> = (0..20).map(|_| t.admit(true, 4096, now)).collect();
+        let starts: Vec<Option<Instant>> = (0..20)
+            .map(|_| t.admit(QosClass::Read, 4096, now))
+            .collect();
         // Within the tolerance (5 ms) they go at once.
         assert!(starts[..6].iter().all(Option::is_none));
         for (n, s) in starts.iter().enumerate().skip(6) {
@@ -173,7 +175,7 @@ mod tests {
             );
         }
         // Writes do not fall under a read limit.
-        assert!(t.admit(false, 4096, now).is_none());
+        assert!(t.admit(QosClass::Write, 4096, now).is_none());
     }
 
     /// A bandwidth limit charges bytes; both limiters count and the later
@@ -184,16 +186,16 @@ mod tests {
         let host = Limiter::new(limits(&[(QosKey::WriteIops, 10)]));
         let t = Throttle::of(ns, host).expect("limits");
         let now = Instant::now();
-        assert!(t.admit(false, 4096, now).is_none());
+        assert!(t.admit(QosClass::Write, 4096, now).is_none());
         // 4 KiB taken at 1 MiB/s (3.9 ms) and one write at 10/s (100 ms):
         // the write clock is the later.
-        let s = t.admit(false, 4096, now).expect("held");
+        let s = t.admit(QosClass::Write, 4096, now).expect("held");
         assert_eq!(
             s.duration_since(now),
             Duration::from_millis(100) - TOLERANCE
         );
         // Reads fall under the bandwidth only: 8 KiB taken, 7.8 ms.
-        let s = t.admit(true, 4096, now).expect("held");
+        let s = t.admit(QosClass::Read, 4096, now).expect("held");
         assert_eq!(
             s.duration_since(now),
             Duration::from_nanos(7_812_500) - TOLERANCE
@@ -205,10 +207,10 @@ mod tests {
     fn idle_time_is_not_saved_up() {
         let t = Throttle::of(Limiter::new(limits(&[(QosKey::Iops, 100)])), None).expect("limit");
         let now = Instant::now();
-        assert!(t.admit(true, 0, now).is_none());
+        assert!(t.admit(QosClass::Read, 0, now).is_none());
         let later = now + Duration::from_secs(10);
-        assert!(t.admit(true, 0, later).is_none());
-        assert!(t.admit(true, 0, later).is_some());
+        assert!(t.admit(QosClass::Read, 0, later).is_none());
+        assert!(t.admit(QosClass::Read, 0, later).is_some());
     }
 
     #[test]

@@ -2,9 +2,11 @@
 //! namespace, before any data moves. Transport independent.
 
 use crate::base::metrics::Op;
-use crate::nvme::ana::AnaStates;
-use crate::nvme::qos::Throttle;
-use crate::nvme::subsystem::Namespace;
+use crate::config::QosClass;
+use crate::nvme::namespace::Namespace;
+use crate::service::ana::AnaStates;
+use crate::service::qos::Throttle;
+use crate::service::reservation::AccessGroup;
 use rdmablk_common::nvme::resv::{KEYS_LEN, KEY_LEN, STATUS_EXT_HEADER};
 use rdmablk_common::nvme::{fuse, nvm, DsmCmd, DsmRange, ReadWriteCmd, Sqe, Status, DSM_RANGE_LEN};
 use std::sync::Arc;
@@ -39,24 +41,25 @@ pub enum IoKind {
 }
 
 impl IoKind {
-    /// The command group the reservation access rules put it in: `Some(true)`
-    /// for writes, `Some(false)` for reads, `None` for the reservation
-    /// commands themselves (NVMe Base 2.1, 8.1.22).
-    pub fn access_group(self) -> Option<bool> {
+    /// The command group the reservation access rules put it in; `None`
+    /// for the reservation commands themselves (NVMe Base 2.1, 8.1.22).
+    pub fn access_group(self) -> Option<AccessGroup> {
         match self {
-            IoKind::Read | IoKind::Compare => Some(false),
+            IoKind::Read | IoKind::Compare => Some(AccessGroup::Read),
             IoKind::Reservation(_) => None,
-            _ => Some(true),
+            _ => Some(AccessGroup::Write),
         }
     }
 
-    /// What QoS limits count it as: `Some(true)` a read (Read, Compare),
-    /// `Some(false)` a write (Write, Write Zeroes, Dataset Management),
-    /// `None` neither (Flush, reservation commands).
-    pub fn qos_class(self) -> Option<bool> {
+    /// What QoS limits count it as: a read (Read, Compare), a write (Write,
+    /// Write Zeroes, Dataset Management), or neither (`None`: Flush,
+    /// reservation commands).
+    pub fn qos_class(self) -> Option<QosClass> {
         match self {
-            IoKind::Read | IoKind::Compare => Some(true),
-            IoKind::Write { .. } | IoKind::WriteZeroes { .. } | IoKind::Dsm { .. } => Some(false),
+            IoKind::Read | IoKind::Compare => Some(QosClass::Read),
+            IoKind::Write { .. } | IoKind::WriteZeroes { .. } | IoKind::Dsm { .. } => {
+                Some(QosClass::Write)
+            }
             IoKind::Flush | IoKind::Reservation(_) => None,
         }
     }
@@ -92,9 +95,9 @@ impl IoRequest {
     /// until the instant returned, if any.
     pub fn hold(&mut self, now: Instant) -> Option<Instant> {
         let t = self.throttle.as_ref()?;
-        let read = self.kind.qos_class()?;
+        let class = self.kind.qos_class()?;
         let bytes = self.data_to_host().max(self.data_to_controller()) as u64;
-        let until = t.admit(read, bytes, now)?;
+        let until = t.admit(class, bytes, now)?;
         self.held = Some((now, until));
         self.ns.metrics.of(self.poller).held();
         Some(until)

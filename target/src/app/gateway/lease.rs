@@ -1,0 +1,187 @@
+//! One ANA group's lease: keeping it, taking it (fencing the previous
+//! owner unless it handed the group over), handing it back, and what the
+//! lease object says of its owner.
+
+use super::{records, Group, FENCE_FOR, LOCK, OWNER_ATTR};
+use crate::backend::rbd::Pool;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Instant;
+
+impl Group {
+    pub(super) fn object(&self, group: u32) -> String {
+        format!("rdmablk.gwgroup.{}.ana.{group}", self.cfg.name)
+    }
+
+    /// Keeps, takes or hands back ANA group `g` every round; hands it over
+    /// when the daemon stops. Ends with the connection when it was `fenced`.
+    pub(super) fn keep_group(&self, pool: &Pool, g: u32, fenced: &AtomicBool) {
+        let round = self.cfg.lease / 3;
+        while !self.stopping.load(Ordering::Acquire) {
+            if fenced.load(Ordering::Acquire) {
+                self.lock().owned.remove(&g);
+                self.enforce();
+                return;
+            }
+            let started = Instant::now();
+            let addresses = self.lock().addresses.clone();
+            self.keep(pool, g, &addresses);
+            // A standby looks twice as often: a lapsed lease is taken
+            // within half a round.
+            let owned = self.lock().owned.contains_key(&g);
+            let round = if owned { round } else { round / 2 };
+            self.pause(round.saturating_sub(started.elapsed()));
+        }
+        if self.lock().owned.contains_key(&g) {
+            let addresses = self.lock().addresses.clone();
+            self.hand_back(pool, g, "the other gateways (this one stops)", &addresses);
+        }
+    }
+
+    /// Keeps, takes or hands back ANA group `g`.
+    fn keep(&self, pool: &Pool, g: u32, addresses: &str) {
+        let oid = self.object(g);
+        let me = &self.cfg.gateway;
+        let preferred = self.cfg.preferred.get(&g);
+        let owned = self.lock().owned.contains_key(&g);
+        let started = Instant::now();
+        if owned {
+            if let Some(p) = preferred.filter(|p| *p != me) {
+                let back = self.alive_since(p);
+                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay) {
+                    self.hand_back(pool, g, p, addresses);
+                    return;
+                }
+            }
+            match pool.lock_exclusive(&oid, LOCK, me, me, self.cfg.lease, true) {
+                Ok(()) => {
+                    let republish = self.lock().published != addresses;
+                    if republish {
+                        let _ = self.publish(pool, &oid, "held", addresses);
+                    }
+                    self.lock().owned.insert(g, started);
+                    self.enforce();
+                }
+                Err(e) => {
+                    tracing::error!(group = %self.cfg.name, "ANA group {g}: lease lost ({e}); inaccessible here");
+                    self.lock().owned.remove(&g);
+                    self.enforce();
+                }
+            }
+            return;
+        }
+        // Not ours: the preferred gateway tries at once; the others (after
+        // a lease of watching) once it looks dead, or once the holder, any
+        // gateway, stopped renewing: a lease that lapsed while "held" is a
+        // dead or hung owner, where one "handed-over" is the preferred
+        // gateway's to take.
+        let owner = pool
+            .get_attr(&oid, OWNER_ATTR)
+            .ok()
+            .flatten()
+            .map(|o| String::from_utf8_lossy(&o).into_owned())
+            .unwrap_or_default();
+        let mut words = owner.split(' ');
+        let (name, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        if !name.is_empty() {
+            self.lock().owners.insert(g, name.to_string());
+        }
+        let may_try = match preferred {
+            None => true,
+            Some(p) if p == me => true,
+            Some(p) => {
+                let watched = self
+                    .lock()
+                    .since
+                    .is_some_and(|s| s.elapsed() > self.cfg.lease);
+                watched && (state == "held" || self.alive_since(p).is_none())
+            }
+        };
+        if may_try
+            && pool
+                .lock_exclusive(&oid, LOCK, me, me, self.cfg.lease, false)
+                .is_ok()
+        {
+            self.take(pool, g, &oid, started, addresses);
+        }
+    }
+
+    /// Group `g`'s lease was just taken: fences its previous owner unless it
+    /// handed the group over, publishes this gateway, reports it optimized.
+    fn take(&self, pool: &Pool, g: u32, oid: &str, started: Instant, addresses: &str) {
+        let previous = pool.get_attr(oid, OWNER_ATTR).ok().flatten();
+        let previous = previous.map(|p| String::from_utf8_lossy(&p).into_owned());
+        let mut words = previous.as_deref().unwrap_or_default().split(' ');
+        let (owner, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
+        // Every client the previous owner published that is not one of this
+        // gateway's own (an earlier process under the same name is fenced
+        // too: it may be frozen, not dead).
+        let mine: Vec<&str> = addresses.split(' ').collect();
+        let clients: Vec<&str> = words
+            .filter(|a| !a.is_empty() && !mine.contains(a))
+            .collect();
+        if state != "handed-over" && !clients.is_empty() {
+            // All at once: each waits for the monitors' next OSD map.
+            let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
+                let calls: Vec<_> = clients
+                    .iter()
+                    .map(|a| s.spawn(move || pool.cluster().blocklist(a, FENCE_FOR)))
+                    .collect();
+                calls
+                    .into_iter()
+                    .map(|c| {
+                        c.join()
+                            .unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
+                    })
+                    .collect()
+            });
+            for (a, r) in clients.iter().zip(results) {
+                if let Err(e) = r {
+                    // Without the fence the group is not served: the lease
+                    // lapses and another round tries again.
+                    tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot fence {owner}'s client {a}: {e}");
+                    let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
+                    return;
+                }
+                self.fenced.fetch_add(1, Ordering::Relaxed);
+                tracing::warn!(group = %self.cfg.name, "ANA group {g}: fenced {owner}'s client {a} (blocklisted)");
+            }
+            self.failovers.fetch_add(1, Ordering::Relaxed);
+        }
+        // The reservations as the previous owner left them.
+        if let Some(Err(e)) = self.registry.upgrade().map(|r| records::refresh(&r, g)) {
+            tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot read its shared reservations: {e}");
+            let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
+            return;
+        }
+        if let Err(e) = self.publish(pool, oid, "held", addresses) {
+            tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot publish this gateway: {e}");
+            let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
+            return;
+        }
+        let from = if owner.is_empty() { "nobody" } else { owner };
+        tracing::info!(group = %self.cfg.name, "ANA group {g}: owned by this gateway (from {from}); optimized here");
+        let mut st = self.lock();
+        st.owned.insert(g, started);
+        st.owners.insert(g, self.cfg.gateway.clone());
+        drop(st);
+        self.enforce();
+    }
+
+    /// Gives group `g` back to its preferred owner `to`.
+    fn hand_back(&self, pool: &Pool, g: u32, to: &str, addresses: &str) {
+        self.lock().owned.remove(&g);
+        self.enforce();
+        let oid = self.object(g);
+        let _ = self.publish(pool, &oid, "handed-over", addresses);
+        let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
+        tracing::info!(group = %self.cfg.name, "ANA group {g}: handed back to {to}; inaccessible here");
+    }
+
+    /// Writes who owns the lease object now.
+    fn publish(&self, pool: &Pool, oid: &str, state: &str, addresses: &str) -> std::io::Result<()> {
+        let text = format!("{} {state} {addresses}", self.cfg.gateway);
+        pool.set_attr(oid, OWNER_ATTR, text.as_bytes())?;
+        self.lock().published = addresses.to_string();
+        Ok(())
+    }
+}
