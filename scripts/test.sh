@@ -44,7 +44,9 @@ if [ $quick -eq 0 ]; then
   conf=$(bash scripts/ceph-dev.sh up | tail -n 1)
   phases+=("ceph cluster up=$(($(date +%s) - t0))")
   trap 'bash scripts/ceph-dev.sh down; report' EXIT
-  phase "RBD tests" env RDMABLK_CEPH_CONF="$conf" cargo test --release -p rdmablk-tests --test e2e \
+  # --workspace as above: the same packages and features, so nothing is
+  # compiled again.
+  phase "RBD tests" env RDMABLK_CEPH_CONF="$conf" cargo test --release --workspace --test e2e \
     -- target::rbd:: --ignored --test-threads=1
   bash scripts/ceph-dev.sh down
   trap report EXIT

@@ -6,7 +6,6 @@
 pub mod auth;
 pub mod bytes;
 pub mod fabrics;
-#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod mem;
 pub mod nvme;

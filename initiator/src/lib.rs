@@ -3,7 +3,6 @@
 
 pub mod bench;
 pub mod frontend;
-#[cfg(feature = "fuzzing")]
 pub mod fuzzing;
 pub mod host;
 pub mod hostid;

@@ -12,7 +12,9 @@
 #
 # Environment: VM_CACHE (downloads, default build/vm-cache), VM_WORK (boot
 # files and console log, default build/vm), VM_TIMEOUT (s,
-# default 1800), VM_MEM (MiB, default 2048), VM_SMP (default 2).
+# default 1800), VM_MEM (MiB, default 2048), VM_SMP (default 2), VM_MEASURE
+# (1: the comparison scenarios run their loads long enough for figures, as
+# bench/vm.sh asks; default 0, the suite's short functional runs).
 # Exit status: 0 when every requested scenario passed; 1 otherwise (a scenario
 # that did not run is a failure). The guest console streams to stdout and to
 # build/vm/console.log.
@@ -206,7 +208,7 @@ printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ir/etc/passwd"
 printf '127.0.0.1 localhost\n' > "$ir/etc/hosts"
 cat > "$ir/init" <<EOF_INIT
 #!/bin/sh
-export PATH=/usr/bin
+export PATH=/usr/bin MEASURE=${VM_MEASURE:-0}
 mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
 mkdir -p /dev/pts /dev/shm; mount -t devpts devpts /dev/pts
 mount -t tmpfs -o size=1200m tmpfs /tmp; mount -t tmpfs tmpfs /run

@@ -13,6 +13,7 @@ use crate::nvme::controller::Association;
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
 use rdmablk_common::mem::ArenaBuf;
 use rdmablk_common::nvme::{Cqe, Status};
+use std::time::Duration;
 
 /// What a queue may hold before its Connect: the Connect's 1 KiB of data,
 /// in one page.
@@ -146,8 +147,21 @@ pub fn response(
     }
 }
 
+/// How long the queues of an ended association may keep it open for the
+/// responses already on their wires (an AUTH_Failure1, the last completion
+/// before a fatal error) to reach the host.
+pub const END_GRACE: Duration = Duration::from_secs(1);
+
 /// Periodic check of a live queue's association: why it must close, if so.
-pub fn check_association(assoc: Option<&Association>, limits: &Limits) -> Option<&'static str> {
+/// A queue of an ended association closes once its wire is `drained`, so
+/// that the host gets the responses it was sent (a disconnect flushes an
+/// RDMA SEND still queued, and the host would wait for a command timeout),
+/// and [`END_GRACE`] after the end whatever is on it.
+pub fn check_association(
+    assoc: Option<&Association>,
+    limits: &Limits,
+    drained: bool,
+) -> Option<&'static str> {
     let a = assoc?;
     if a.qid == 0 && a.ctrl.keep_alive_expired() {
         a.ctrl
@@ -164,7 +178,7 @@ pub fn check_association(assoc: Option<&Association>, limits: &Limits) -> Option
         a.ctrl
             .kill("authentication not finished within limits.handshake_timeout");
     }
-    (!a.ctrl.is_live()).then_some("controller ended")
+    (!a.ctrl.is_live() && (drained || a.ctrl.ended_for(END_GRACE))).then_some("controller ended")
 }
 
 /// Ends a closed queue's part in its association: losing the admin queue

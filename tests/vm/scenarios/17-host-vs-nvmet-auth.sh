@@ -55,8 +55,17 @@ rdma_run() { # HASH DHGROUP BIDIRECTIONAL
   /usr/bin/nvme disconnect -n $RNQN > /dev/null || fail "nvme disconnect"
   if [ "$3" = both ]; then
     wrong=$(key "$1")
+    # The refusal must reach the host (AUTH_Failure1 before the
+    # disconnect): a host left waiting for a command timeout blocks here
+    # for minutes.
     /usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s 4452 -n $RNQN --hostnqn=$HOSTNQN --dhchap-secret="$wrong" \
-      > /tmp/connect.log 2>&1 && fail "nvme connect -t rdma with a wrong host secret succeeded"
+      > /tmp/connect.log 2>&1 &
+    cpid=$!
+    wait_for 30 exited $cpid || {
+      echo "--- the kernel stack of nvme connect"; cat /proc/$cpid/stack
+      fail "nvme connect -t rdma with a wrong host secret still runs after 30 s"
+    }
+    wait $cpid && fail "nvme connect -t rdma with a wrong host secret succeeded"
     sleep 1; nvme_blk $RNQN && fail "a namespace appeared over RDMA after a wrong host secret"
     say "refused over NVMe/RDMA: a wrong host secret"
   fi

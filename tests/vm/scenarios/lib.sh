@@ -12,6 +12,10 @@ wait_for() {
   done
 }
 
+# exited PID: whether the background job PID has ended (a zombie until the
+# shell waits for it, which `kill -0` still finds).
+exited() { ! [ -e "/proc/$1/stat" ] || grep -q ') Z ' "/proc/$1/stat"; }
+
 # start_target LOG ARGS...: starts rdmablk-target and waits until it listens.
 start_target() {
   tlog=$1; shift
@@ -165,6 +169,22 @@ fio_run() {
     --time_based --runtime="$5" --size=64M --minimal 2>/dev/null |
     awk -F';' -v rw="$2" -v bs="$3" '{p50 = "?"; for (i = 18; i <= 37; i++) if ($i ~ /^50\.0+%=/) { split($i, a, "="); p50 = a[2] }
       printf "%s %s: %d IOPS, %.1f MiB/s, p50 %s us\n", rw, bs, $8, $7 / 1024, p50}'
+}
+
+# load_secs SHORT LONG: the seconds of one load in a comparison scenario:
+# SHORT in the test suite, where the loads only have to run and move data;
+# LONG when bench/vm.sh boots the VM for the figures (VM_MEASURE=1).
+load_secs() { if [ "${MEASURE:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi; }
+
+# compare LOAD SIDE FILE: prints FILE's first line as "COMPARE LOAD SIDE
+# <line>" (the line bench/vm.sh reads its ratios from: each LOAD's first SIDE
+# over its second) and fails unless the line reports a load that moved
+# data (a non-zero "IOPS") or, for a CPU line, a cost per I/O.
+compare() {
+  line=$(head -1 "$3")
+  echo "$line" | grep -qE '(^|[^0-9.])[1-9][0-9]*(\.[0-9]+)? IOPS|[0-9.]+ us per I/O' ||
+    { cat "$3"; fail "$1 on $2: no figure in '$line'"; }
+  echo "COMPARE $1 $2 $line"
 }
 
 # auth_config FILE URL NQN HOSTNQN HOST_KEY [CTRL_KEY [DHGROUP]]: an

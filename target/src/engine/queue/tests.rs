@@ -21,6 +21,8 @@ struct FakeWire {
     responses: Vec<(Option<u16>, Cqe, Option<Vec<u8>>)>,
     sends: SendWatch,
     arrival: Arrival,
+    /// Whether it holds a response not sent yet.
+    holding: bool,
 }
 
 impl FakeWire {
@@ -31,6 +33,7 @@ impl FakeWire {
             responses: Vec::new(),
             sends: SendWatch::default(),
             arrival: arrival(),
+            holding: false,
         }
     }
 
@@ -76,7 +79,7 @@ impl Wire for FakeWire {
     }
 
     fn drained(&self) -> bool {
-        true
+        !self.holding
     }
 
     fn idle(&self) -> bool {
@@ -537,16 +540,38 @@ fn overdue_connect_and_data() {
     let mut f = Fixture::new(rig, STREAM);
     std::thread::sleep(Duration::from_millis(2));
     assert_eq!(
-        f.q.overdue::<FakeWire>(&limits),
+        f.q.overdue(&f.w, &limits),
         Some("no Connect within limits.handshake_timeout of the connection")
     );
     f.connect_io(&admin, 0);
-    assert_eq!(f.q.overdue::<FakeWire>(&limits), None);
+    assert_eq!(f.q.overdue(&f.w, &limits), None);
     f.receive(&rw(nvm::WRITE, 1, 0, 512, transport(512)), &[]);
     std::thread::sleep(Duration::from_millis(2));
+    assert_eq!(f.q.overdue(&f.w, &limits), Some(FakeWire::DATA_OVERDUE));
+}
+
+/// A queue of an ended association closes once its wire has sent what it
+/// holds (an AUTH_Failure1 reaches the host before the disconnect), and
+/// `END_GRACE` after the end whatever it holds.
+#[test]
+fn an_ended_association_closes_once_its_responses_are_sent() {
+    let limits = Limits::default();
+    let rig = Rig::new(limits.clone());
+    let admin = enabled(&rig.registry, 1);
+    let mut f = Fixture::new(rig, STREAM);
+    f.connect_io(&admin, 0);
+    assert_eq!(f.q.overdue(&f.w, &limits), None, "a live association");
+    admin.ctrl.kill("unit test");
+    f.w.holding = true;
+    assert_eq!(f.q.overdue(&f.w, &limits), None, "a response on the wire");
+    f.w.holding = false;
+    assert_eq!(f.q.overdue(&f.w, &limits), Some("controller ended"));
+    f.w.holding = true;
+    std::thread::sleep(crate::engine::binding::END_GRACE + Duration::from_millis(20));
     assert_eq!(
-        f.q.overdue::<FakeWire>(&limits),
-        Some(FakeWire::DATA_OVERDUE)
+        f.q.overdue(&f.w, &limits),
+        Some("controller ended"),
+        "past END_GRACE"
     );
 }
 

@@ -23,12 +23,14 @@ impl Queue {
 
     /// Why the queue must close now, if a deadline passed: its Connect
     /// (`limits.handshake_timeout` from its start or a Disconnect), its
-    /// association's keep-alive and enable, data asked of the host.
-    pub fn overdue<W: Wire>(&self, limits: &Limits) -> Option<&'static str> {
+    /// association's keep-alive and enable, data asked of the host; or if
+    /// its association ended (once `w` has sent what it holds).
+    pub fn overdue<W: Wire>(&self, w: &W, limits: &Limits) -> Option<&'static str> {
         if self.bind.assoc.is_none() && self.since.elapsed() > limits.handshake_timeout {
             return Some("no Connect within limits.handshake_timeout of the connection");
         }
-        if let Some(why) = binding::check_association(self.bind.assoc.as_ref(), limits) {
+        if let Some(why) = binding::check_association(self.bind.assoc.as_ref(), limits, w.drained())
+        {
             return Some(why);
         }
         let stuck = self.cmds.iter().flatten().any(|c| {
@@ -44,7 +46,7 @@ impl Queue {
     /// (`limits.send_timeout`, past which what the host did not take is
     /// abandoned). The first one that failed closes the queue.
     pub fn check_deadlines<W: Wire>(&self, w: &mut W, limits: &Limits) {
-        if let Some(why) = self.overdue::<W>(limits) {
+        if let Some(why) = self.overdue(w, limits) {
             self.close(w, why);
         } else if w.sends().stalled(limits.send_timeout) {
             w.abandon_unsent();

@@ -20,7 +20,7 @@ use rdmablk_common::fabrics::{
 use rdmablk_common::nvme::{property, Sqe, Status};
 use std::cell::RefCell;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64};
+use std::sync::atomic::{AtomicU32, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
@@ -256,7 +256,7 @@ fn connect_admin(
         _host: host,
         last_keep_alive: AtomicU64::new(0),
         epoch: now,
-        dead: AtomicBool::new(false),
+        ended_ms: AtomicU64::new(0),
         generation: AtomicU32::new(0),
         state: Mutex::new(State {
             cc: 0,

@@ -18,7 +18,7 @@ pub(super) const KAS: u16 = 10;
 const READY_TIMEOUT: u16 = 15;
 
 impl Controller {
-    fn now_ms(&self) -> u64 {
+    pub(super) fn now_ms(&self) -> u64 {
         self.epoch.elapsed().as_millis() as u64
     }
 

@@ -33,7 +33,7 @@ use crate::service::reservation::ptpl::Persistent;
 use aen::Events;
 use rdmablk_common::nvme::Status;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -86,7 +86,9 @@ pub struct Controller {
     /// Milliseconds since `epoch` at the last Keep Alive.
     last_keep_alive: AtomicU64,
     epoch: Instant,
-    dead: AtomicBool,
+    /// 0 while the association lives; then 1 + milliseconds since `epoch`
+    /// when it ended.
+    ended_ms: AtomicU64,
     /// Bumped (under the state lock) by each controller reset or shutdown:
     /// I/O queues connected under an older generation are deleted. Read
     /// without the lock on every I/O command.
@@ -193,12 +195,23 @@ impl Controller {
     /// Whether the association is still alive (no keep-alive expiry, no
     /// admin queue loss).
     pub fn is_live(&self) -> bool {
-        !self.dead.load(Ordering::Acquire)
+        self.ended_ms.load(Ordering::Acquire) == 0
+    }
+
+    /// Whether the association ended more than `grace` ago.
+    pub fn ended_for(&self, grace: Duration) -> bool {
+        let ended = self.ended_ms.load(Ordering::Acquire);
+        ended != 0 && (self.now_ms() + 1).saturating_sub(ended) > grace.as_millis() as u64
     }
 
     /// Ends the association: every queue of it closes.
     pub fn kill(&self, why: &str) {
-        if !self.dead.swap(true, Ordering::AcqRel) {
+        let now = self.now_ms() + 1;
+        if self
+            .ended_ms
+            .compare_exchange(0, now, Ordering::AcqRel, Ordering::Acquire)
+            .is_ok()
+        {
             tracing::info!(cntlid = self.cntlid, subsystem = %self.subsys.nqn, host = %self.hostnqn, "controller ends: {why}");
             ENDS.fetch_add(1, Ordering::AcqRel);
             if let Some(tell) = ON_END.get() {

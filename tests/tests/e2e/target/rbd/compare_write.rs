@@ -4,7 +4,7 @@
 //! OSD).
 
 use super::*;
-use crate::target::compare_write::{counter_block, race, HOSTS, PER_HOST};
+use crate::target::compare_write::{counter_block, per_host, race, HOSTS};
 
 /// A target exporting `image` as namespace 1 of [`NQN`] with two pollers
 /// (a table of its own after the subsystem's keys).
@@ -15,10 +15,10 @@ fn two_poller_target(image: &str) -> Target {
 /// A fused Compare and Write that mismatches gets Compare Failure and
 /// Failed Fused Command and leaves the image as it was; one that matches
 /// writes. Then the race of `compare_write::race` ([`HOSTS`] hosts ×
-/// [`PER_HOST`] increments of one block), with the counter then read from
+/// [`per_host`] increments of one block), with the counter then read from
 /// the cluster by `rbd export`. Every operation on the counter goes to one
 /// object, so the single OSD serializes them: this runs as long as the
-/// cluster takes for some 80,000 compare-and-writes plus the failed ones and
+/// cluster takes for some 8,000 compare-and-writes plus the failed ones and
 /// the reads between them.
 #[test]
 #[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
@@ -52,8 +52,9 @@ fn compare_and_write_on_an_image_is_atomic() {
         assert_same(&back, &new, "after a compare and write");
     }
 
-    let tally = race(t.addr(), NQN, 1, SLBA, PER_HOST, Duration::from_secs(30));
-    assert_eq!(tally.increments, HOSTS as u64 * PER_HOST);
+    let per_host = per_host();
+    let tally = race(t.addr(), NQN, 1, SLBA, per_host, Duration::from_secs(30));
+    assert_eq!(tally.increments, HOSTS as u64 * per_host);
     let bs = tally.block_size;
     let dir = TempDir::new("rbd-caw-export");
     let out = dir.join("image");

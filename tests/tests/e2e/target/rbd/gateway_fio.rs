@@ -1,7 +1,8 @@
 //! fio through `rdmablk connect --nbd`, with a path to each of three
 //! gateways of one group, on both namespaces (ANA groups 1 and 2), verifying
 //! as it writes, while the owner of group 1 (gw-a, its preferred gateway)
-//! is killed with SIGKILL ten times, each time started again and given its
+//! is killed with SIGKILL three times (`RDMABLK_GATEWAY_KILLS`; bench/long.sh
+//! kills it ten times), each time started again and given its
 //! group back after the failback delay; then frozen (SIGSTOP) with writes in
 //! flight until another gateway fenced it and took the group, and resumed
 //! (SIGCONT): it refuses the group's I/O, connects to the cluster again and
@@ -22,7 +23,14 @@ use rdmablk_common::nvme::ana::AnaState;
 use rdmablk_tests::free_port;
 use std::net::SocketAddr;
 
-const ROUNDS: usize = 10;
+/// How many times gw-a is killed: `RDMABLK_GATEWAY_KILLS`, else 3.
+fn kills() -> usize {
+    std::env::var("RDMABLK_GATEWAY_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&n| n > 0)
+        .unwrap_or(3)
+}
 const FAILBACK_SECS: u64 = 3;
 
 /// A gateway started from a configuration file of its own, on ports that
@@ -212,8 +220,9 @@ fn fio_over_every_path_rides_kills_a_freeze_and_failbacks() {
     let (fio2, report2) = fio_until_stopped(e2.uri(), &dir, "ns2");
     std::thread::sleep(Duration::from_secs(2));
 
+    let rounds = kills();
     let mut took = Vec::new();
-    for round in 1..=ROUNDS {
+    for round in 1..=rounds {
         let before = [b.written(1), c.written(1)];
         a.t.as_mut().expect("gw-a runs").kill();
         let killed = Instant::now();
@@ -226,9 +235,9 @@ fn fio_over_every_path_rides_kills_a_freeze_and_failbacks() {
     }
     took.sort();
     eprintln!(
-        "gateway group: from SIGKILL to the first write through the new owner, {ROUNDS} rounds: median {:?}, max {:?}",
-        took[ROUNDS / 2],
-        took[ROUNDS - 1]
+        "gateway group: from SIGKILL to the first write through the new owner, {rounds} rounds: median {:?}, max {:?}",
+        took[rounds / 2],
+        took[rounds - 1]
     );
 
     // Frozen with writes in flight: fenced, its group taken; resumed, it
@@ -260,7 +269,7 @@ fn fio_over_every_path_rides_kills_a_freeze_and_failbacks() {
         .iter()
         .map(|g| g.metric(&format!("rdmablk_gateway_failovers_total{label}")))
         .sum();
-    assert_eq!(failovers, (ROUNDS + 1) as f64, "failovers counted");
+    assert_eq!(failovers, (rounds + 1) as f64, "failovers counted");
     let owner = format!(
         "rdmablk_gateway_ana_group_owner{{group=\"{group}\",ana_group=\"1\",owner=\"gw-a\"}}"
     );
@@ -276,7 +285,8 @@ fn fio_over_every_path_rides_kills_a_freeze_and_failbacks() {
 /// Three gateways under fio at full speed on both namespaces (no rate
 /// limit, queue depth 32, on the same two cores as the cluster) keep their
 /// owners: no failover, no lease lost, no renewal late, for
-/// `RDMABLK_SOAK_SECS` (default 60; the note's 10-minute run is 600).
+/// `RDMABLK_SOAK_SECS`: 20 by default, some twenty renewals of each lease
+/// (`bench/long.sh` soaks for 600).
 #[test]
 #[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
 fn no_false_failover_at_full_load() {
@@ -284,7 +294,7 @@ fn no_false_failover_at_full_load() {
     let secs: u64 = std::env::var("RDMABLK_SOAK_SECS")
         .ok()
         .and_then(|s| s.parse().ok())
-        .unwrap_or(60);
+        .unwrap_or(20);
     let dir = TempDir::new("gateway-soak");
     let (one, two) = (
         Image::create("gwsoak1", 32 * MIB),
