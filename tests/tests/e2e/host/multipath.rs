@@ -5,6 +5,7 @@
 //! and while the gateways' ANA states are swapped by reload; `rdmablk list`
 //! shows the paths change. And `rdmablk connect-all`.
 
+use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::nbd::NbdClient;
 use rdmablk_tests::tools::fio;
@@ -254,8 +255,8 @@ fn connect_all_serves_every_subsystem_listed() {
     let dir = TempDir::new("connect-all");
     let (sockets, run_dir) = (dir.join("nbd"), dir.join("run"));
     let mut cmd = Command::new(bin_path("rdmablk"));
-    cmd.args(["connect-all", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(t.port().to_string())
+    cmd.arg("connect-all")
+        .args(tcp_target_args(t.port(), None))
         .arg("--nbd-dir")
         .arg(&sockets)
         .env("RDMABLK_RUN_DIR", &run_dir);

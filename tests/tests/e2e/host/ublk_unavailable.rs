@@ -3,7 +3,7 @@
 //! to load and the NBD alternative, and nothing else on stderr. The
 //! front-end itself runs in the VM suite (tests/vm/scenarios/8*-*.sh).
 
-use rdmablk_tests::{bin_path, free_port, run};
+use rdmablk_tests::{bin_path, free_port, rdmablk_command, run};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
@@ -16,10 +16,8 @@ fn ublk_without_the_driver_fails_at_once() {
         return;
     }
     // Nothing listens on the port: the ublk check must come first.
-    let port = free_port().to_string();
-    let mut c = Command::new(bin_path("rdmablk"));
-    c.args(["connect", "-t", "tcp", "-a", "127.0.0.1", "-s", &port])
-        .args(["-n", "nqn.2026-11.io.rdmablk:x", "--ublk", "--ublk-id", "0"]);
+    let mut c = rdmablk_command("connect", free_port(), "nqn.2026-11.io.rdmablk:x");
+    c.args(["--ublk", "--ublk-id", "0"]);
     let r = run("rdmablk", &mut c, Duration::from_secs(20));
     assert_eq!(r.status.code(), Some(1), "{}", r.report());
     assert!(r.stderr.contains("modprobe ublk_drv"), "{}", r.report());

@@ -5,6 +5,7 @@
 use rdmablk_common::nvme::{nvm, Status};
 use rdmablk_tests::check::{assert_status, open, OrPanic};
 use rdmablk_tests::client::{Opts, Queue};
+use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A};
 use rdmablk_tests::{bin_path, free_port, open_subsystem_config, Target};
 use std::collections::BTreeMap;
@@ -121,18 +122,9 @@ fn counters_match_the_io_bench_did() {
         );
     }
     let out = Command::new(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(t.port().to_string())
-        .args([
-            "-n",
-            DEFAULT_NQN,
-            "--rw",
-            "randrw",
-            "--bs",
-            "4k",
-            "--qd",
-            "8",
-        ])
+        .arg("bench")
+        .args(tcp_target_args(t.port(), Some(DEFAULT_NQN)))
+        .args(["--rw", "randrw", "--bs", "4k", "--qd", "8"])
         .args(["--runtime", "2s", "--json"])
         .output()
         .or_panic("running rdmablk bench");

@@ -7,6 +7,7 @@
 
 use super::metrics::{samples, scrape};
 use super::reload::Daemon;
+use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::tools::{bench, check_bench, fio, TOOL_TIMEOUT};
 use rdmablk_tests::{bin_path, cpu_time, free_port, run, NbdExport, Target};
@@ -105,9 +106,8 @@ fn run_qd1(spin: &str, flags: &[&str]) -> (Option<f64>, f64, String) {
     let mut c = Command::new("taskset");
     c.args(["-c", "1"])
         .arg(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(d.t.port().to_string())
-        .args(["-n", DEFAULT_NQN])
+        .arg("bench")
+        .args(tcp_target_args(d.t.port(), Some(DEFAULT_NQN)))
         .args(&args);
     let r = run("rdmablk bench", &mut c, TOOL_TIMEOUT);
     let v = check_bench(&r, 4096.0, &["read"], "bench at QD 1");

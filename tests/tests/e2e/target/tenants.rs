@@ -19,6 +19,7 @@ use rdmablk_common::nvme::{feature, nvm, Status};
 use rdmablk_tests::bin_path;
 use rdmablk_tests::check::{assert_status, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B};
 use rdmablk_tests::Rng;
 use std::process::Command;
@@ -218,9 +219,9 @@ fn bench(d: &Daemon, host: &str, nsid: u32, rw: &str, bs: &str, secs: f64) -> Ra
 fn bench_on(d: &Daemon, host: &str, nsid: u32, load: (&str, &str, u32), secs: f64) -> Rates {
     let (rw, bs, queues) = load;
     let out = Command::new(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(d.t.port().to_string())
-        .args(["-n", DEFAULT_NQN, "-q", host, "--nsid"])
+        .arg("bench")
+        .args(tcp_target_args(d.t.port(), Some(DEFAULT_NQN)))
+        .args(["-q", host, "--nsid"])
         .arg(nsid.to_string())
         .args(["--rw", rw, "--bs", bs, "--qd", "32", "--json", "--queues"])
         .arg(queues.to_string())

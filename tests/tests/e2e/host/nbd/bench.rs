@@ -80,19 +80,9 @@ fn bench_verify_memory_and_file() {
 fn bench_verify_detects_foreign_writes() {
     let _machine = crate::alone();
     let t = Target::start(&["--memory", "16MiB"]);
-    let port = t.port().to_string();
-    let bin = rdmablk_tests::bin_path("rdmablk");
-    let args = |rw: &str| -> Vec<String> {
-        [
-            "bench",
-            "-t",
-            "tcp",
-            "-a",
-            "127.0.0.1",
-            "-s",
-            &port,
-            "-n",
-            DEFAULT_NQN,
+    let bench = |rw: &str| {
+        let mut c = rdmablk_command("bench", t.port(), DEFAULT_NQN);
+        c.args([
             "--verify",
             "--rw",
             rw,
@@ -103,19 +93,11 @@ fn bench_verify_detects_foreign_writes() {
             "--runtime",
             "2s",
             "--json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        ]);
+        c
     };
-    let mut checker = Proc::spawn(
-        "rdmablk bench (verifying)",
-        Command::new(&bin).args(args("randrw")),
-    );
-    let mut writer = Proc::spawn(
-        "rdmablk bench (foreign writer)",
-        Command::new(&bin).args(args("randwrite")),
-    );
+    let mut checker = Proc::spawn("rdmablk bench (verifying)", &mut bench("randrw"));
+    let mut writer = Proc::spawn("rdmablk bench (foreign writer)", &mut bench("randwrite"));
     let checker_status = checker.wait(TOOL_TIMEOUT);
     let writer_status = writer.wait(TOOL_TIMEOUT);
     assert!(

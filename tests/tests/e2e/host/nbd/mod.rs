@@ -8,6 +8,7 @@
 //! machine's cores with the tests that time an exit. A failing test prints the daemon's log tail
 //! and the output of every process it still holds.
 
+use rdmablk_tests::cmdline::{rdmablk_command, tcp_target_args};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
 use rdmablk_tests::tools::{bench, check_bench, fio_ok, TOOL_TIMEOUT};
 use rdmablk_tests::two_subsystems_config;

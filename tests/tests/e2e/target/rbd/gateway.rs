@@ -12,6 +12,7 @@ use super::*;
 use rdmablk_common::nvme::ana::{AnaLog, AnaState};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_tests::bin_path;
+use rdmablk_tests::cmdline::tcp_target_args;
 
 pub(super) const LEASE_SECS: u64 = 3;
 const FAILBACK_SECS: u64 = 6;
@@ -99,8 +100,8 @@ pub(super) fn wait_owner(
 /// `paths` for `secs`.
 fn writes(paths: &[&Daemon], secs: u64) -> std::process::Child {
     let mut c = Command::new(bin_path("rdmablk"));
-    c.args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(paths[0].t.port().to_string());
+    c.arg("bench")
+        .args(tcp_target_args(paths[0].t.port(), None));
     for p in &paths[1..] {
         c.arg("--path")
             .arg(format!("tcp://127.0.0.1:{}", p.t.port()));
@@ -258,11 +259,9 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
 
     // Writes through gw-a only, many in flight, when it freezes.
     let mut load = Command::new(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(a.t.port().to_string())
+        .arg("bench")
+        .args(tcp_target_args(a.t.port(), Some(NQN)))
         .args([
-            "-n",
-            NQN,
             "--nsid",
             "1",
             "--rw",
