@@ -50,6 +50,16 @@ impl Default for Opts {
     }
 }
 
+/// Options for a silent host: KATO 0 and no Keep Alive, so that nothing
+/// but what the test sends goes to the target.
+pub fn quiet() -> Opts {
+    Opts {
+        kato_ms: 0,
+        auto_keep_alive: false,
+        ..Opts::default()
+    }
+}
+
 /// Authenticates a queue whose Connect completion `dw0` has ATR set.
 fn authenticate_if_asked(
     q: &mut Queue,

@@ -10,7 +10,7 @@ mod commands;
 mod controller;
 mod queue;
 
-pub use controller::{Controller, Opts};
+pub use controller::{quiet, Controller, Opts};
 pub use queue::Queue;
 
 use rdmablk_common::nvme::{Cqe, Status};

@@ -2,6 +2,7 @@
 
 use super::commands::whole_blocks;
 use super::{other, Completion, Stats, TermReq, DEFAULT_IN_CAPSULE, DEFAULT_TIMEOUT};
+use rdmablk_common::bytes::get_u32;
 use rdmablk_common::fabrics::{fctype, CONNECT_DATA_LEN};
 use rdmablk_common::nvme::{fuse, nvm, Cqe, Sgl, Sqe, Status, FABRICS_OPCODE};
 use rdmablk_common::tcp::{
@@ -179,7 +180,7 @@ impl Queue {
     pub fn recv_pdu_flags(&mut self) -> io::Result<(Header, u8, Vec<u8>)> {
         let mut buf = vec![0u8; CH_LEN];
         self.read_exact(&mut buf, "a PDU header")?;
-        let plen = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
+        let plen = get_u32(&buf, 4) as usize;
         if !(CH_LEN..=MAX_PDU).contains(&plen) {
             return Err(other(format!(
                 "received PDU type {:#04x} with PLEN {plen}: not a sane PDU length",
