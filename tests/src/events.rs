@@ -48,3 +48,22 @@ pub fn active_namespaces(c: &Controller) -> Vec<u32> {
             .or_panic("active ns list"),
     )
 }
+
+/// Waits until `c` has received whatever the target had pending for it
+/// when this was called. The target raises an event (a reservation notice,
+/// a namespace change) before it completes the command or reload that
+/// causes it, and every time its poller services a queue it first hands
+/// pending events to the AERs held there, then reads the commands that
+/// arrived. So once a Keep Alive sent after the cause has completed, the
+/// AER's completion, if there was one, came before it on the same
+/// connection; the second round trip covers a Keep Alive read in the same
+/// pass as the event was raised. Each waits at most the client's timeout,
+/// failing the test with a message.
+pub fn flush_events(c: &Controller) {
+    let mut admin = c.admin();
+    for round in 1..=2 {
+        admin
+            .keep_alive()
+            .or_panic(format_args!("Keep Alive {round} of 2 after the event"));
+    }
+}

@@ -9,12 +9,12 @@ use rdmablk_common::fabrics::DISCOVERY_NQN;
 use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{feature, nvm, property, Status};
-use rdmablk_tests::check::{assert_status, open, OrPanic};
+use rdmablk_tests::check::{assert_status, open, wait_until, OrPanic};
 use rdmablk_tests::client::{quiet, Controller, Opts, Queue};
 use rdmablk_tests::control::ControlledTarget;
 use rdmablk_tests::events::{
-    active_namespaces, changed_namespaces, submit_aer, AEC_ANA_CHANGE, AEC_DISCOVERY, AEC_NS_ATTR,
-    DISCOVERY_CHANGED, NS_ATTR_CHANGED,
+    active_namespaces, changed_namespaces, flush_events, submit_aer, AEC_ANA_CHANGE, AEC_DISCOVERY,
+    AEC_NS_ATTR, DISCOVERY_CHANGED, NS_ATTR_CHANGED,
 };
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN};
 use rdmablk_tests::Rng;
@@ -78,8 +78,7 @@ fn namespaces_come_grow_and_go_with_asynchronous_events() {
     // (masked until the log page is read), but the list says so.
     let aer = submit_aer(&c);
     d.reload(&config(&memory_ns(1, "128MiB"), ""));
-    std::thread::sleep(Duration::from_secs(1));
-    c.admin().keep_alive().or_panic("keep alive");
+    flush_events(&c);
     assert!(
         !c.admin().has_completed(aer),
         "the AER completed while Namespace Attribute Changed was masked"
@@ -275,10 +274,10 @@ fn discovery_controllers_hear_of_new_subsystems_and_listeners() {
     let addr = format!("127.0.0.1:{port}").parse().expect("address");
     open_at(addr);
     d.reload(&config(&one, &extra));
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        std::net::TcpStream::connect(addr).is_err(),
-        "the removed listener still accepts"
+    wait_until(
+        Duration::from_secs(10),
+        "the removed listener to refuse connections",
+        || std::net::TcpStream::connect(addr).is_err(),
     );
 }
 
@@ -308,11 +307,13 @@ fn sighup_reloads_too() {
     }
     d.write(&config(&one, "[pollers]\ncount = 9\n"));
     rdmablk_tests::send_signal(d.t.pid(), libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        d.t.log().contains("SIGHUP: reload refused") && d.t.log().contains("pollers.count"),
-        "the refusal is not logged\n{}",
-        d.t.log_tail()
+    wait_until(
+        Duration::from_secs(10),
+        "the refusal of the reload in the log",
+        || {
+            let log = d.t.log();
+            log.contains("SIGHUP: reload refused") && log.contains("pollers.count")
+        },
     );
     assert_eq!(
         active_namespaces(&c),

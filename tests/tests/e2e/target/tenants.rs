@@ -19,7 +19,7 @@ use rdmablk_tests::client::{quiet, Controller, Opts, Queue};
 use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::control::ControlledTarget;
 use rdmablk_tests::events::{
-    active_namespaces, changed_namespaces, submit_aer, AEC_NS_ATTR, NS_ATTR_CHANGED,
+    active_namespaces, changed_namespaces, flush_events, submit_aer, AEC_NS_ATTR, NS_ATTR_CHANGED,
 };
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B};
 use rdmablk_tests::Rng;
@@ -160,8 +160,7 @@ fn each_host_sees_its_namespaces_and_a_reload_moves_one() {
         "size = \"16MiB\"\n  hosts = [\"",
         "size = \"16MiB\"\n  qos = { iops = 100000 }\n  hosts = [\"",
     ));
-    std::thread::sleep(Duration::from_millis(500));
-    a.admin().keep_alive().or_panic("keep alive");
+    flush_events(&a);
     assert!(
         !a.admin().has_completed(aer),
         "an event for a change A does not see"

@@ -22,7 +22,7 @@ use rdmablk_common::nvme::identify::cns;
 use rdmablk_common::nvme::{dnr_of, feature, nvm, Sqe, Status};
 use rdmablk_tests::check::{assert_same, assert_status, OrPanic};
 use rdmablk_tests::client::{Completion, Controller, Queue};
-use rdmablk_tests::events::submit_aer;
+use rdmablk_tests::events::{flush_events, submit_aer};
 use rdmablk_tests::names::{DEFAULT_NQN, OPEN_NQN};
 use rdmablk_tests::reservation::*;
 use rdmablk_tests::{Rng, Target, TempDir};
@@ -67,21 +67,15 @@ fn config(state: &Path, namespaces: &[&str]) -> String {
 
 const MEMORY_NS: &str = "  backend = \"memory\"\n  size = \"16MiB\"";
 
-/// A daemon with [`config`] and its state directory (kept until the daemon is gone).
-struct Daemon {
+/// A daemon with [`config`] and the directory of its PTPL state files
+/// (kept until the daemon is gone).
+struct PtplTarget {
     t: Target,
     _state: TempDir,
 }
 
-fn start(namespaces: &[&str]) -> Daemon {
+fn start(namespaces: &[&str]) -> PtplTarget {
     let state = TempDir::new("resv-state");
     let t = Target::start_config(&config(state.path(), namespaces));
-    Daemon { t, _state: state }
-}
-
-/// Gives the target time to send anything pending to `c`, and makes the
-/// admin queue read it (a Keep Alive round trip).
-fn settle(c: &Controller) {
-    std::thread::sleep(std::time::Duration::from_millis(300));
-    c.admin().keep_alive().or_panic("Keep Alive");
+    PtplTarget { t, _state: state }
 }

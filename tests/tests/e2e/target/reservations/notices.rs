@@ -46,7 +46,7 @@ fn notices_go_to_the_hosts_concerned_in_log_80h() {
     ok(reg(io(&mut a), REGISTER, 0, KA), "A registers");
     ok(reg(io(&mut b), REGISTER, 0, KB), "B registers");
     ok(acq(io(&mut a), ACQUIRE | rt(1), KA, 0), "A acquires");
-    settle(&a);
+    flush_events(&a);
     assert!(
         !a.admin().has_completed(aer),
         "an AER completed without a notice"
@@ -74,7 +74,7 @@ fn notices_go_to_the_hosts_concerned_in_log_80h() {
             "B preempts A's registration",
         );
     }
-    settle(&a);
+    flush_events(&a);
     assert!(
         !a.admin().has_completed(aer),
         "an AER completed while the Reservation Log Page Available event was masked"
@@ -97,7 +97,7 @@ fn notices_go_to_the_hosts_concerned_in_log_80h() {
     assert_eq!(notice(&a), Notice::default(), "A's log, read to its end");
     // Whether notices still in the log when it was read (unmasked) signal
     // again is not specified; if the AER did complete, it says log 80h.
-    settle(&a);
+    flush_events(&a);
     let aer = if a.admin().has_completed(aer) {
         aer_says_log_80h(&a, aer, "after the log was read");
         submit_aer(&a)
@@ -115,7 +115,7 @@ fn notices_go_to_the_hosts_concerned_in_log_80h() {
     aer_says_log_80h(&b, aer_b, "Reservation Released");
     assert_eq!(notice(&b), n(1, RESERVATION_RELEASED, 0), "B's log");
     assert_eq!(notice(&c), n(1, RESERVATION_RELEASED, 0), "C's log");
-    settle(&a);
+    flush_events(&a);
     assert!(!a.admin().has_completed(aer), "the releaser was signalled");
     assert_eq!(notice(&a), Notice::default(), "the releaser's log");
 
@@ -171,7 +171,7 @@ fn a_masked_notice_is_neither_logged_nor_signalled() {
         "B preempts A's registration",
     );
     assert_eq!(report(io(&mut b)).registrants, vec![r(&B, KB, false)]);
-    settle(&a);
+    flush_events(&a);
     assert!(
         !a.admin().has_completed(aer),
         "a masked Registration Preempted completed an AER"
