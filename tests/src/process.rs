@@ -63,6 +63,64 @@ pub fn command_line(cmd: &Command) -> String {
         .join(" ")
 }
 
+/// A child process and, once it has been reaped, how it exited.
+pub(crate) struct Reaper {
+    child: Child,
+    exit: Option<ExitStatus>,
+}
+
+impl Reaper {
+    pub(crate) fn new(child: Child) -> Reaper {
+        Reaper { child, exit: None }
+    }
+
+    pub(crate) fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The exit status, if it has been reaped.
+    pub(crate) fn exit(&self) -> Option<ExitStatus> {
+        self.exit
+    }
+
+    /// Whether the process is still running (reaps it if it has exited).
+    pub(crate) fn is_running(&mut self) -> bool {
+        if self.exit.is_some() {
+            return false;
+        }
+        match self.child.try_wait().expect("try_wait") {
+            Some(status) => {
+                self.exit = Some(status);
+                false
+            }
+            None => true,
+        }
+    }
+
+    /// Waits up to `timeout` for the process to exit: `None` if it is still
+    /// running then.
+    pub(crate) fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        let deadline = Instant::now() + timeout;
+        while self.is_running() {
+            if Instant::now() >= deadline {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        self.exit
+    }
+
+    /// SIGKILL and reap.
+    pub(crate) fn kill(&mut self) {
+        if self.is_running() {
+            let _ = self.child.kill();
+            if let Ok(status) = self.child.wait() {
+                self.exit = Some(status);
+            }
+        }
+    }
+}
+
 /// Any child process of a test (a tool such as `qemu-io`, or `rdmablk`),
 /// with stdout and stderr captured to files in its own temporary directory.
 /// Killed (SIGKILL) on drop; when the test panics, it prints the tails of
@@ -71,10 +129,9 @@ pub fn command_line(cmd: &Command) -> String {
 pub struct Proc {
     name: String,
     cmdline: String,
-    child: Child,
+    child: Reaper,
     stdout_path: PathBuf,
     stderr_path: PathBuf,
-    exit: Option<ExitStatus>,
     started: Instant,
     /// A report went into a message: the drop need not print it again.
     reported: std::cell::Cell<bool>,
@@ -91,7 +148,7 @@ impl Proc {
     /// Spawns `cmd` with a pipe on its stdin, returned beside it.
     pub fn spawn_with_stdin(name: &str, cmd: &mut Command) -> (Proc, std::process::ChildStdin) {
         let mut p = Proc::spawn_in(TempDir::new(name), name, cmd, Stdio::piped());
-        let stdin = p.child.stdin.take().expect("piped stdin");
+        let stdin = p.child.child.stdin.take().expect("piped stdin");
         (p, stdin)
     }
 
@@ -112,10 +169,9 @@ impl Proc {
         Proc {
             name: name.to_string(),
             cmdline,
-            child,
+            child: Reaper::new(child),
             stdout_path,
             stderr_path,
-            exit: None,
             started: Instant::now(),
             reported: std::cell::Cell::new(false),
             dir,
@@ -123,7 +179,7 @@ impl Proc {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     pub fn name(&self) -> &str {
@@ -153,7 +209,7 @@ impl Proc {
     /// for a failure message.
     pub fn report(&self) -> String {
         self.reported.set(true);
-        let status = match self.exit {
+        let status = match self.child.exit() {
             Some(s) => s.to_string(),
             None => "still running".to_string(),
         };
@@ -171,22 +227,13 @@ impl Proc {
 
     /// Whether the process is still running (reaps it if it has exited).
     pub fn is_running(&mut self) -> bool {
-        if self.exit.is_some() {
-            return false;
-        }
-        match self.child.try_wait().expect("try_wait") {
-            Some(status) => {
-                self.exit = Some(status);
-                false
-            }
-            None => true,
-        }
+        self.child.is_running()
     }
 
     /// The exit status, if it has exited.
     pub fn exit_status(&mut self) -> Option<ExitStatus> {
         self.is_running();
-        self.exit
+        self.child.exit()
     }
 
     /// Sends `sig` if the process is still running.
@@ -199,14 +246,7 @@ impl Proc {
     /// Waits up to `timeout` for the process to exit: `None` if it is still
     /// running then.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<ExitStatus> {
-        let deadline = Instant::now() + timeout;
-        while self.is_running() {
-            if Instant::now() >= deadline {
-                return None;
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.exit
+        self.child.wait_timeout(timeout)
     }
 
     /// Waits up to `timeout` for the exit status; panics with the report
@@ -227,12 +267,7 @@ impl Proc {
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
-        if self.is_running() {
-            let _ = self.child.kill();
-            if let Ok(status) = self.child.wait() {
-                self.exit = Some(status);
-            }
-        }
+        self.child.kill();
     }
 }
 

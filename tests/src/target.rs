@@ -1,13 +1,14 @@
 //! The daemon under test: [`Target`], a running `rdmablk-target` on a
 //! loopback port with its log and sd_notify states captured.
 
-use crate::process::{file_tail, LOG_TAIL};
+use crate::process::{file_tail, Reaper, LOG_TAIL};
+use crate::send_signal;
 use crate::{bin_path, TempDir};
 use std::fs;
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::os::unix::net::UnixDatagram;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
 /// How long a daemon may take to start listening, and to exit after SIGTERM.
@@ -22,13 +23,12 @@ pub fn free_port() -> u16 {
 
 /// A running `rdmablk-target`, killed on drop.
 pub struct Target {
-    child: Child,
+    child: Reaper,
     addr: SocketAddr,
     log_path: PathBuf,
     /// Bound to `$NOTIFY_SOCKET`: where the daemon's sd_notify states arrive.
     notify: UnixDatagram,
     notified: Vec<String>,
-    exit: Option<ExitStatus>,
     // Last, so the daemon is gone before its directory is removed.
     dir: TempDir,
 }
@@ -146,18 +146,17 @@ impl Target {
             .spawn()
             .unwrap_or_else(|e| panic!("starting {}: {e}", bin.display()));
         let mut t = Target {
-            child,
+            child: Reaper::new(child),
             addr,
             log_path,
             notify,
             notified: Vec::new(),
-            exit: None,
             dir,
         };
         let deadline = Instant::now() + START_TIMEOUT;
         loop {
-            if let Some(status) = t.child.try_wait().expect("try_wait") {
-                t.exit = Some(status);
+            if !t.child.is_running() {
+                let status = t.child.exit().expect("reaped");
                 let msg = format!(
                     "rdmablk-target {args:?} exited ({status}) before listening on {addr}\n{}",
                     t.log_tail()
@@ -189,7 +188,7 @@ impl Target {
     }
 
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.child.pid()
     }
 
     /// The whole log so far.
@@ -234,44 +233,26 @@ impl Target {
 
     /// Whether the process is still running.
     pub fn is_running(&mut self) -> bool {
-        if self.exit.is_some() {
-            return false;
-        }
-        match self.child.try_wait().expect("try_wait") {
-            Some(status) => {
-                self.exit = Some(status);
-                false
-            }
-            None => true,
-        }
+        self.child.is_running()
     }
 
     /// Sends SIGTERM without waiting.
     pub fn terminate(&mut self) {
-        if !self.is_running() {
-            return;
+        if self.is_running() {
+            // Our own child, not reaped yet: its pid cannot have been reused.
+            send_signal(self.pid(), libc::SIGTERM);
         }
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
-        // SAFETY: kill(2) takes plain integers and touches no memory of ours;
-        // the pid is our own child, not yet reaped, so it cannot be reused.
-        let rc = unsafe { libc::kill(pid, libc::SIGTERM) };
-        assert_eq!(rc, 0, "kill(SIGTERM): {}", std::io::Error::last_os_error());
     }
 
     /// Waits up to `timeout` for the process to exit; panics (with the log
     /// tail) if it does not.
     pub fn wait(&mut self, timeout: Duration) -> ExitStatus {
-        let deadline = Instant::now() + timeout;
-        while self.is_running() {
-            if Instant::now() >= deadline {
-                panic!(
-                    "rdmablk-target (pid {}) still running {timeout:?} after SIGTERM",
-                    self.pid()
-                );
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
-        self.exit.expect("exited")
+        self.child.wait_timeout(timeout).unwrap_or_else(|| {
+            panic!(
+                "rdmablk-target (pid {}) still running {timeout:?} after SIGTERM",
+                self.pid()
+            )
+        })
     }
 
     /// SIGTERM, then wait up to 10 s for the exit status.
@@ -282,12 +263,7 @@ impl Target {
 
     /// SIGKILL and reap.
     pub fn kill(&mut self) {
-        if self.is_running() {
-            let _ = self.child.kill();
-            if let Ok(status) = self.child.wait() {
-                self.exit = Some(status);
-            }
-        }
+        self.child.kill();
     }
 }
 
