@@ -2,10 +2,15 @@
 
 /// Subsystem and host NQNs the end-to-end tests share.
 pub mod names {
+    /// The subsystem the daemon serves when no configuration file names one.
     pub const DEFAULT_NQN: &str = "nqn.2026-11.io.rdmablk:default";
+    /// A subsystem any host may use.
     pub const OPEN_NQN: &str = "nqn.2026-11.io.rdmablk:open";
+    /// A subsystem only listed hosts may use.
     pub const PRIVATE_NQN: &str = "nqn.2026-11.io.rdmablk:private";
+    /// A host NQN.
     pub const HOST_A: &str = "nqn.2014-08.org.nvmexpress:uuid:6c3e2f0a-2b1d-4c5e-9f8a-1a2b3c4d5e6f";
+    /// Another host NQN.
     pub const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f9e8d7c-6b5a-4c3d-8e2f-1a0b9c8d7e6f";
 }
 

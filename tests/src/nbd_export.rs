@@ -118,14 +118,17 @@ impl NbdExport {
         format!("nbd+unix:///{enc}?socket={}", self.socket().display())
     }
 
+    /// The `rdmablk connect` process.
     pub fn proc(&mut self) -> &mut Proc {
         &mut self.proc
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.proc.pid()
     }
 
+    /// Whether it still runs.
     pub fn is_running(&mut self) -> bool {
         self.proc.is_running()
     }

@@ -70,10 +70,12 @@ pub(crate) struct Reaper {
 }
 
 impl Reaper {
+    /// Watches `child`, not reaped yet.
     pub(crate) fn new(child: Child) -> Reaper {
         Reaper { child, exit: None }
     }
 
+    /// Its process id.
     pub(crate) fn pid(&self) -> u32 {
         self.child.id()
     }
@@ -178,14 +180,17 @@ impl Proc {
         }
     }
 
+    /// Its process id.
     pub fn pid(&self) -> u32 {
         self.child.pid()
     }
 
+    /// The name it was given for messages.
     pub fn name(&self) -> &str {
         &self.name
     }
 
+    /// Its command line, as [`command_line`] writes it.
     pub fn cmdline(&self) -> &str {
         &self.cmdline
     }

@@ -23,16 +23,19 @@ pub struct Host {
     pub id: [u8; 16],
 }
 
+/// Host A, with [`HOST_A`]'s NQN.
 pub const A: Host = Host {
     name: "A",
     nqn: HOST_A,
     id: 0x6c3e2f0a_2b1d_4c5e_9f8a_1a2b3c4d5e6f_u128.to_be_bytes(),
 };
+/// Host B, with [`HOST_B`]'s NQN.
 pub const B: Host = Host {
     name: "B",
     nqn: HOST_B,
     id: 0x0f9e8d7c_6b5a_4c3d_8e2f_1a0b9c8d7e6f_u128.to_be_bytes(),
 };
+/// Host C, a third host.
 pub const C: Host = Host {
     name: "C",
     nqn: "nqn.2014-08.org.nvmexpress:uuid:3b7d9e1f-5a2c-4e6b-8d0f-2c4e6a8b0d1f",
@@ -53,19 +56,30 @@ pub fn open_nqn(t: &Target, nqn: &str, h: &Host) -> Controller {
 
 /// Reservation Register Action (CDW10 bits 2:0), Ignore Existing Key (bit
 /// 3) and Change Persist Through Power Loss State (bits 31:30): NVMe Base
-/// 2.1, 7.6.
+/// 2.1, 7.6. Register Action: Register Reservation Key.
 pub const REGISTER: u32 = 0;
+/// Register Action: Unregister Reservation Key.
 pub const UNREGISTER: u32 = 1;
+/// Register Action: Replace Reservation Key.
 pub const REPLACE: u32 = 2;
+/// Ignore Existing Key.
 pub const IEKEY: u32 = 1 << 3;
+/// CPTPL 01b (reserved).
 pub const CPTPL_INVALID: u32 = 0b01 << 30;
+/// CPTPL 10b: clear PTPL.
 pub const CPTPL_CLEAR: u32 = 0b10 << 30;
+/// CPTPL 11b: set PTPL.
 pub const CPTPL_SET: u32 = 0b11 << 30;
 /// Reservation Acquire Action (7.5) and Reservation Release Action (7.7).
+/// Acquire Action: Acquire.
 pub const ACQUIRE: u32 = 0;
+/// Acquire Action: Preempt.
 pub const PREEMPT: u32 = 1;
+/// Acquire Action: Preempt and Abort.
 pub const PREEMPT_AND_ABORT: u32 = 2;
+/// Release Action: Release.
 pub const RELEASE: u32 = 0;
+/// Release Action: Clear.
 pub const CLEAR: u32 = 1;
 
 /// RTYPE in CDW10 bits 15:8 of Acquire and Release.
@@ -79,9 +93,11 @@ pub fn rt(rtype: u8) -> u32 {
 pub const RESV_NOTICE_AER: u32 = 0x0080_0006;
 
 /// Reservation Notification Log Page types (NVMe Base 2.1, 5.1.12, the
-/// Reservation Notification log page).
+/// Reservation Notification log page): Registration Preempted.
 pub const REGISTRATION_PREEMPTED: u8 = 1;
+/// Log page type Reservation Released.
 pub const RESERVATION_RELEASED: u8 = 2;
+/// Log page type Reservation Preempted.
 pub const RESERVATION_PREEMPTED: u8 = 3;
 
 /// A reservation command on namespace `nsid` with `cdw10` and `keys` (each

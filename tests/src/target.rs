@@ -11,8 +11,9 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, ExitStatus, Stdio};
 use std::time::{Duration, Instant};
 
-/// How long a daemon may take to start listening, and to exit after SIGTERM.
+/// How long a daemon may take to start listening.
 pub const START_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a daemon may take to exit after SIGTERM.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// A loopback port that was free a moment ago.
@@ -174,10 +175,12 @@ impl Target {
         }
     }
 
+    /// The address it listens on.
     pub fn addr(&self) -> SocketAddr {
         self.addr
     }
 
+    /// The port it listens on.
     pub fn port(&self) -> u16 {
         self.addr.port()
     }
@@ -187,6 +190,7 @@ impl Target {
         self.dir.path()
     }
 
+    /// The daemon's process id.
     pub fn pid(&self) -> u32 {
         self.child.pid()
     }

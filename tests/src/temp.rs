@@ -11,6 +11,8 @@ pub struct TempDir {
 }
 
 impl TempDir {
+    /// A new empty directory under the temporary directory, named after
+    /// `label`, this process and a counter.
     pub fn new(label: &str) -> TempDir {
         static COUNTER: AtomicU32 = AtomicU32::new(0);
         let n = COUNTER.fetch_add(1, Ordering::Relaxed);
@@ -21,10 +23,12 @@ impl TempDir {
         TempDir { path }
     }
 
+    /// Where it is.
     pub fn path(&self) -> &Path {
         &self.path
     }
 
+    /// The path of `name` inside it.
     pub fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)
     }
