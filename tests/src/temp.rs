@@ -28,6 +28,16 @@ impl TempDir {
         &self.path
     }
 
+    /// A sparse file `name` of `bytes` inside it (a file namespace's
+    /// backing file); its path.
+    pub fn sparse_file(&self, name: &str, bytes: u64) -> PathBuf {
+        let path = self.join(name);
+        fs::File::create(&path)
+            .and_then(|f| f.set_len(bytes))
+            .unwrap_or_else(|e| panic!("creating {} of {bytes} bytes: {e}", path.display()));
+        path
+    }
+
     /// The path of `name` inside it.
     pub fn join(&self, name: &str) -> PathBuf {
         self.path.join(name)

@@ -99,10 +99,7 @@ fn logged(e: &NbdExport, line: &str) {
 /// Two gateways, A optimized and B non-optimized, exporting one shared file
 /// of `mib` MiB in `dir`: (A, B, the file).
 fn two_gateways(dir: &TempDir, mib: u64) -> (Gateway, Gateway, PathBuf) {
-    let file = dir.join("shared.img");
-    std::fs::File::create(&file)
-        .and_then(|f| f.set_len(mib << 20))
-        .expect("the shared backing file");
+    let file = dir.sparse_file("shared.img", mib << 20);
     let (pa, pb) = (free_port(), free_port());
     let a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
     let b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));

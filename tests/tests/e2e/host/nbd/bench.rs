@@ -64,7 +64,7 @@ fn bench_verify_memory_and_file() {
     );
 
     let dir = TempDir::new("bench");
-    let img = backing_file(&dir, 256 * MIB as u64);
+    let img = dir.sparse_file("ns.img", 256 * MIB as u64);
     let file = Target::start(&["--file", path_str(&img)]);
     let r = bench(
         file.port(),

@@ -63,14 +63,6 @@ fn write_file(path: &Path, data: &[u8]) {
     fs::write(path, data).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
 }
 
-/// A sparse file of `bytes` for a file namespace.
-fn backing_file(dir: &TempDir, bytes: u64) -> PathBuf {
-    let path = dir.join("ns.img");
-    let f = fs::File::create(&path).expect("creating the backing file");
-    f.set_len(bytes).expect("sizing the backing file");
-    path
-}
-
 fn path_str(p: &Path) -> &str {
     p.to_str().expect("UTF-8 temp path")
 }

@@ -3,14 +3,6 @@
 
 use super::*;
 
-/// A file namespace's backing file of `bytes` in `dir`.
-fn backing_file(dir: &TempDir, name: &str, bytes: u64) -> PathBuf {
-    let path = dir.join(name);
-    let f = std::fs::File::create(&path).or_panic("creating a backing file");
-    f.set_len(bytes).or_panic("sizing a backing file");
-    path
-}
-
 fn file_ns(path: &Path) -> String {
     format!("  backend = \"file\"\n  path = \"{}\"", path.display())
 }
@@ -63,7 +55,7 @@ fn ptpl_keeps_registrations_and_the_reservation_across_kill_9() {
     let files = TempDir::new("resv-ptpl-ns");
     let toml = config(
         state.path(),
-        &[&file_ns(&backing_file(&files, "ns1.img", 16 << 20))],
+        &[&file_ns(&files.sparse_file("ns1.img", 16 << 20))],
     );
     const KA: u64 = 0x0a0a_0a0a_0a0a_0a0a;
     const KB: u64 = 0x0b0b_0b0b_0b0b_0b0b;
@@ -182,8 +174,8 @@ fn corrupt_and_foreign_ptpl_files_are_refused() {
     let _machine = crate::shared();
     let state = TempDir::new("resv-ptpl-bad");
     let files = TempDir::new("resv-ptpl-bad-ns");
-    let img1 = backing_file(&files, "ns1.img", 16 << 20);
-    let img2 = backing_file(&files, "ns2.img", 8 << 20);
+    let img1 = files.sparse_file("ns1.img", 16 << 20);
+    let img2 = files.sparse_file("ns2.img", 8 << 20);
     let toml = config(state.path(), &[&file_ns(&img1), &file_ns(&img2)]);
     let (f1, f2) = (state_file(state.path(), 1), state_file(state.path(), 2));
     let refused = refused_file(state.path(), 1);
