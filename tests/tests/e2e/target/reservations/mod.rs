@@ -43,6 +43,14 @@ fn open_as(t: &Target, h: &Host) -> Controller {
     open_nqn(t, DEFAULT_NQN, h)
 }
 
+/// Get Features `fid` of namespace [`NSID`] on `c` (`what`, for messages),
+/// which must succeed: completion dword 0.
+fn namespace_feature(c: &Controller, fid: u8, what: &str) -> u32 {
+    let done = c.admin().get_features_ns(fid, NSID).or_panic(what);
+    assert_status(&done, Status::SUCCESS, what);
+    done.cqe.dw0
+}
+
 /// The controller's one I/O queue.
 fn io(c: &mut Controller) -> &mut Queue {
     &mut c.io[0]

@@ -152,14 +152,8 @@ fn a_masked_notice_is_neither_logged_nor_signalled() {
         .set_features_ns(feature::RESV_MASK, 0xffff_ffff, REGPRE)
         .or_panic("Set Features 82h");
     assert_status(&done, Status::SUCCESS, "Set Features 82h, NSID FFFFFFFFh");
-    let mask = |c: &Controller| {
-        let done = c
-            .admin()
-            .get_features_ns(feature::RESV_MASK, NSID)
-            .or_panic("Get Features 82h");
-        assert_status(&done, Status::SUCCESS, "Get Features 82h");
-        done.cqe.dw0 & 0b1110
-    };
+    let mask =
+        |c: &Controller| namespace_feature(c, feature::RESV_MASK, "Get Features 82h") & 0b1110;
     assert_eq!(mask(&a), REGPRE, "the mask read back");
     assert_eq!(mask(&b), 0, "another controller's mask");
 

@@ -18,12 +18,7 @@ fn refused_file(state: &Path, nsid: u32) -> PathBuf {
 
 /// Get Features Reservation Persistence (83h) of namespace 1: PTPL.
 fn ptpl(c: &Controller) -> u32 {
-    let done = c
-        .admin()
-        .get_features_ns(feature::RESV_PERSIST, NSID)
-        .or_panic("Get Features 83h");
-    assert_status(&done, Status::SUCCESS, "Get Features 83h");
-    done.cqe.dw0 & 1
+    namespace_feature(c, feature::RESV_PERSIST, "Get Features 83h") & 1
 }
 
 fn set_ptpl(c: &Controller, on: bool) {
