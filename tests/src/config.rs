@@ -14,7 +14,7 @@ pub mod names {
     pub const HOST_B: &str = "nqn.2014-08.org.nvmexpress:uuid:0f9e8d7c-6b5a-4c3d-8e2f-1a0b9c8d7e6f";
 }
 
-/// A configuration (for [`Target::start_config`]): the tables in `top`
+/// A configuration (for [`Target::start_config`](crate::Target::start_config)): the tables in `top`
 /// (such as `[pollers]` or `[limits]`), a loopback listener, and subsystem
 /// `nqn`, which any host may use, with one namespace whose keys are
 /// `namespace` (e.g. `backend = "memory"` and `size = "64MiB"`).
@@ -37,7 +37,7 @@ allow_any_host = true
     )
 }
 
-/// A configuration (for [`Target::start_config`]) with two subsystems: one
+/// A configuration (for [`Target::start_config`](crate::Target::start_config)) with two subsystems: one
 /// any host may use, one only [`names::HOST_A`] may use.
 pub fn two_subsystems_config() -> String {
     use names::*;

@@ -2,6 +2,16 @@
 //! on a free loopback port with its log captured, and speaks NVMe/TCP to it
 //! through [`client`].
 //!
+//! By concern: processes ([`Target`], [`control::ControlledTarget`],
+//! [`Proc`] and [`run`], [`NbdExport`], what `/proc` says of them);
+//! configurations and names ([`open_subsystem_config`], [`names`]); host
+//! command lines ([`cmdline`]); the NVMe/TCP test host ([`client`],
+//! [`dhchap`]) and what it speaks ([`events`], [`reservation`]); the NBD
+//! test client ([`nbd`]); the metrics endpoint ([`metrics`]); assertions
+//! ([`check`]); external tools ([`tools`]); this process's limits
+//! ([`limits`]); temporary directories ([`TempDir`]) and test data
+//! ([`Rng`]).
+//!
 //! When a test panics, every [`Target`] it holds prints the tail of its log
 //! and keeps its temporary directory for inspection.
 //!

@@ -20,7 +20,7 @@ use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::{dnr_of, feature, nvm, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{decode, encode, Digests, Header, CH_LEN};
 use rdmablk_tests::check::{settled_fd_count, OrPanic};
-use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::client::{quiet, Controller, Opts, Queue};
 use rdmablk_tests::limits::{raise_open_files_limit, restore_open_files_limit};
 use rdmablk_tests::open_subsystem_config;
 use rdmablk_tests::{fd_count, vm_rss_kib, Rng, Target, TempDir};
