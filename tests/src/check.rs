@@ -81,3 +81,17 @@ pub fn settled_fd_count(pid: u32) -> usize {
         last = now;
     }
 }
+
+/// Polls `cond` every 20 ms until it holds; panics naming `what` (waited
+/// for) if `timeout` passes first.
+#[track_caller]
+pub fn wait_until(timeout: Duration, what: impl Display, mut cond: impl FnMut() -> bool) {
+    let deadline = Instant::now() + timeout;
+    while !cond() {
+        assert!(
+            Instant::now() < deadline,
+            "gave up after {timeout:?} waiting for {what}"
+        );
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}

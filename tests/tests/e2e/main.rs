@@ -1,7 +1,7 @@
 //! End-to-end tests: real `rdmablk-target` and `rdmablk` processes (found by
 //! `rdmablk_tests::bin_path`), driven over real sockets, one module per area:
 //! [`target`] for the daemon, [`host`] for the host's front-ends, and
-//! [`rdma_unavailable`] for both without an RDMA device.
+//! [`rdma_unavailable`] for both with and without an RDMA device.
 //!
 //! All of them run in this one process, in parallel threads. A test that
 //! times the daemon or loads the machine (benchmarks, floods, a shared Ceph

@@ -5,6 +5,7 @@
 //! and while the gateways' ANA states are swapped by reload; `rdmablk list`
 //! shows the paths change. And `rdmablk connect-all`.
 
+use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::nbd::NbdClient;
 use rdmablk_tests::tools::fio;
@@ -98,10 +99,7 @@ fn logged(e: &NbdExport, line: &str) {
 /// Two gateways, A optimized and B non-optimized, exporting one shared file
 /// of `mib` MiB in `dir`: (A, B, the file).
 fn two_gateways(dir: &TempDir, mib: u64) -> (Gateway, Gateway, PathBuf) {
-    let file = dir.join("shared.img");
-    std::fs::File::create(&file)
-        .and_then(|f| f.set_len(mib << 20))
-        .expect("the shared backing file");
+    let file = dir.sparse_file("shared.img", mib << 20);
     let (pa, pb) = (free_port(), free_port());
     let a = Gateway::start(dir.path(), "a", pa, &file, "optimized", (1, 100));
     let b = Gateway::start(dir.path(), "b", pb, &file, "non-optimized", (101, 200));
@@ -254,8 +252,8 @@ fn connect_all_serves_every_subsystem_listed() {
     let dir = TempDir::new("connect-all");
     let (sockets, run_dir) = (dir.join("nbd"), dir.join("run"));
     let mut cmd = Command::new(bin_path("rdmablk"));
-    cmd.args(["connect-all", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(t.port().to_string())
+    cmd.arg("connect-all")
+        .args(tcp_target_args(t.port(), None))
         .arg("--nbd-dir")
         .arg(&sockets)
         .env("RDMABLK_RUN_DIR", &run_dir);

@@ -6,6 +6,7 @@
 //! Each test runs alone (`crate::alone`): it runs a target, an export and
 //! many clients.
 
+use rdmablk_tests::limits::raise_open_files_limit;
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::nbd::{client_flags, read_greeting, NbdClient, Refused, REP_ERR_POLICY};
 use rdmablk_tests::{run, NbdExport, Rng, Target};
@@ -369,7 +370,7 @@ fn a_trickling_handshake_is_cut_at_its_deadline() {
 fn silent_handshakes_cannot_lock_clients_out() {
     const SILENT: usize = 1000;
     let _machine = crate::alone();
-    raise_open_files(SILENT as u64 + 512);
+    raise_open_files_limit(SILENT as u64 + 512);
     let t = Target::start(&["--memory", "8MiB"]);
     let e = NbdExport::start(t.port(), DEFAULT_NQN, &[]);
     let data = Rng::new(30).bytes(8 << 20);
@@ -468,20 +469,4 @@ fn silent_handshakes_cannot_lock_clients_out() {
         churned.load(Ordering::Relaxed) > SILENT as u64,
         "the silent clients reconnected"
     );
-}
-
-/// Raises this process's open-file limit to at least `n` (up to the hard
-/// limit).
-fn raise_open_files(n: u64) {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: `lim` is a valid rlimit for the call to fill.
-    assert_eq!(unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) }, 0);
-    if lim.rlim_cur < n {
-        lim.rlim_cur = n.min(lim.rlim_max);
-        // SAFETY: a valid rlimit, read above.
-        assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) }, 0);
-    }
 }

@@ -6,13 +6,14 @@
 //! state, with the ANA Change notice; `status` shows the states; a reload
 //! applies the file again.
 
-use super::reload::{quiet, submit_aer, Daemon, AEC_ANA_CHANGE};
 use rdmablk_common::nvme::ana::{AnaLog, AnaState};
 use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{dnr_of, feature, nvm, Status};
 use rdmablk_tests::check::{assert_status, OrPanic};
-use rdmablk_tests::client::{Controller, Queue};
+use rdmablk_tests::client::{quiet, Controller, Queue};
+use rdmablk_tests::control::ControlledTarget;
+use rdmablk_tests::events::{submit_aer, AEC_ANA_CHANGE};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A};
 use rdmablk_tests::Rng;
 use std::net::SocketAddr;
@@ -64,7 +65,7 @@ fn listeners_report_their_own_ana_states() {
     let _machine = crate::shared();
     let second = rdmablk_tests::free_port();
     let file = |a: &str, b: &str| config(second, a, b);
-    let d = Daemon::start(&file(
+    let d = ControlledTarget::start(&file(
         "1 = \"optimized\", 2 = \"non-optimized\"",
         "1 = \"inaccessible\", 2 = \"optimized\"",
     ));

@@ -13,6 +13,7 @@ use rdmablk_common::nvme::identify::cns;
 use rdmablk_common::nvme::Status;
 use rdmablk_tests::check::{assert_status, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::dhchap::{authenticate, secrets, Secrets};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B};
 use rdmablk_tests::{bin_path, free_port, Rng, Target, TempDir};
@@ -246,18 +247,9 @@ fn rdmablk_authenticates_and_says_why_not() {
     );
     let bench = |extra: &[&str]| {
         std::process::Command::new(bin_path("rdmablk"))
-            .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-            .arg(t.port().to_string())
-            .args([
-                "-n",
-                DEFAULT_NQN,
-                "-q",
-                HOST_A,
-                "--rw",
-                "randrw",
-                "--bs",
-                "4k",
-            ])
+            .arg("bench")
+            .args(tcp_target_args(t.port(), Some(DEFAULT_NQN)))
+            .args(["-q", HOST_A, "--rw", "randrw", "--bs", "4k"])
             .args(["--qd", "8", "--runtime", "1s", "--verify"])
             .args(extra)
             .output()

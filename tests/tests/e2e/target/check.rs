@@ -78,10 +78,7 @@ fn check_refuses_memory_beyond_the_machine() {
 fn check_accepts_a_valid_config() {
     let _machine = crate::shared();
     let dir = TempDir::new("check-valid");
-    let existing = dir.join("ns.img");
-    std::fs::File::create(&existing)
-        .and_then(|f| f.set_len(16 << 20))
-        .expect("creating the backing file");
+    let existing = dir.sparse_file("ns.img", 16 << 20);
     let to_be_created = dir.join("created.img");
     let cases = [
         (

@@ -6,10 +6,10 @@
 //! derived ones stand in for those not given, `status` shows them, and a
 //! reload may not change them under a served namespace.
 
-use super::reload::{quiet, Daemon};
 use rdmablk_common::nvme::identify::{cns, NamespaceId, NamespaceIdentifiers};
 use rdmablk_tests::check::OrPanic;
-use rdmablk_tests::client::Controller;
+use rdmablk_tests::client::{quiet, Controller};
+use rdmablk_tests::control::ControlledTarget;
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A};
 
 const UUID: &str = "3a9f0c4e-1b2d-4c5e-8f70-0123456789ab";
@@ -53,7 +53,7 @@ fn read_ids(c: &Controller, nsid: u32) -> (NamespaceIdentifiers, NamespaceId) {
 #[test]
 fn given_identifiers_are_what_hosts_read_and_a_reload_keeps_them() {
     let _machine = crate::shared();
-    let d = Daemon::start(&config(UUID));
+    let d = ControlledTarget::start(&config(UUID));
     let c = Controller::open(d.t.addr(), DEFAULT_NQN, HOST_A, &quiet()).or_panic("connect");
 
     let (list, id) = read_ids(&c, 1);

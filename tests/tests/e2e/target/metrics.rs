@@ -5,10 +5,12 @@
 use rdmablk_common::nvme::{nvm, Status};
 use rdmablk_tests::check::{assert_status, open, OrPanic};
 use rdmablk_tests::client::{Opts, Queue};
+use rdmablk_tests::cmdline::tcp_target_args;
+use rdmablk_tests::metrics::{http, samples, scrape};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A};
 use rdmablk_tests::{bin_path, free_port, open_subsystem_config, Target};
 use std::collections::BTreeMap;
-use std::io::{Read, Write};
+use std::io::Write;
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
@@ -26,43 +28,6 @@ fn target_with_metrics() -> (Target, SocketAddr) {
         "nsid = 1\nbackend = \"memory\"\nsize = \"64MiB\"",
     ));
     (t, metrics)
-}
-
-/// Sends `request` and returns the status line and the body.
-fn http(addr: SocketAddr, request: &[u8]) -> (String, String) {
-    let mut s = TcpStream::connect(addr).or_panic("connecting to the metrics endpoint");
-    s.set_read_timeout(Some(Duration::from_secs(10)))
-        .expect("timeout");
-    s.write_all(request).or_panic("sending the request");
-    let mut reply = String::new();
-    s.read_to_string(&mut reply)
-        .or_panic("reading the response");
-    let (head, body) = reply.split_once("\r\n\r\n").unwrap_or((&reply, ""));
-    let status = head.lines().next().unwrap_or("").to_string();
-    if status.contains(" 200 ") {
-        assert!(
-            head.contains("Content-Type: text/plain; version=0.0.4"),
-            "content type of a scrape: {head}"
-        );
-    }
-    (status, body.to_string())
-}
-
-pub(crate) fn scrape(addr: SocketAddr) -> String {
-    let (status, body) = http(addr, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n");
-    assert_eq!(status, "HTTP/1.1 200 OK", "scrape status");
-    body
-}
-
-/// The samples of a scrape, by series (name and labels as written).
-pub(crate) fn samples(text: &str) -> BTreeMap<String, f64> {
-    text.lines()
-        .filter(|l| !l.starts_with('#') && !l.is_empty())
-        .map(|l| {
-            let (series, value) = l.rsplit_once(' ').expect("series and value");
-            (series.to_string(), value.parse().expect("a number"))
-        })
-        .collect()
 }
 
 fn ns_series(name: &str, extra: &str) -> String {
@@ -121,18 +86,9 @@ fn counters_match_the_io_bench_did() {
         );
     }
     let out = Command::new(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(t.port().to_string())
-        .args([
-            "-n",
-            DEFAULT_NQN,
-            "--rw",
-            "randrw",
-            "--bs",
-            "4k",
-            "--qd",
-            "8",
-        ])
+        .arg("bench")
+        .args(tcp_target_args(t.port(), Some(DEFAULT_NQN)))
+        .args(["--rw", "randrw", "--bs", "4k", "--qd", "8"])
         .args(["--runtime", "2s", "--json"])
         .output()
         .or_panic("running rdmablk bench");

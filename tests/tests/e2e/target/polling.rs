@@ -5,8 +5,9 @@
 //! the target's sleeps in its metrics and status), and a window of zero
 //! sleeps between commands; busy polling never sleeps.
 
-use super::metrics::{samples, scrape};
-use super::reload::Daemon;
+use rdmablk_tests::cmdline::tcp_target_args;
+use rdmablk_tests::control::ControlledTarget;
+use rdmablk_tests::metrics::{samples, scrape};
 use rdmablk_tests::names::DEFAULT_NQN;
 use rdmablk_tests::tools::{bench, check_bench, fio, TOOL_TIMEOUT};
 use rdmablk_tests::{bin_path, cpu_time, free_port, run, NbdExport, Target};
@@ -17,9 +18,9 @@ use std::time::{Duration, Instant};
 /// A daemon with one poller pinned to the first CPU, `pollers` added to
 /// `[pollers]`, metrics on a free port, and a 64 MiB memory namespace; and
 /// that port.
-fn daemon(pollers: &str) -> (Daemon, u16) {
+fn daemon(pollers: &str) -> (ControlledTarget, u16) {
     let metrics = free_port();
-    let d = Daemon::start_on(
+    let d = ControlledTarget::start_on(
         &format!(
             "[pollers]\ncount = 1\n{pollers}\n\n[metrics]\nlisten = \"127.0.0.1:{metrics}\"\n\n\
          [[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
@@ -105,9 +106,8 @@ fn run_qd1(spin: &str, flags: &[&str]) -> (Option<f64>, f64, String) {
     let mut c = Command::new("taskset");
     c.args(["-c", "1"])
         .arg(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(d.t.port().to_string())
-        .args(["-n", DEFAULT_NQN])
+        .arg("bench")
+        .args(tcp_target_args(d.t.port(), Some(DEFAULT_NQN)))
         .args(&args);
     let r = run("rdmablk bench", &mut c, TOOL_TIMEOUT);
     let v = check_bench(&r, 4096.0, &["read"], "bench at QD 1");

@@ -6,78 +6,19 @@
 
 use rdmablk_common::fabrics::discovery::{parse_log_header, DISCOVERY_LOG_HEADER_LEN};
 use rdmablk_common::fabrics::DISCOVERY_NQN;
-use rdmablk_common::nvme::identify::{cns, parse_ns_list, NamespaceId};
+use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::log::lid;
-use rdmablk_common::nvme::{admin, feature, nvm, property, Sqe, Status};
-use rdmablk_tests::check::{assert_status, open, OrPanic};
-use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_common::nvme::{feature, nvm, property, Status};
+use rdmablk_tests::check::{assert_status, open, wait_until, OrPanic};
+use rdmablk_tests::client::{quiet, Controller, Opts, Queue};
+use rdmablk_tests::control::ControlledTarget;
+use rdmablk_tests::events::{
+    active_namespaces, changed_namespaces, flush_events, submit_aer, AEC_ANA_CHANGE, AEC_DISCOVERY,
+    AEC_NS_ATTR, DISCOVERY_CHANGED, NS_ATTR_CHANGED,
+};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN};
-use rdmablk_tests::{bin_path, Rng, Target, TempDir};
-use std::path::PathBuf;
-use std::process::Command;
+use rdmablk_tests::Rng;
 use std::time::{Duration, Instant};
-
-/// Completion dword 0 of Namespace Attribute Changed (Notice, information
-/// 00h, Changed Namespace List 04h) and of Discovery Log Page Change
-/// (Notice, F0h, log 70h): NVMe Base 2.1, Figure 150.
-pub(super) const NS_ATTR_CHANGED: u32 = 0x0004_0002;
-const DISCOVERY_CHANGED: u32 = 0x0070_f002;
-/// Async Event Configuration bits (NVMe Base 2.1, Figure 201).
-pub(super) const AEC_NS_ATTR: u32 = 1 << 8;
-pub(super) const AEC_ANA_CHANGE: u32 = 1 << 11;
-const AEC_DISCOVERY: u32 = 1 << 31;
-
-/// A daemon started from a configuration file, with a control socket.
-pub(super) struct Daemon {
-    pub(super) t: Target,
-    sock: PathBuf,
-    _dir: TempDir,
-}
-
-impl Daemon {
-    pub(super) fn start(toml: &str) -> Daemon {
-        Daemon::start_on(toml, None)
-    }
-
-    /// Like [`Daemon::start`], pinned to `cpus` (a `taskset -c` list) when given.
-    pub(super) fn start_on(toml: &str, cpus: Option<&str>) -> Daemon {
-        let dir = TempDir::new("reload");
-        let sock = dir.join("control.sock");
-        let t =
-            Target::start_config_with(toml, &["--control", sock.to_str().expect("utf-8")], cpus);
-        Daemon { t, sock, _dir: dir }
-    }
-
-    /// Rewrites the configuration file (`{port}` as at the start).
-    pub(super) fn write(&self, toml: &str) {
-        let text = toml.replace("{port}", &self.t.port().to_string());
-        std::fs::write(self.t.dir().join("target.toml"), text).or_panic("writing the config");
-    }
-
-    /// Runs `rdmablk-target ACTION --control SOCK` (ACTION: words, as
-    /// `["ana", "set", "1", "optimized"]`): (success, stdout, stderr).
-    pub(super) fn run(&self, action: &[&str]) -> (bool, String, String) {
-        let out = Command::new(bin_path("rdmablk-target"))
-            .args(action)
-            .arg("--control")
-            .arg(&self.sock)
-            .output()
-            .or_panic(format_args!("running rdmablk-target {action:?}"));
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            String::from_utf8_lossy(&out.stderr).into_owned(),
-        )
-    }
-
-    /// Writes `toml` and reloads it, which must succeed; returns its report.
-    pub(super) fn reload(&self, toml: &str) -> String {
-        self.write(toml);
-        let (ok, out, err) = self.run(&["reload"]);
-        assert!(ok, "reload refused: {err}\n{out}\n{}", self.t.log_tail());
-        out
-    }
-}
 
 /// A configuration of one subsystem (any host) with `namespaces` (TOML
 /// tables) and `extra` after.
@@ -94,43 +35,11 @@ fn memory_ns(nsid: u32, size: &str) -> String {
     )
 }
 
-pub(super) fn quiet() -> Opts {
-    Opts {
-        kato_ms: 0,
-        auto_keep_alive: false,
-        ..Opts::default()
-    }
-}
-
-pub(super) fn submit_aer(c: &Controller) -> u16 {
-    c.admin()
-        .submit(Sqe::new(admin::ASYNC_EVENT, 0), None, 0)
-        .or_panic("submitting an AER")
-}
-
-/// Get Log Page Changed Namespace List with RAE clear: the namespaces
-/// listed (NVMe Base 2.1, 5.16.1.5).
-pub(super) fn changed_namespaces(c: &Controller) -> Vec<u32> {
-    parse_ns_list(
-        &c.admin()
-            .get_log(lid::CHANGED_NS, 4096, 0)
-            .or_panic("changed ns log"),
-    )
-}
-
-pub(super) fn active_namespaces(c: &Controller) -> Vec<u32> {
-    parse_ns_list(
-        &c.admin()
-            .identify(cns::ACTIVE_NS_LIST, 0)
-            .or_panic("active ns list"),
-    )
-}
-
 #[test]
 fn namespaces_come_grow_and_go_with_asynchronous_events() {
     let _machine = crate::shared();
     let one = memory_ns(1, "64MiB");
-    let d = Daemon::start(&config(&one, ""));
+    let d = ControlledTarget::start(&config(&one, ""));
     let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
     assert_eq!(
         c.id.oaes,
@@ -169,8 +78,7 @@ fn namespaces_come_grow_and_go_with_asynchronous_events() {
     // (masked until the log page is read), but the list says so.
     let aer = submit_aer(&c);
     d.reload(&config(&memory_ns(1, "128MiB"), ""));
-    std::thread::sleep(Duration::from_secs(1));
-    c.admin().keep_alive().or_panic("keep alive");
+    flush_events(&c);
     assert!(
         !c.admin().has_completed(aer),
         "the AER completed while Namespace Attribute Changed was masked"
@@ -196,7 +104,7 @@ fn namespaces_come_grow_and_go_with_asynchronous_events() {
 fn a_refused_reload_names_the_key_and_changes_nothing() {
     let _machine = crate::shared();
     let one = memory_ns(1, "64MiB");
-    let d = Daemon::start(&config(&one, ""));
+    let d = ControlledTarget::start(&config(&one, ""));
     let mut c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
     let data = Rng::new(3).bytes(4096);
     c.io[0].write(1, 0, &data, 512, false).or_panic("write");
@@ -247,7 +155,7 @@ fn a_host_removed_from_the_allow_list_loses_its_association() {
         )
     };
     let both = subsystem(&format!("\"{HOST_A}\", \"{HOST_B}\""));
-    let d = Daemon::start(&both);
+    let d = ControlledTarget::start(&both);
     let mut a = open(&d.t, OPEN_NQN, HOST_A, &quiet());
     let mut b = open(&d.t, OPEN_NQN, HOST_B, &quiet());
     let report = d.reload(&subsystem(&format!("\"{HOST_A}\"")));
@@ -279,7 +187,7 @@ fn an_ended_controller_closes_its_queues_at_once() {
             memory_ns(1, "16MiB")
         )
     };
-    let d = Daemon::start(&subsystem(&format!("\"{HOST_A}\", \"{HOST_B}\"")));
+    let d = ControlledTarget::start(&subsystem(&format!("\"{HOST_A}\", \"{HOST_B}\"")));
     let mut gone: Vec<Controller> = (0..4)
         .map(|_| open(&d.t, OPEN_NQN, HOST_B, &quiet()))
         .collect();
@@ -314,7 +222,7 @@ fn an_ended_controller_closes_its_queues_at_once() {
 fn discovery_controllers_hear_of_new_subsystems_and_listeners() {
     let _machine = crate::shared();
     let one = memory_ns(1, "16MiB");
-    let d = Daemon::start(&config(&one, ""));
+    let d = ControlledTarget::start(&config(&one, ""));
     let opts = Opts {
         io_queues: 0,
         kato_ms: 30_000,
@@ -366,10 +274,10 @@ fn discovery_controllers_hear_of_new_subsystems_and_listeners() {
     let addr = format!("127.0.0.1:{port}").parse().expect("address");
     open_at(addr);
     d.reload(&config(&one, &extra));
-    std::thread::sleep(Duration::from_millis(200));
-    assert!(
-        std::net::TcpStream::connect(addr).is_err(),
-        "the removed listener still accepts"
+    wait_until(
+        Duration::from_secs(10),
+        "the removed listener to refuse connections",
+        || std::net::TcpStream::connect(addr).is_err(),
     );
 }
 
@@ -384,7 +292,7 @@ fn open_at(addr: std::net::SocketAddr) {
 fn sighup_reloads_too() {
     let _machine = crate::shared();
     let one = memory_ns(1, "16MiB");
-    let d = Daemon::start(&config(&one, ""));
+    let d = ControlledTarget::start(&config(&one, ""));
     let c = open(&d.t, DEFAULT_NQN, HOST_A, &quiet());
     d.write(&config(&format!("{one}{}", memory_ns(3, "16MiB")), ""));
     rdmablk_tests::send_signal(d.t.pid(), libc::SIGHUP);
@@ -399,11 +307,13 @@ fn sighup_reloads_too() {
     }
     d.write(&config(&one, "[pollers]\ncount = 9\n"));
     rdmablk_tests::send_signal(d.t.pid(), libc::SIGHUP);
-    std::thread::sleep(Duration::from_millis(300));
-    assert!(
-        d.t.log().contains("SIGHUP: reload refused") && d.t.log().contains("pollers.count"),
-        "the refusal is not logged\n{}",
-        d.t.log_tail()
+    wait_until(
+        Duration::from_secs(10),
+        "the refusal of the reload in the log",
+        || {
+            let log = d.t.log();
+            log.contains("SIGHUP: reload refused") && log.contains("pollers.count")
+        },
     );
     assert_eq!(
         active_namespaces(&c),

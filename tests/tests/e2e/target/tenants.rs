@@ -9,16 +9,18 @@
 //! rates it reports held to ±10 % of the limit. Those run alone: they time
 //! the daemon.
 
-use super::reload::{
-    active_namespaces, changed_namespaces, quiet, submit_aer, Daemon, AEC_NS_ATTR, NS_ATTR_CHANGED,
-};
 use rdmablk_common::nvme::ana::AnaLog;
 use rdmablk_common::nvme::identify::{cns, NamespaceId, IDENTIFY_LEN};
 use rdmablk_common::nvme::log::lid;
 use rdmablk_common::nvme::{feature, nvm, Status};
 use rdmablk_tests::bin_path;
 use rdmablk_tests::check::{assert_status, OrPanic};
-use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::client::{quiet, Controller, Opts, Queue};
+use rdmablk_tests::cmdline::tcp_target_args;
+use rdmablk_tests::control::ControlledTarget;
+use rdmablk_tests::events::{
+    active_namespaces, changed_namespaces, flush_events, submit_aer, AEC_NS_ATTR, NS_ATTR_CHANGED,
+};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B};
 use rdmablk_tests::Rng;
 use std::process::Command;
@@ -46,7 +48,7 @@ fn tenants(two: &str) -> String {
 
 /// A controller of host `nqn` (with its own host identifier), no Keep
 /// Alive, Namespace Attribute Changed enabled.
-fn host(d: &Daemon, nqn: &str, id: u8) -> Controller {
+fn host(d: &ControlledTarget, nqn: &str, id: u8) -> Controller {
     let opts = Opts {
         hostid: [id; 16],
         ..quiet()
@@ -109,7 +111,7 @@ fn assert_hidden(c: &mut Controller, nsid: u32, who: &str) {
 #[test]
 fn each_host_sees_its_namespaces_and_a_reload_moves_one() {
     let _machine = crate::shared();
-    let d = Daemon::start(&tenants(&format!("\"{HOST_A}\"")));
+    let d = ControlledTarget::start(&tenants(&format!("\"{HOST_A}\"")));
     let mut a = host(&d, HOST_A, 0xa);
     let mut b = host(&d, HOST_B, 0xb);
     assert_eq!(active_namespaces(&a), vec![1, 2]);
@@ -158,8 +160,7 @@ fn each_host_sees_its_namespaces_and_a_reload_moves_one() {
         "size = \"16MiB\"\n  hosts = [\"",
         "size = \"16MiB\"\n  qos = { iops = 100000 }\n  hosts = [\"",
     ));
-    std::thread::sleep(Duration::from_millis(500));
-    a.admin().keep_alive().or_panic("keep alive");
+    flush_events(&a);
     assert!(
         !a.admin().has_completed(aer),
         "an event for a change A does not see"
@@ -210,17 +211,23 @@ struct Rates {
 
 /// Runs `rdmablk bench` as host `host` on namespace `nsid`: pattern `rw`,
 /// `bs`, queue depth 32 on two queues, for `secs`.
-fn bench(d: &Daemon, host: &str, nsid: u32, rw: &str, bs: &str, secs: f64) -> Rates {
+fn bench(d: &ControlledTarget, host: &str, nsid: u32, rw: &str, bs: &str, secs: f64) -> Rates {
     bench_on(d, host, nsid, (rw, bs, 2), secs)
 }
 
 /// [`bench`] with `(rw, bs, queues)`.
-fn bench_on(d: &Daemon, host: &str, nsid: u32, load: (&str, &str, u32), secs: f64) -> Rates {
+fn bench_on(
+    d: &ControlledTarget,
+    host: &str,
+    nsid: u32,
+    load: (&str, &str, u32),
+    secs: f64,
+) -> Rates {
     let (rw, bs, queues) = load;
     let out = Command::new(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(d.t.port().to_string())
-        .args(["-n", DEFAULT_NQN, "-q", host, "--nsid"])
+        .arg("bench")
+        .args(tcp_target_args(d.t.port(), Some(DEFAULT_NQN)))
+        .args(["-q", host, "--nsid"])
         .arg(nsid.to_string())
         .args(["--rw", rw, "--bs", bs, "--qd", "32", "--json", "--queues"])
         .arg(queues.to_string())
@@ -260,7 +267,7 @@ fn assert_near(value: f64, limit: f64, what: &str) {
 #[test]
 fn read_iops_and_write_bandwidth_limits_hold_across_pollers() {
     let _machine = crate::alone();
-    let d = Daemon::start(&limited(
+    let d = ControlledTarget::start(&limited(
         "  qos = { read_iops = 2000, write_bandwidth = 50000000 }",
     ));
     let r = bench(&d, HOST_A, 1, "randread", "4k", 3.0);
@@ -287,7 +294,7 @@ fn read_iops_and_write_bandwidth_limits_hold_across_pollers() {
 #[test]
 fn an_unlimited_namespace_keeps_its_rate_beside_a_limited_one() {
     let _machine = crate::alone();
-    let d = Daemon::start(&limited("  qos = { iops = 500 }"));
+    let d = ControlledTarget::start(&limited("  qos = { iops = 500 }"));
     let (mut alone, mut beside) = (Vec::new(), Vec::new());
     for _ in 0..4 {
         alone.push(bench(&d, HOST_A, 2, "randread", "4k", 1.5).iops);
@@ -316,7 +323,7 @@ fn an_unlimited_namespace_keeps_its_rate_beside_a_limited_one() {
 #[test]
 fn a_host_limit_caps_that_host_only() {
     let _machine = crate::alone();
-    let d = Daemon::start(&limited(&format!(
+    let d = ControlledTarget::start(&limited(&format!(
         "  [[subsystem.namespace.host_qos]]\n  nqn = \"{HOST_A}\"\n  iops = 1000\n"
     )));
     let (a, b) = std::thread::scope(|s| {
@@ -333,7 +340,7 @@ fn a_host_limit_caps_that_host_only() {
 #[test]
 fn limits_change_within_a_second_by_reload_and_by_qos_set() {
     let _machine = crate::alone();
-    let d = Daemon::start(&limited("  qos = { read_iops = 2000 }"));
+    let d = ControlledTarget::start(&limited("  qos = { read_iops = 2000 }"));
     let r = std::thread::scope(|s| {
         let run = s.spawn(|| bench(&d, HOST_A, 1, "randread", "4k", 5.0));
         let start = Instant::now();

@@ -64,7 +64,7 @@ fn bench_verify_memory_and_file() {
     );
 
     let dir = TempDir::new("bench");
-    let img = backing_file(&dir, 256 * MIB as u64);
+    let img = dir.sparse_file("ns.img", 256 * MIB as u64);
     let file = Target::start(&["--file", path_str(&img)]);
     let r = bench(
         file.port(),
@@ -80,19 +80,9 @@ fn bench_verify_memory_and_file() {
 fn bench_verify_detects_foreign_writes() {
     let _machine = crate::alone();
     let t = Target::start(&["--memory", "16MiB"]);
-    let port = t.port().to_string();
-    let bin = rdmablk_tests::bin_path("rdmablk");
-    let args = |rw: &str| -> Vec<String> {
-        [
-            "bench",
-            "-t",
-            "tcp",
-            "-a",
-            "127.0.0.1",
-            "-s",
-            &port,
-            "-n",
-            DEFAULT_NQN,
+    let bench = |rw: &str| {
+        let mut c = rdmablk_command("bench", t.port(), DEFAULT_NQN);
+        c.args([
             "--verify",
             "--rw",
             rw,
@@ -103,19 +93,11 @@ fn bench_verify_detects_foreign_writes() {
             "--runtime",
             "2s",
             "--json",
-        ]
-        .iter()
-        .map(|s| s.to_string())
-        .collect()
+        ]);
+        c
     };
-    let mut checker = Proc::spawn(
-        "rdmablk bench (verifying)",
-        Command::new(&bin).args(args("randrw")),
-    );
-    let mut writer = Proc::spawn(
-        "rdmablk bench (foreign writer)",
-        Command::new(&bin).args(args("randwrite")),
-    );
+    let mut checker = Proc::spawn("rdmablk bench (verifying)", &mut bench("randrw"));
+    let mut writer = Proc::spawn("rdmablk bench (foreign writer)", &mut bench("randwrite"));
     let checker_status = checker.wait(TOOL_TIMEOUT);
     let writer_status = writer.wait(TOOL_TIMEOUT);
     assert!(

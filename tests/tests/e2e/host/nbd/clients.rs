@@ -255,7 +255,7 @@ fn nbdcopy_round_trip() {
     let _machine = crate::alone();
     let dir = TempDir::new("nbdcopy");
     let size = 64 * MIB;
-    let img = backing_file(&dir, size as u64);
+    let img = dir.sparse_file("ns.img", size as u64);
     let mut t = Target::start(&["--file", path_str(&img)]);
     let mut e = NbdExport::start(t.port(), DEFAULT_NQN, &["-i", "2"]);
     let uri = e.uri().to_string();

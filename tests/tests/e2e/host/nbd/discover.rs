@@ -13,24 +13,12 @@ fn discover(
     host: &str,
     extra: &[&str],
 ) -> Vec<std::collections::BTreeMap<String, String>> {
-    let port = port.to_string();
-    let mut args = vec![
-        "discover",
-        "-t",
-        "tcp",
-        "-a",
-        "127.0.0.1",
-        "-s",
-        &port,
-        "-q",
-        host,
-    ];
-    args.extend_from_slice(extra);
-    let r = run(
-        "rdmablk discover",
-        &mut cmd(path_str(&rdmablk_tests::bin_path("rdmablk")), &args),
-        TOOL_TIMEOUT,
-    );
+    let mut c = Command::new(rdmablk_tests::bin_path("rdmablk"));
+    c.arg("discover")
+        .args(tcp_target_args(port, None))
+        .args(["-q", host])
+        .args(extra);
+    let r = run("rdmablk discover", &mut c, TOOL_TIMEOUT);
     r.assert_success(&format!("discovery as {host}"));
     let records: usize = r
         .stdout
@@ -157,10 +145,10 @@ fn host_takes_completions_in_data_pdus() {
 fn host_uses_the_subsystem_the_discovery_log_lists() {
     let _machine = crate::alone();
     let t = Target::start_config(&two_subsystems_config());
-    let port = t.port().to_string();
     let bench_without_nqn = |extra: &[&str]| {
         let mut c = Command::new(rdmablk_tests::bin_path("rdmablk"));
-        c.args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s", &port])
+        c.arg("bench")
+            .args(tcp_target_args(t.port(), None))
             .args(["--verify", "--rw", "randrw", "--bs", "4k", "--qd", "16"])
             .args(["--runtime", "1s", "--json"])
             .args(extra)

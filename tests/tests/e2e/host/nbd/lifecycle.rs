@@ -432,7 +432,7 @@ fn connect_sigterm_while_client_writes() {
 fn reconnects_after_target_restart() {
     let _machine = crate::alone();
     let dir = TempDir::new("reconnect");
-    let file = backing_file(&dir, 64 * MIB as u64);
+    let file = dir.sparse_file("ns.img", 64 * MIB as u64);
     let port = free_port();
     let mut t = Target::start_on(port, &["--file", path_str(&file)]);
     let mut e = NbdExport::start(port, DEFAULT_NQN, &["-l", "60", "-k", "2"]);

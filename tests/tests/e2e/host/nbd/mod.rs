@@ -8,6 +8,7 @@
 //! machine's cores with the tests that time an exit. A failing test prints the daemon's log tail
 //! and the output of every process it still holds.
 
+use rdmablk_tests::cmdline::{rdmablk_command, tcp_target_args};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
 use rdmablk_tests::tools::{bench, check_bench, fio_ok, TOOL_TIMEOUT};
 use rdmablk_tests::two_subsystems_config;
@@ -60,14 +61,6 @@ fn read_file(path: &Path) -> Vec<u8> {
 
 fn write_file(path: &Path, data: &[u8]) {
     fs::write(path, data).unwrap_or_else(|e| panic!("writing {}: {e}", path.display()));
-}
-
-/// A sparse file of `bytes` for a file namespace.
-fn backing_file(dir: &TempDir, bytes: u64) -> PathBuf {
-    let path = dir.join("ns.img");
-    let f = fs::File::create(&path).expect("creating the backing file");
-    f.set_len(bytes).expect("sizing the backing file");
-    path
 }
 
 fn path_str(p: &Path) -> &str {

@@ -14,12 +14,14 @@
 //! daemon's CPU. Each test runs alone (`crate::alone`): it measures the
 //! daemon, and a neighbour's flood would blur that.
 
+use rdmablk_common::bytes::get_u32;
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData, DISCOVERY_NQN};
 use rdmablk_common::nvme::identify::{cns, NamespaceId};
 use rdmablk_common::nvme::{dnr_of, feature, nvm, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{decode, encode, Digests, Header, CH_LEN};
 use rdmablk_tests::check::{settled_fd_count, OrPanic};
-use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::client::{quiet, Controller, Opts, Queue};
+use rdmablk_tests::limits::{raise_open_files_limit, restore_open_files_limit};
 use rdmablk_tests::open_subsystem_config;
 use rdmablk_tests::{fd_count, vm_rss_kib, Rng, Target, TempDir};
 use std::io::{self, Read, Write};
@@ -90,7 +92,8 @@ impl Setup {
         } else {
             println!("fewer than two CPUs: the daemon and the test share them");
         }
-        let open_files = raise_open_files_limit();
+        // The floods here open thousands of sockets.
+        let open_files = raise_open_files_limit(libc::rlim_t::MAX);
         Setup {
             pin,
             cpus,
@@ -110,12 +113,12 @@ impl Setup {
 
 impl Drop for Setup {
     fn drop(&mut self) {
-        // SAFETY: sched_setaffinity and setrlimit only read the values,
-        // which we own. Failures are left be: the next test starts over.
+        // SAFETY: sched_setaffinity only reads the set, which we own.
+        // Failures are left be: the next test starts over.
         unsafe {
             libc::sched_setaffinity(0, std::mem::size_of::<libc::cpu_set_t>(), &self.cpus);
-            libc::setrlimit(libc::RLIMIT_NOFILE, &self.open_files);
         }
+        restore_open_files_limit(&self.open_files);
     }
 }
 
@@ -145,26 +148,6 @@ fn pin_current_thread(cpu: usize) {
         "pinning the test thread to CPU {cpu}: {}",
         io::Error::last_os_error()
     );
-}
-
-/// Raises this process's soft limit of open files to the hard one: the
-/// floods here open thousands of sockets. Returns the limit before.
-fn raise_open_files_limit() -> libc::rlimit {
-    let mut lim = libc::rlimit {
-        rlim_cur: 0,
-        rlim_max: 0,
-    };
-    // SAFETY: getrlimit writes one rlimit into `lim`, which we own.
-    let rc = unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) };
-    assert_eq!(rc, 0, "getrlimit: {}", io::Error::last_os_error());
-    let before = lim;
-    if lim.rlim_cur < lim.rlim_max {
-        lim.rlim_cur = lim.rlim_max;
-        // SAFETY: setrlimit only reads `lim`.
-        let rc = unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) };
-        assert_eq!(rc, 0, "setrlimit: {}", io::Error::last_os_error());
-    }
-    before
 }
 
 /// The daemon's configuration: one memory namespace in [`SUBNQN`] that any
@@ -452,7 +435,7 @@ impl RawQueue {
     fn recv(&mut self) -> io::Result<Header> {
         let mut buf = vec![0u8; CH_LEN];
         self.sock.read_exact(&mut buf)?;
-        let plen = u32::from_le_bytes(buf[4..8].try_into().expect("4 bytes")) as usize;
+        let plen = get_u32(&buf, 4) as usize;
         if !(CH_LEN..=RAW_MAX_PDU).contains(&plen) {
             return Err(io::Error::other(format!("PDU with PLEN {plen}")));
         }

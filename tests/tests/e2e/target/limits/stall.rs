@@ -114,9 +114,7 @@ fn idle_discovery_associations_expire() {
     let (attacked, peak, (idle, created, gone)) = under_attack(&mut victim, what, &stats, || {
         let opts = Opts {
             io_queues: 0,
-            kato_ms: 0,
-            auto_keep_alive: false,
-            ..Opts::default()
+            ..quiet()
         };
         let begin = Instant::now();
         let idle: Vec<Controller> = (0..IDLE)

@@ -7,100 +7,28 @@
 //! group back after the failback delay, without being fenced, while writes
 //! go on; a gateway stopped with SIGTERM hands its group over at once.
 
-use super::super::reload::{quiet, Daemon};
+use super::gateway_group::{ana_state, config, wait_owner, LEASE_SECS};
 use super::*;
-use rdmablk_common::nvme::ana::{AnaLog, AnaState};
-use rdmablk_common::nvme::log::lid;
+use rdmablk_common::nvme::ana::AnaState;
 use rdmablk_tests::bin_path;
+use rdmablk_tests::cmdline::tcp_target_args;
+use rdmablk_tests::control::ControlledTarget;
 
-pub(super) const LEASE_SECS: u64 = 3;
 const FAILBACK_SECS: u64 = 6;
 
 /// Gateway `gw` (`gw-a`, `gw-b`, `gw-c`) of group `group`: images `one`
 /// (ANA group 1, preferred gw-a) and `two` (group 2, preferred gw-b),
 /// controller ids of its own.
-fn gateway(group: &str, gw: char, one: &Image, two: &Image) -> Daemon {
-    Daemon::start(&config(group, gw, (one, two), FAILBACK_SECS, ""))
-}
-
-/// [`gateway`]'s configuration with a failback delay of `failback`
-/// seconds and the top-level tables `extra` (as `[metrics]`); the listener
-/// on `{port}`.
-pub(super) fn config(
-    group: &str,
-    gw: char,
-    (one, two): (&Image, &Image),
-    failback: u64,
-    extra: &str,
-) -> String {
-    let first = 1 + 100 * (gw as u16 - 'a' as u16);
-    let conf = ceph_conf().display().to_string();
-    let ns = |nsid: u32, image: &Image| {
-        format!(
-            "  [[subsystem.namespace]]\n  nsid = {nsid}\n  backend = \"rbd\"\n  pool = \"rbd\"\n  \
-             image = \"{}\"\n  ceph_conf = \"{conf}\"\n  ana_group = {nsid}\n",
-            image.name
-        )
-    };
-    format!(
-        "{extra}\n[gateway_group]\nname = \"{group}\"\ngateway = \"gw-{gw}\"\npool = \"rbd\"\n\
-         ceph_conf = \"{conf}\"\nlease = \"{LEASE_SECS}s\"\nfailback_delay = \"{failback}s\"\n\
-         preferred = {{ 1 = \"gw-a\", 2 = \"gw-b\" }}\n\n\
-         [[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\n\n\
-         [[subsystem]]\nnqn = \"{NQN}\"\nallow_any_host = true\ncntlid_min = {first}\ncntlid_max = {}\n{}{}",
-        first + 99,
-        ns(1, one),
-        ns(2, two)
-    )
-}
-
-/// The state ANA group `g` has on gateway `t`, as a host reads it.
-pub(super) fn ana_state(t: &Target, g: u32) -> Option<AnaState> {
-    let c = Controller::open(t.addr(), NQN, HOST_A, &quiet()).ok()?;
-    let page = c.admin().get_log(lid::ANA, 4096, 0).ok()?;
-    let log = AnaLog::parse(&page)?;
-    log.groups.iter().find(|x| x.grpid == g).map(|x| x.state)
-}
-
-/// Waits (at most `within`) until ANA group `g` is optimized on exactly the
-/// gateway `owner` of `all` (any one, `None`); returns how long it took.
-pub(super) fn wait_owner(
-    all: &[&Target],
-    owner: Option<usize>,
-    g: u32,
-    within: Duration,
-) -> Duration {
-    let start = Instant::now();
-    loop {
-        let states: Vec<Option<AnaState>> = all.iter().map(|t| ana_state(t, g)).collect();
-        let optimized: Vec<usize> = (0..all.len())
-            .filter(|&i| states[i] == Some(AnaState::Optimized))
-            .collect();
-        if optimized.len() == 1 && owner.is_none_or(|o| optimized == [o]) {
-            return start.elapsed();
-        }
-        assert!(
-            optimized.len() <= 1,
-            "ANA group {g} optimized on two gateways: {states:?}"
-        );
-        assert!(
-            start.elapsed() < within,
-            "ANA group {g} not owned by gateway {owner:?} within {within:?}: {states:?}\n{}",
-            all.iter()
-                .map(|t| t.log_tail())
-                .collect::<Vec<_>>()
-                .join("\n---\n")
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
+fn gateway(group: &str, gw: char, one: &Image, two: &Image) -> ControlledTarget {
+    ControlledTarget::start(&config(group, gw, (one, two), FAILBACK_SECS, ""))
 }
 
 /// `rdmablk bench --verify` writing namespace 1 through every gateway of
 /// `paths` for `secs`.
-fn writes(paths: &[&Daemon], secs: u64) -> std::process::Child {
+fn writes(paths: &[&ControlledTarget], secs: u64) -> std::process::Child {
     let mut c = Command::new(bin_path("rdmablk"));
-    c.args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(paths[0].t.port().to_string());
+    c.arg("bench")
+        .args(tcp_target_args(paths[0].t.port(), None));
     for p in &paths[1..] {
         c.arg("--path")
             .arg(format!("tcp://127.0.0.1:{}", p.t.port()));
@@ -258,11 +186,9 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
 
     // Writes through gw-a only, many in flight, when it freezes.
     let mut load = Command::new(bin_path("rdmablk"))
-        .args(["bench", "-t", "tcp", "-a", "127.0.0.1", "-s"])
-        .arg(a.t.port().to_string())
+        .arg("bench")
+        .args(tcp_target_args(a.t.port(), Some(NQN)))
         .args([
-            "-n",
-            NQN,
             "--nsid",
             "1",
             "--rw",

@@ -16,11 +16,11 @@
 //! owner (its `rdmablk_namespace_bytes_total`, scraped every 10 ms) is
 //! printed: median and maximum over the rounds.
 
-use super::gateway::{ana_state, config, wait_owner, LEASE_SECS};
+use super::gateway_group::{ana_state, config, wait_owner, LEASE_SECS};
 use super::*;
-use crate::target::metrics::{samples, scrape};
 use rdmablk_common::nvme::ana::AnaState;
 use rdmablk_tests::free_port;
+use rdmablk_tests::metrics::{samples, scrape};
 use std::net::SocketAddr;
 
 /// How many times gw-a is killed: `RDMABLK_GATEWAY_KILLS`, else 3.

@@ -6,14 +6,15 @@
 //! Preempted notice on its controller of the first gateway; and with PTPL
 //! the state survives restarting every gateway.
 
-use super::gateway::{config, wait_owner, LEASE_SECS};
+use super::gateway_group::{config, wait_owner, LEASE_SECS};
 use super::*;
-use crate::target::reload::{submit_aer, Daemon};
-use crate::target::reservations::{
+use rdmablk_tests::client::Completion;
+use rdmablk_tests::control::ControlledTarget;
+use rdmablk_tests::events::submit_aer;
+use rdmablk_tests::reservation::{
     acq, aer_says_log_80h, conflict, notice, ok, open_nqn, reg, report_ns, rt, Host, A, ACQUIRE, B,
     CPTPL_SET, PREEMPT, REGISTER, REGISTRATION_PREEMPTED,
 };
-use rdmablk_tests::client::Completion;
 
 const KA: u64 = 0xa1a1;
 const KB: u64 = 0xb2b2;
@@ -31,7 +32,7 @@ fn write(c: &mut Controller) -> Completion {
         .or_panic("a write")
 }
 
-fn open(d: &Daemon, h: &Host) -> Controller {
+fn open(d: &ControlledTarget, h: &Host) -> Controller {
     open_nqn(&d.t, NQN, h)
 }
 
@@ -45,7 +46,7 @@ fn reservations_are_shared_by_the_gateways_of_a_group() {
     );
     let group = format!("resv-{}", std::process::id());
     let gateway = |gw| {
-        let d = Daemon::start(&config(&group, gw, (&one, &two), 3, ""));
+        let d = ControlledTarget::start(&config(&group, gw, (&one, &two), 3, ""));
         wait_active(&d.t);
         d
     };

@@ -22,6 +22,7 @@ use rdmablk_common::nvme::identify::{cns, parse_ns_list, NamespaceId};
 use rdmablk_common::nvme::{admin, crd_of, dnr_of, feature, nvm, Sqe, Status};
 use rdmablk_tests::check::{assert_same, assert_status, open, OrPanic};
 use rdmablk_tests::client::{Controller, Opts, Queue};
+use rdmablk_tests::events::NS_ATTR_CHANGED;
 use rdmablk_tests::names::{HOST_A, HOST_B};
 use rdmablk_tests::tools::{bench, check_bench, fio_ok, TOOL_TIMEOUT};
 use rdmablk_tests::{run, send_signal, NbdExport, Ran, Rng, Target, TempDir};
@@ -33,6 +34,7 @@ mod compare_write;
 mod failures;
 mod gateway;
 mod gateway_fio;
+mod gateway_group;
 mod gateway_resv;
 mod io;
 mod namespace;
@@ -43,10 +45,6 @@ const IMAGE_BYTES: u64 = 128 * MIB;
 /// How long an image may take to open once it exists (the target retries
 /// every 5 s).
 const OPEN_WITHIN: Duration = Duration::from_secs(30);
-/// The Namespace Attribute Changed notice's completion dword 0 (NVMe Base
-/// 2.1, Figure 150: Notice, information 00h, log page 04h).
-const NS_ATTR_CHANGED: u32 = 0x0004_0002;
-
 /// The test cluster's ceph.conf.
 fn ceph_conf() -> PathBuf {
     let conf = std::env::var_os("RDMABLK_CEPH_CONF").unwrap_or_else(|| {

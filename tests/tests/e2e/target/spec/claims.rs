@@ -10,6 +10,7 @@
 //! Identify CNS 05h to 08h.
 
 use super::*;
+use rdmablk_common::bytes::get_u32;
 
 /// Byte offsets in the Identify Controller data structure (Figure 312).
 const CMIC: usize = 76;
@@ -100,10 +101,6 @@ fn probe_opcodes(
             done.cqe.status()
         );
     }
-}
-
-fn get_u32(b: &[u8], at: usize) -> u32 {
-    u32::from_le_bytes(b[at..at + 4].try_into().expect("4 bytes"))
 }
 
 /// A command with opcode `opc`, no data and nothing else but `nsid`: what

@@ -14,7 +14,7 @@ use rdmablk_common::tcp::{encode, flags, Digests, Header, Transfer};
 use rdmablk_tests::check::{
     assert_cqe_status, assert_same, assert_status, assert_zero, open, sct_sc, OrPanic,
 };
-use rdmablk_tests::client::{Completion, Controller, Opts, Queue};
+use rdmablk_tests::client::{quiet, Completion, Controller, Opts, Queue};
 use rdmablk_tests::names::{DEFAULT_NQN, HOST_A, HOST_B, OPEN_NQN, PRIVATE_NQN};
 use rdmablk_tests::open_subsystem_config;
 use rdmablk_tests::{two_subsystems_config, Rng, Target};
@@ -63,9 +63,7 @@ fn digest_opts() -> Opts {
 fn discovery_opts() -> Opts {
     Opts {
         io_queues: 0,
-        kato_ms: 0,
-        auto_keep_alive: false,
-        ..Opts::default()
+        ..quiet()
     }
 }
 

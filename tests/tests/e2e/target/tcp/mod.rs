@@ -264,9 +264,7 @@ fn exercise_namespace(t: &Target, nqn: &str, bs: u32, ns_bytes: u64, seed: u64) 
 }
 
 fn file_of(dir: &TempDir, bytes: u64) -> String {
-    let path = dir.join("ns.img");
-    let f = std::fs::File::create(&path).expect("creating the backing file");
-    f.set_len(bytes).expect("sizing the backing file");
+    let path = dir.sparse_file("ns.img", bytes);
     path.to_str().expect("UTF-8 temp path").to_string()
 }
 
