@@ -3,7 +3,7 @@
 //! and an HTTP server that a silent or oversized client cannot hold.
 
 use rdmablk_common::nvme::{nvm, Status};
-use rdmablk_tests::check::{assert_status, open, OrPanic};
+use rdmablk_tests::check::{assert_status, open, wait_until, OrPanic};
 use rdmablk_tests::client::{Opts, Queue};
 use rdmablk_tests::cmdline::tcp_target_args;
 use rdmablk_tests::metrics::{http, samples, scrape};
@@ -107,6 +107,13 @@ fn counters_match_the_io_bench_did() {
         "bench did {reads} reads, {writes} writes"
     );
 
+    // The bench has exited; the target closes its controllers once it read
+    // the end of each connection.
+    wait_until(
+        Duration::from_secs(5),
+        "the bench's controllers to end",
+        || !scrape(metrics).contains("rdmablk_host_controllers{"),
+    );
     let text = scrape(metrics);
     let s = samples(&text);
     for (op, ios) in [("read", reads), ("write", writes)] {

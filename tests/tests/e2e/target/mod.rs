@@ -6,6 +6,7 @@
 
 mod ana;
 mod auth;
+mod caw_race;
 mod check;
 mod compare_write;
 mod fuzz;

@@ -4,7 +4,7 @@
 //! OSD).
 
 use super::*;
-use crate::target::compare_write::{counter_block, per_host, race, HOSTS};
+use crate::target::caw_race::{counter_block, per_host, race, HOSTS};
 
 /// A target exporting `image` as namespace 1 of [`NQN`] with two pollers
 /// (a table of its own after the subsystem's keys).
@@ -14,7 +14,7 @@ fn two_poller_target(image: &str) -> Target {
 
 /// A fused Compare and Write that mismatches gets Compare Failure and
 /// Failed Fused Command and leaves the image as it was; one that matches
-/// writes. Then the race of `compare_write::race` ([`HOSTS`] hosts ×
+/// writes. Then the race of `caw_race::race` ([`HOSTS`] hosts ×
 /// [`per_host`] increments of one block), with the counter then read from
 /// the cluster by `rbd export`. Every operation on the counter goes to one
 /// object, so the single OSD serializes them: this runs as long as the
