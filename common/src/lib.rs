@@ -3,6 +3,7 @@
 //!
 //! Everything here is pure data handling: no threads, no policy.
 
+pub mod abort;
 pub mod auth;
 pub mod bytes;
 pub mod fabrics;

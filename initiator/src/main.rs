@@ -9,6 +9,7 @@ use cli::{Cli, Command};
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
+    rdmablk_common::abort::abort_on_panic();
     let cli = Cli::parse();
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         // libublk logs its own progress at info: keep it to warnings.

@@ -172,6 +172,7 @@ const EXAMPLES: &str = "Examples:
   rdmablk-target qos set nqn.2026-11.io.example:disk 1 read_iops=2000 write_bandwidth=50MiB";
 
 fn main() -> ExitCode {
+    rdmablk_common::abort::abort_on_panic();
     let args = Args::parse();
     if let Some(action) = &args.action {
         let (path, what) = match action {

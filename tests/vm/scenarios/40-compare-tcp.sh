@@ -15,9 +15,9 @@ for side in rdmablk-target:4440:$OURS nvmet-tcp:4441:$THEIRS; do
   /usr/bin/nvme connect -t tcp -a 127.0.0.1 -s $port -n $nqn -i 1 || fail "connect $name"
   wait_for 20 nvme_blk $nqn || fail "no block device for $name"
   dev=$(nvme_blk $nqn)
-  dd if=/dev/zero of=$dev bs=1M count=64 oflag=direct 2>/dev/null
-  blkload $dev --rw randread --bs 4k --qd 32 --runtime "$(load_secs 1 8)s" > /tmp/rand-$name.txt || fail "blkload $name"
-  blkload $dev --rw read --bs 128k --qd 8 --runtime "$(load_secs 1 5)s" > /tmp/seq-$name.txt || fail "blkload seq $name"
+  dd if=/dev/zero of=$dev bs=1M count="$(suite_or_bench 8 64)" oflag=direct 2>/dev/null
+  blkload $dev --rw randread --bs 4k --qd 32 --runtime "$(suite_or_bench 1 8)s" > /tmp/rand-$name.txt || fail "blkload $name"
+  blkload $dev --rw read --bs 128k --qd 8 --runtime "$(suite_or_bench 1 5)s" > /tmp/seq-$name.txt || fail "blkload seq $name"
   /usr/bin/nvme disconnect -n $nqn
 done
 for name in rdmablk-target nvmet-tcp; do compare tcp-randread-4k-qd32 $name /tmp/rand-$name.txt; done

@@ -20,15 +20,15 @@ for side in rdmablk-target:4450:$OURS nvmet-rdma:4451:$THEIRS; do
   /usr/bin/nvme connect -t rdma -a "$RDMA_IP" -s $port -n $nqn -i 1 || fail "connect $name"
   wait_for 20 nvme_blk $nqn || fail "no block device for $name"
   dev=$(nvme_blk $nqn)
-  dd if=/dev/zero of=$dev bs=1M count=64 oflag=direct 2>/dev/null
-  fio_run $dev randread 4k 32 "$(load_secs 1 6)" > /tmp/fio-rand-$name.txt
-  fio_run $dev read 128k 8 "$(load_secs 1 5)" > /tmp/fio-seq-$name.txt
+  dd if=/dev/zero of=$dev bs=1M count="$(suite_or_bench 8 64)" oflag=direct 2>/dev/null
+  fio_run $dev randread 4k 32 "$(suite_or_bench 1 6)" > /tmp/fio-rand-$name.txt
+  fio_run $dev read 128k 8 "$(suite_or_bench 1 5)" > /tmp/fio-seq-$name.txt
   /usr/bin/nvme disconnect -n $nqn
   wait_for 10 sh -c "! ls $dev" || fail "$dev still present after disconnect"
   for mode in sleep busy-poll; do
     flag=""; [ $mode = busy-poll ] && flag=--busy-poll
     rdmablk bench -t rdma -a "$RDMA_IP" -s $port -n $nqn --rw randread --bs 4k --qd 32 \
-      --runtime "$(load_secs 1 6)s" $flag > /tmp/bench.txt 2>/dev/null || fail "rdmablk bench $flag against $name"
+      --runtime "$(suite_or_bench 1 6)s" $flag > /tmp/bench.txt 2>/dev/null || fail "rdmablk bench $flag against $name"
     grep read: /tmp/bench.txt > /tmp/bench-$mode-$name.txt
     grep 'run:' /tmp/bench.txt > /tmp/cpu-$mode-$name.txt
   done

@@ -15,12 +15,12 @@
 NQN=nqn.2026-11.io.rdmablk:vm-fronts
 truncate -s 256M /tmp/fronts.img
 T="-t tcp -a 127.0.0.1 -s 4470 -n $NQN"
-dd if=/dev/urandom of=/tmp/fill bs=1M count=64 2>/dev/null
+dd if=/dev/urandom of=/tmp/fill bs=1M count="$(suite_or_bench 8 64)" 2>/dev/null
 
 measure() { # NAME DEV
   dd if=/tmp/fill of="$2" bs=1M oflag=direct 2>/dev/null || fail "filling $2"
-  fio_run "$2" randread 4k 32 "$(load_secs 1 6)" > "/tmp/fio-rand-$1.txt"
-  fio_run "$2" read 128k 8 "$(load_secs 1 5)" > "/tmp/fio-seq-$1.txt"
+  fio_run "$2" randread 4k 32 "$(suite_or_bench 1 6)" > "/tmp/fio-rand-$1.txt"
+  fio_run "$2" read 128k 8 "$(suite_or_bench 1 5)" > "/tmp/fio-seq-$1.txt"
 }
 
 # pass MODE SPIN_MAX: every front-end against a target whose pollers and

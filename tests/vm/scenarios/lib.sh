@@ -171,10 +171,11 @@ fio_run() {
       printf "%s %s: %d IOPS, %.1f MiB/s, p50 %s us\n", rw, bs, $8, $7 / 1024, p50}'
 }
 
-# load_secs SHORT LONG: the seconds of one load in a comparison scenario:
-# SHORT in the test suite, where the loads only have to run and move data;
-# LONG when bench/vm.sh boots the VM for the figures (VM_MEASURE=1).
-load_secs() { if [ "${MEASURE:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi; }
+# suite_or_bench SHORT LONG: a load's length (seconds, or MiB written before
+# it) in a comparison scenario: SHORT in the test suite, where the loads only
+# have to run and move data; LONG when bench/vm.sh boots the VM for the
+# figures (VM_MEASURE=1).
+suite_or_bench() { if [ "${MEASURE:-0}" = 1 ]; then echo "$2"; else echo "$1"; fi; }
 
 # compare LOAD SIDE FILE: prints FILE's first line as "COMPARE LOAD SIDE
 # <line>" (the line bench/vm.sh reads its ratios from: each LOAD's first SIDE

@@ -1,7 +1,7 @@
 //! Randomized hostile hosts against a live `rdmablk-target`: valid PDU
 //! sequences with random fields and random byte flips, on fresh connections
-//! and on associated admin and I/O queues. The daemon (built with
-//! panic = "abort") must stay up, and a healthy controller must keep its data.
+//! and on associated admin and I/O queues. The daemon (which ends on any
+//! panic) must stay up, and a healthy controller must keep its data.
 
 use rdmablk_common::fabrics::{ConnectCmd, ConnectData};
 use rdmablk_common::nvme::{Sgl, Sqe};
