@@ -6,8 +6,8 @@
 //! read and write them.
 
 use super::Hash;
-use base64::Engine;
-use zeroize::{Zeroize, Zeroizing};
+use crate::interchange::{self, InterchangeError};
+use zeroize::Zeroizing;
 
 /// A host or controller secret. Its bytes never appear in `Debug` output
 /// and are zeroed when it is dropped.
@@ -36,35 +36,20 @@ pub enum SecretError {
 impl Secret {
     /// Parses `DHHC-1:XX:BASE64:` (the trailing colon may be missing).
     pub fn parse(text: &str) -> Result<Secret, SecretError> {
-        let rest = text
-            .trim()
-            .strip_prefix("DHHC-1:")
-            .ok_or(SecretError::Prefix)?;
-        let (field, b64) = rest.split_once(':').ok_or(SecretError::Prefix)?;
-        let transform = match field {
+        let (field, key) = interchange::parse(text, "DHHC-1", &[32, 48, 64], "32, 48 or 64")
+            .map_err(|e| match e {
+                InterchangeError::Prefix(_) => SecretError::Prefix,
+                InterchangeError::HashField(f) => SecretError::HashField(f),
+                InterchangeError::Base64 => SecretError::Base64,
+                InterchangeError::Length(n, _) => SecretError::Length(n),
+                InterchangeError::Crc => SecretError::Crc,
+            })?;
+        let transform = match field.as_str() {
             "00" => None,
             "01" | "02" | "03" => Hash::from_id(field.as_bytes()[1] - b'0'),
             other => return Err(SecretError::HashField(other.to_string())),
         };
-        let b64 = b64.strip_suffix(':').unwrap_or(b64);
-        let mut raw = Zeroizing::new(
-            base64::engine::general_purpose::STANDARD
-                .decode(b64)
-                .map_err(|_| SecretError::Base64)?,
-        );
-        let key_len = raw.len().saturating_sub(4);
-        if ![32, 48, 64].contains(&key_len) || raw.len() != key_len + 4 {
-            return Err(SecretError::Length(key_len));
-        }
-        let crc = u32::from_le_bytes(raw[key_len..].try_into().expect("4 bytes"));
-        if crc32fast::hash(&raw[..key_len]) != crc {
-            return Err(SecretError::Crc);
-        }
-        raw.truncate(key_len);
-        Ok(Secret {
-            key: raw,
-            transform,
-        })
+        Ok(Secret { key, transform })
     }
 
     /// A secret of `key` (32, 48 or 64 bytes) transformed with `transform`.
@@ -77,13 +62,7 @@ impl Secret {
 
     /// The DHHC-1 representation.
     pub fn to_dhhc1(&self) -> String {
-        let mut raw = Zeroizing::new(self.key.to_vec());
-        raw.extend_from_slice(&crc32fast::hash(&self.key).to_le_bytes());
-        let field = self.transform.map_or(0, Hash::id);
-        let mut b64 = base64::engine::general_purpose::STANDARD.encode(&*raw);
-        let out = format!("DHHC-1:{field:02}:{b64}:");
-        b64.zeroize();
-        out
+        interchange::format("DHHC-1", self.transform.map_or(0, Hash::id), &self.key)
     }
 
     /// The key as it is used with `nqn` (the host NQN for a host secret,

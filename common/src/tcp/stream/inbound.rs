@@ -183,18 +183,30 @@ impl Inbound {
         self.direct = None;
     }
 
-    /// Where the next receive writes, marking it in flight.
-    pub(super) fn next_recv(&mut self) -> Option<(*mut u8, usize)> {
-        if self.busy {
-            return None;
-        }
-        let (ptr, len, direct) = match &self.direct {
+    /// Where the next receive writes: into the data PDU being placed, else
+    /// the receive buffer's free room.
+    fn next_place(&mut self) -> (*mut u8, usize, bool) {
+        match &self.direct {
             Some(d) if d.left() > 0 => (d.start.wrapping_add(d.done), d.left(), true),
             _ => {
                 let spare = self.rx.spare();
                 (spare.as_mut_ptr(), spare.len(), false)
             }
-        };
+        }
+    }
+
+    /// Whether a receive could be posted now: none is in flight and there
+    /// is room for what it brings.
+    pub(crate) fn has_room(&mut self) -> bool {
+        !self.busy && self.next_place().1 > 0
+    }
+
+    /// Where the next receive writes, marking it in flight.
+    pub(crate) fn next_recv(&mut self) -> Option<(*mut u8, usize)> {
+        if self.busy {
+            return None;
+        }
+        let (ptr, len, direct) = self.next_place();
         if len == 0 {
             return None;
         }
@@ -203,8 +215,14 @@ impl Inbound {
         Some((ptr, len))
     }
 
+    /// The place [`Inbound::next_recv`] gave was not written after all.
+    pub(crate) fn unreserve(&mut self) {
+        self.busy = false;
+        self.busy_direct = false;
+    }
+
     /// A receive ended with `res`.
-    pub(super) fn received(&mut self, res: i32) -> Received {
+    pub(crate) fn received(&mut self, res: i32) -> Received {
         self.busy = false;
         let direct = std::mem::take(&mut self.busy_direct);
         match res {

@@ -7,8 +7,10 @@
 //!
 //! The record layer's seam: bytes cross between the socket and the PDUs only
 //! in [`Stream::recv_entry`] / [`Stream::received`] and
-//! [`Stream::send_entry`] / [`Stream::sent`]. A record layer (TLS) sits
-//! there, under the PDUs, without either side's PDU handling knowing.
+//! [`Stream::send_entry`] / [`Stream::sent`]. TLS in user space
+//! ([`crate::tls::Records`]) sits there, under the PDUs, without either
+//! side's PDU handling knowing; with kernel TLS the socket itself carries
+//! plaintext and the stream is as without TLS.
 
 mod buffers;
 mod inbound;
@@ -18,6 +20,7 @@ pub use buffers::{RxBuf, TxQueue};
 pub use inbound::{Flow, Inbound, InboundLimits, Placed, Receiver, Role, Stop};
 pub use outbound::Outbound;
 
+use crate::tls::{Records, RecvKind};
 use io_uring::{opcode, squeue, types};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
@@ -29,6 +32,8 @@ pub struct Stream {
     /// so that handling may queue PDUs on [`Stream::outbound`].
     pub inbound: Inbound,
     pub outbound: Outbound,
+    /// The TLS record layer, when the connection encrypts in user space.
+    tls: Option<Box<Records>>,
 }
 
 /// What one receive brought.
@@ -49,7 +54,21 @@ impl Stream {
             sock,
             inbound,
             outbound: Outbound::default(),
+            tls: None,
         }
+    }
+
+    /// The stream of `sock`, whose TLS records `tls` encrypts and decrypts.
+    pub fn with_tls(sock: TcpStream, inbound: Inbound, tls: Option<Box<Records>>) -> Stream {
+        Stream {
+            tls,
+            ..Stream::new(sock, inbound)
+        }
+    }
+
+    /// The TLS cipher suite, when the stream encrypts in user space.
+    pub fn tls_cipher(&self) -> Option<&str> {
+        self.tls.as_deref().map(Records::cipher)
     }
 
     /// The socket (for its addresses and options).
@@ -72,6 +91,15 @@ impl Stream {
     /// [`Stream::received`]; the place of a data PDU stays valid as
     /// [`Receiver::place`] promised.
     pub fn recv_entry(&mut self, user_data: u64) -> Option<squeue::Entry> {
+        if let Some(tls) = &mut self.tls {
+            let entry = match tls.next_recv(&mut self.inbound)? {
+                (RecvKind::Socket, ptr, len) => {
+                    opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32).build()
+                }
+                (RecvKind::Buffered, ..) => opcode::Nop::new().build(),
+            };
+            return Some(entry.user_data(user_data));
+        }
         let (ptr, len) = self.inbound.next_recv()?;
         Some(
             opcode::Recv::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
@@ -82,7 +110,10 @@ impl Stream {
 
     /// Takes the result of the receive [`Stream::recv_entry`] built.
     pub fn received(&mut self, res: i32) -> Received {
-        self.inbound.received(res)
+        match &mut self.tls {
+            Some(tls) => tls.received(res, &mut self.inbound),
+            None => self.inbound.received(res),
+        }
     }
 
     /// The send to post next, with `user_data`: one `sendmsg` over the queued
@@ -92,6 +123,15 @@ impl Stream {
     /// and the queued payloads unchanged until the send completes and its
     /// result goes to [`Stream::sent`] (see [`Outbound::push_with_body`]).
     pub fn send_entry(&mut self, user_data: u64) -> Option<squeue::Entry> {
+        if let Some(tls) = &mut self.tls {
+            let (ptr, len) = tls.next_send(&mut self.outbound)?;
+            return Some(
+                opcode::Send::new(types::Fd(self.sock.as_raw_fd()), ptr, len as u32)
+                    .flags(libc::MSG_NOSIGNAL)
+                    .build()
+                    .user_data(user_data),
+            );
+        }
         let msg = self.outbound.next_send()?;
         Some(
             opcode::SendMsg::new(types::Fd(self.sock.as_raw_fd()), msg)
@@ -104,12 +144,31 @@ impl Stream {
     /// Takes the result of the send [`Stream::send_entry`] built: the tokens
     /// of the PDUs now wholly sent are appended to `done`.
     pub fn sent(&mut self, res: i32, done: &mut Vec<u64>) -> std::io::Result<usize> {
-        self.outbound.sent(res, done)
+        match &mut self.tls {
+            Some(tls) => tls.sent(res, &mut self.outbound, done),
+            None => self.outbound.sent(res, done),
+        }
+    }
+
+    /// Whether a receive is in flight.
+    pub fn receiving(&self) -> bool {
+        self.inbound.busy() || self.tls.as_ref().is_some_and(|t| t.busy().0)
+    }
+
+    /// Whether a send is in flight.
+    pub fn sending(&self) -> bool {
+        self.outbound.busy() || self.tls.as_ref().is_some_and(|t| t.busy().1)
+    }
+
+    /// Whether a receive in flight writes into a data PDU's place (with
+    /// TLS, receives write into the stream's own buffer).
+    pub fn receiving_in_place(&self) -> bool {
+        self.inbound.busy_in_place()
     }
 
     /// Whether a receive or a send is in flight.
     pub fn busy(&self) -> bool {
-        self.inbound.busy() || self.outbound.busy()
+        self.receiving() || self.sending()
     }
 }
 

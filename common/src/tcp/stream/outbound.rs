@@ -103,7 +103,7 @@ impl Outbound {
     }
 
     /// The message of the next send, marking it in flight.
-    pub(super) fn next_send(&mut self) -> Option<*const libc::msghdr> {
+    pub(crate) fn next_send(&mut self) -> Option<*const libc::msghdr> {
         if self.busy || self.tx.is_empty() {
             return None;
         }
@@ -113,7 +113,7 @@ impl Outbound {
 
     /// A send ended with `res`: the tokens of the PDUs now wholly sent go
     /// to `done`. Returns the bytes sent.
-    pub(super) fn sent(&mut self, res: i32, done: &mut Vec<u64>) -> std::io::Result<usize> {
+    pub(crate) fn sent(&mut self, res: i32, done: &mut Vec<u64>) -> std::io::Result<usize> {
         self.busy = false;
         if res < 0 {
             return Err(std::io::Error::from_raw_os_error(-res));
