@@ -5,8 +5,9 @@
 set -euo pipefail
 
 # Build: gcc and pkg-config for -sys crates; the RDMA verbs and CM libraries
-# and libclang for rdma-sys (its bindings are generated at build time).
-BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev)
+# and libclang for rdma-sys (its bindings are generated at build time);
+# OpenSSL for NVMe/TCP over TLS.
+BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev libssl-dev)
 # Tests with real clients we did not write, and the VM suite's QEMU.
 # prometheus ships promtool, which lints the metrics endpoint's output.
 # The Ceph mon, OSD and CLI run scripts/ceph-dev.sh's cluster; librbd-dev to build against librbd.
