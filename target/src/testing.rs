@@ -73,6 +73,7 @@ pub fn arrival() -> Arrival {
     Arrival {
         ana: Arc::new(AnaStates::new(&l)),
         local: None,
+        tls: None,
     }
 }
 

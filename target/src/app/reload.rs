@@ -511,6 +511,9 @@ fn commit(running: &mut Running, plan: Plan) -> Vec<String> {
                 ));
             }
             registry.ana_changed(&l.port.ana, &changed);
+            if l.port.tls.set(new.tls) {
+                summary.push(format!("TLS {} on {}", new.tls.name(), l.url()));
+            }
         }
         listeners.push(l);
     }

@@ -105,6 +105,7 @@ pub struct Admission {
     pub limits: Limits,
     queues: Arc<Gauge>,
     pending: Arc<Gauge>,
+    handshakes: Arc<Gauge>,
     hosts: Mutex<HashMap<String, Arc<Gauge>>>,
     /// Refusals of connections and Connects for lack of resources.
     pub refusals: LogThrottle,
@@ -116,6 +117,7 @@ impl Admission {
             limits,
             queues: Arc::default(),
             pending: Arc::default(),
+            handshakes: Arc::default(),
             hosts: Mutex::default(),
             refusals: LogThrottle::default(),
         }
@@ -132,6 +134,23 @@ impl Admission {
                     limit = self.limits.pending_connections,
                     suppressed = more,
                     "connection refused: too many connections waiting for their Connect (limits.pending_connections)"
+                );
+            }
+        }
+        p
+    }
+
+    /// A TLS handshake in progress; `None` (logged) when `tls_handshakes`
+    /// are already.
+    pub fn tls_handshake(&self, peer: &dyn std::fmt::Display) -> Option<Permit> {
+        let p = self.handshakes.take(self.limits.tls_handshakes);
+        if p.is_none() {
+            if let Some(more) = self.refusals.allow() {
+                tracing::warn!(
+                    %peer,
+                    limit = self.limits.tls_handshakes,
+                    suppressed = more,
+                    "connection refused: too many TLS handshakes in progress (limits.tls_handshakes)"
                 );
             }
         }

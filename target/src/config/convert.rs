@@ -4,8 +4,8 @@
 use super::error::{invalid, ConfigError};
 use super::listener::{parse_socket_addr, parse_transport};
 use super::model::{
-    default_poller_count, AnaState, BackendConfig, Config, GivenIds, HostAuth, Limits,
-    ListenerConfig, NamespaceConfig, Pollers, QosLimits, SubsystemConfig, DEFAULT_ARENA_BYTES,
+    default_poller_count, AnaState, BackendConfig, Config, GivenIds, HostAuth, HostTlsKey, Limits,
+    ListenerConfig, ListenerTls, Transport, NamespaceConfig, Pollers, QosLimits, SubsystemConfig, DEFAULT_ARENA_BYTES,
     DEFAULT_BLOCK_SIZE, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
 };
 use super::nqn::EXAMPLE_NQN;
@@ -18,6 +18,8 @@ use super::validate::{block_size_problem, count_problem, nsid_problem};
 use super::{gateway, qos, rbd};
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
 use rdmablk_common::spin::SpinBounds;
+use rdmablk_common::tls::key::{ConfiguredKey, Labels};
+use zeroize::Zeroizing;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -123,6 +125,7 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
             raw.associations_per_host,
             d.associations_per_host,
         )?,
+        tls_handshakes: count("tls_handshakes", raw.tls_handshakes, d.tls_handshakes)?,
         queue_buffer: size("queue_buffer", &raw.queue_buffer, d.queue_buffer)?,
         association_buffer: size(
             "association_buffer",
@@ -212,10 +215,30 @@ fn convert_listener(i: usize, raw: RawListener) -> Result<ListenerConfig, Config
         .iter()
         .map(|(group, state)| ana_group_state(&key, group, state))
         .collect::<Result<_, _>>()?;
+    let tls = match raw.tls.as_deref() {
+        None => ListenerTls::Off,
+        Some("required") => ListenerTls::Required,
+        Some("optional") => ListenerTls::Optional,
+        Some(other) => {
+            return Err(invalid(
+                format!("{key}.tls"),
+                format!(
+                    "{other:?}: use \"required\" (TLS only) or \"optional\" (TLS and plaintext)"
+                ),
+            ))
+        }
+    };
+    if tls != ListenerTls::Off && transport != Transport::Tcp {
+        return Err(invalid(
+            format!("{key}.tls"),
+            "TLS is NVMe/TCP's; an RDMA listener takes none",
+        ));
+    }
     Ok(ListenerConfig {
         transport,
         address,
         ana_groups,
+        tls,
     })
 }
 
@@ -317,12 +340,12 @@ fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<SubsystemConfig, Con
         .enumerate()
         .map(|(j, n)| convert_namespace(&key, j, n))
         .collect::<Result<Vec<_>, _>>()?;
-    let auth = raw
-        .host
-        .into_iter()
-        .enumerate()
-        .map(|(h, r)| convert_host(&format!("{key}.host[{h}]"), r))
-        .collect::<Result<Vec<_>, _>>()?;
+    let (mut auth, mut tls_keys) = (Vec::new(), Vec::new());
+    for (h, r) in raw.host.into_iter().enumerate() {
+        let (a, t) = convert_host(&format!("{key}.host[{h}]"), r)?;
+        auth.extend(a);
+        tls_keys.extend(t);
+    }
     let cntlid = |k: &str, v: Option<i64>, default: u16| match v {
         None => Ok(default),
         Some(n) => u16::try_from(n)
@@ -350,6 +373,7 @@ fn convert_subsystem(i: usize, raw: RawSubsystem) -> Result<SubsystemConfig, Con
         allow_any_host: raw.allow_any_host,
         hosts: raw.hosts,
         auth,
+        tls_keys,
         namespaces,
         cntlids: min..=max,
     })
@@ -389,53 +413,58 @@ fn name_list<T: Copy>(
         .collect()
 }
 
-/// A `[[subsystem.host]]` table: the secrets (inline or from a file, which
-/// systemd credentials can supply), the hashes and DH groups.
-fn convert_host(key: &str, raw: RawHost) -> Result<HostAuth, ConfigError> {
+/// A `[[subsystem.host]]` table: its DH-HMAC-CHAP secrets (inline or from
+/// a file, which systemd credentials can supply), hashes and DH groups,
+/// and its TLS key; it gives either or both.
+fn convert_host(
+    key: &str,
+    raw: RawHost,
+) -> Result<(Option<HostAuth>, Option<HostTlsKey>), ConfigError> {
     let nqn = raw
         .nqn
         .ok_or_else(|| invalid(format!("{key}.nqn"), "missing; the host's NQN"))?;
-    let secret = |name: &str, inline: Option<String>, file: Option<PathBuf>| {
-        let text = match (inline, file) {
-            (Some(_), Some(_)) => {
-                return Err(invalid(
-                    format!("{key}.{name}"),
-                    format!("given inline and as {name}_file; keep one"),
-                ))
-            }
-            (Some(t), None) => t,
-            (None, Some(path)) => {
-                private_file(&path).map_err(|p| {
-                    invalid(
-                        format!("{key}.{name}_file"),
-                        format!("{}: {p}", path.display()),
-                    )
-                })?;
-                std::fs::read_to_string(&path).map_err(|e| {
-                    invalid(
-                        format!("{key}.{name}_file"),
-                        format!("{}: {e}", path.display()),
-                    )
-                })?
-            }
-            (None, None) => return Ok(None),
-        };
-        Secret::parse(&text)
-            .map(Some)
-            .map_err(|e| invalid(format!("{key}.{name}"), e.to_string()))
+    let dhchap = |name: &str, inline, file| {
+        secret_text(key, name, inline, file)?
+            .map(|text| Secret::parse(&text).map_err(|e| invalid(format!("{key}.{name}"), e.to_string())))
+            .transpose()
     };
-    let host_secret = secret("dhchap_secret", raw.dhchap_secret, raw.dhchap_secret_file)?
-        .ok_or_else(|| {
-            invalid(
-                format!("{key}.dhchap_secret"),
-                "missing; give the host's secret as `nvme gen-dhchap-key` prints it (DHHC-1:...),                  or dhchap_secret_file",
-            )
-        })?;
-    let ctrl_secret = secret(
+    let host_secret = dhchap("dhchap_secret", raw.dhchap_secret, raw.dhchap_secret_file)?;
+    let ctrl_secret = dhchap(
         "dhchap_ctrl_secret",
         raw.dhchap_ctrl_secret,
         raw.dhchap_ctrl_secret_file,
     )?;
+    let tls_key = secret_text(key, "tls_key", raw.tls_key, raw.tls_key_file)?
+        .map(|text| {
+            ConfiguredKey::parse(&text).map_err(|e| invalid(format!("{key}.tls_key"), e.to_string()))
+        })
+        .transpose()?
+        .map(|k| HostTlsKey {
+            nqn: nqn.clone(),
+            key: k,
+            labels: if raw.tls_key_legacy {
+                Labels::LegacyLibnvme
+            } else {
+                Labels::Rfc8446
+            },
+        });
+    let Some(secret) = host_secret else {
+        if tls_key.is_none() {
+            return Err(invalid(
+                format!("{key}.dhchap_secret"),
+                "missing; give the host's DH-HMAC-CHAP secret as `nvme gen-dhchap-key` prints it \
+                 (DHHC-1:...) or dhchap_secret_file, or its TLS key (tls_key, tls_key_file) as \
+                 `rdmablk gen-tls-key` prints it (NVMeTLSkey-1:...)",
+            ));
+        }
+        if ctrl_secret.is_some() || raw.dhchap_hash.is_some() || raw.dhchap_dhgroup.is_some() {
+            return Err(invalid(
+                format!("{key}.dhchap_secret"),
+                "missing, while other dhchap_ keys are given",
+            ));
+        }
+        return Ok((None, tls_key));
+    };
     let hashes = name_list(
         &format!("{key}.dhchap_hash"),
         raw.dhchap_hash,
@@ -456,13 +485,38 @@ fn convert_host(key: &str, raw: RawHost) -> Result<HostAuth, ConfigError> {
             "dhchap_hash and dhchap_dhgroup need at least one entry each",
         ));
     }
-    Ok(HostAuth {
+    let auth = HostAuth {
         nqn,
-        secret: host_secret,
+        secret,
         ctrl_secret,
         hashes,
         dh_groups,
-    })
+    };
+    Ok((Some(auth), tls_key))
+}
+
+/// The text of secret `name` of host table `key`: given inline, or read
+/// from `name_file`, which only its owner may read.
+fn secret_text(
+    key: &str,
+    name: &str,
+    inline: Option<String>,
+    file: Option<PathBuf>,
+) -> Result<Option<Zeroizing<String>>, ConfigError> {
+    match (inline, file) {
+        (Some(_), Some(_)) => Err(invalid(
+            format!("{key}.{name}"),
+            format!("given inline and as {name}_file; keep one"),
+        )),
+        (Some(t), None) => Ok(Some(Zeroizing::new(t))),
+        (None, Some(path)) => {
+            let at = |p: String| invalid(format!("{key}.{name}_file"), format!("{}: {p}", path.display()));
+            private_file(&path).map_err(at)?;
+            let text = std::fs::read_to_string(&path).map_err(|e| at(e.to_string()))?;
+            Ok(Some(Zeroizing::new(text)))
+        }
+        (None, None) => Ok(None),
+    }
 }
 
 fn convert_namespace(

@@ -33,8 +33,8 @@ mod validate;
 
 pub use error::ConfigError;
 pub use model::{
-    AnaState, BackendConfig, Config, GatewayGroup, GivenIds, HostAuth, HostQos, Limits,
-    ListenerConfig, NamespaceConfig, Pollers, QosClass, QosKey, QosLimits, SubsystemConfig,
+    AnaState, BackendConfig, Config, GatewayGroup, GivenIds, HostAuth, HostQos, HostTlsKey, Limits,
+    ListenerConfig, ListenerTls, NamespaceConfig, Pollers, QosClass, QosKey, QosLimits, SubsystemConfig,
     Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::{validate_nqn, DEFAULT_NQN};
@@ -63,8 +63,9 @@ pub fn load(path: &Path) -> Result<Config, ConfigError> {
     Ok(cfg)
 }
 
-/// Whether a (valid) configuration gives a DH-HMAC-CHAP secret inline in
-/// some `[[subsystem.host]]` table (comments and `*_file` keys aside).
+/// Whether a (valid) configuration gives a DH-HMAC-CHAP secret or a TLS key
+/// inline in some `[[subsystem.host]]` table (comments and `*_file` keys
+/// aside).
 fn holds_inline_secrets(text: &str) -> bool {
     let Ok(v) = toml::from_str::<toml::Value>(text) else {
         return false;
@@ -82,7 +83,7 @@ fn holds_inline_secrets(text: &str) -> bool {
     tables(v.get("subsystem")).iter().any(|s| {
         tables(s.get("host"))
             .iter()
-            .any(|h| h.contains_key("dhchap_secret") || h.contains_key("dhchap_ctrl_secret"))
+            .any(|h| ["dhchap_secret", "dhchap_ctrl_secret", "tls_key"].iter().any(|k| h.contains_key(*k)))
     })
 }
 
@@ -95,7 +96,7 @@ fn private_file(path: &Path) -> Result<(), String> {
         .mode();
     if mode & 0o077 != 0 {
         return Err(format!(
-            "holds DH-HMAC-CHAP secrets but its mode is {:o}: others may read them; chmod 600 it",
+            "holds secrets (DH-HMAC-CHAP or TLS keys) but its mode is {:o}: others may read them; chmod 600 it",
             mode & 0o777
         ));
     }
@@ -123,6 +124,7 @@ pub fn embedded_default() -> Config {
             allow_any_host: true,
             hosts: Vec::new(),
             auth: Vec::new(),
+            tls_keys: Vec::new(),
             namespaces: vec![NamespaceConfig::new(
                 1,
                 BackendConfig::Memory {

@@ -3,6 +3,7 @@
 use super::rbd::RbdImage;
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
 use rdmablk_common::spin::{PollMode, SpinBounds};
+use rdmablk_common::tls::key::{ConfiguredKey, Labels};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::path::PathBuf;
@@ -60,6 +61,9 @@ pub struct Limits {
     /// Associations (controllers) one host NQN may have at once; a Connect
     /// beyond answers Controller Busy.
     pub associations_per_host: usize,
+    /// TLS handshakes in progress at once (each on a thread of its own,
+    /// within `handshake_timeout`); connections beyond are closed at once.
+    pub tls_handshakes: usize,
     /// Arena bytes one queue may hold for its commands' data.
     pub queue_buffer: u64,
     /// Arena bytes all queues of one association may hold together.
@@ -85,6 +89,7 @@ impl Default for Limits {
             connections: 4096,
             pending_connections: 512,
             associations_per_host: 16,
+            tls_handshakes: 64,
             queue_buffer: 4 << 20,
             association_buffer: 8 << 20,
             discovery_buffer: 2 << 20,
@@ -152,6 +157,31 @@ pub struct ListenerConfig {
     /// ANA states this listener reports, by ANA group (`ana_groups`);
     /// groups not named are optimized. Never the transitional `change`.
     pub ana_groups: BTreeMap<u32, AnaState>,
+    /// Whether its connections speak TLS (`tls`; NVMe/TCP only).
+    pub tls: ListenerTls,
+}
+
+/// Whether a listener's connections speak TLS 1.3 (NVMe/TCP 1.1, 3.6.1).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum ListenerTls {
+    /// Plaintext only.
+    #[default]
+    Off,
+    /// TLS only: a plaintext ICReq ends the connection.
+    Required,
+    /// Both: a connection that opens with a TLS ClientHello speaks TLS.
+    Optional,
+}
+
+impl ListenerTls {
+    /// Its name in the configuration ("off" when not set).
+    pub fn name(self) -> &'static str {
+        match self {
+            ListenerTls::Off => "off",
+            ListenerTls::Required => "required",
+            ListenerTls::Optional => "optional",
+        }
+    }
 }
 
 impl ListenerConfig {
@@ -161,6 +191,7 @@ impl ListenerConfig {
             transport,
             address,
             ana_groups: BTreeMap::new(),
+            tls: ListenerTls::Off,
         }
     }
 
@@ -194,9 +225,12 @@ pub struct SubsystemConfig {
     pub allow_any_host: bool,
     /// Host NQNs allowed to connect when `allow_any_host` is false.
     pub hosts: Vec<String>,
-    /// Hosts that must authenticate (`[[subsystem.host]]`); they are
-    /// allowed to connect, authenticated.
+    /// Hosts that must authenticate (`[[subsystem.host]]` with a
+    /// `dhchap_secret`); they are allowed to connect, authenticated.
     pub auth: Vec<HostAuth>,
+    /// Hosts' TLS keys (`[[subsystem.host]]` with a `tls_key`); they are
+    /// allowed to connect.
+    pub tls_keys: Vec<HostTlsKey>,
     /// Namespaces (at least one, unique nsids).
     pub namespaces: Vec<NamespaceConfig>,
     /// Controller ids given out (`cntlid_min`, `cntlid_max`): gateways
@@ -217,6 +251,16 @@ pub struct HostAuth {
     pub hashes: Vec<Hash>,
     /// DH groups accepted, in order of preference.
     pub dh_groups: Vec<DhGroup>,
+}
+
+/// A host's configured TLS PSK (`tls_key` or `tls_key_file`).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct HostTlsKey {
+    pub nqn: String,
+    pub key: ConfiguredKey,
+    /// How its PSKs are derived (`tls_key_legacy`: as libnvme before 1.11
+    /// and `nvme gen-tls-key --compat` did).
+    pub labels: Labels,
 }
 
 /// One namespace of a subsystem (`[[subsystem.namespace]]`).

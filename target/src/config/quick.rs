@@ -133,6 +133,7 @@ pub fn from_quick_args(q: &QuickArgs) -> Result<Config, ConfigError> {
             allow_any_host: true,
             hosts: Vec::new(),
             auth: Vec::new(),
+            tls_keys: Vec::new(),
             namespaces: vec![NamespaceConfig::new(1, backend, block_size)],
             cntlids: 1..=MAX_CNTLID,
         }],

@@ -43,6 +43,7 @@ pub(super) struct RawLimits {
     pub(super) connections: Option<i64>,
     pub(super) pending_connections: Option<i64>,
     pub(super) associations_per_host: Option<i64>,
+    pub(super) tls_handshakes: Option<i64>,
     pub(super) queue_buffer: Option<RawSize>,
     pub(super) association_buffer: Option<RawSize>,
     pub(super) discovery_buffer: Option<RawSize>,
@@ -76,6 +77,8 @@ pub(super) struct RawListener {
     /// ANA group id (a TOML key is a string) to state name.
     #[serde(default)]
     pub(super) ana_groups: BTreeMap<String, String>,
+    /// "required" or "optional".
+    pub(super) tls: Option<String>,
 }
 
 /// One `[[subsystem]]` table.
@@ -106,6 +109,10 @@ pub(super) struct RawHost {
     pub(super) dhchap_ctrl_secret_file: Option<PathBuf>,
     pub(super) dhchap_hash: Option<Vec<String>>,
     pub(super) dhchap_dhgroup: Option<Vec<String>>,
+    pub(super) tls_key: Option<String>,
+    pub(super) tls_key_file: Option<PathBuf>,
+    #[serde(default)]
+    pub(super) tls_key_legacy: bool,
 }
 
 /// One `[[subsystem.namespace]]` table; the RBD keys go to `rbd::RawRbd`.

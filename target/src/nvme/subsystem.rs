@@ -42,6 +42,8 @@ pub struct HostAccess {
     pub hosts: Vec<String>,
     /// Hosts that authenticate with DH-HMAC-CHAP (allowed, authenticated).
     pub auth: Vec<Arc<config::HostAuth>>,
+    /// Hosts' TLS keys (allowed).
+    pub tls_keys: Vec<Arc<config::HostTlsKey>>,
 }
 
 impl HostAccess {
@@ -51,6 +53,7 @@ impl HostAccess {
             allow_any_host: s.allow_any_host,
             hosts: s.hosts.clone(),
             auth: s.auth.iter().cloned().map(Arc::new).collect(),
+            tls_keys: s.tls_keys.iter().cloned().map(Arc::new).collect(),
         }
     }
 }
@@ -116,13 +119,25 @@ impl Subsystem {
         self.nqn == DISCOVERY_NQN
     }
 
-    /// Whether `hostnqn` may connect.
+    /// Whether `hostnqn` may connect (some hosts only over TLS).
     pub fn admits(&self, hostnqn: &str) -> bool {
+        self.admits_without_tls(hostnqn) || self.tls_key_of(hostnqn).is_some()
+    }
+
+    /// Whether `hostnqn` may connect without TLS: it is allowed otherwise
+    /// than by its TLS key.
+    pub fn admits_without_tls(&self, hostnqn: &str) -> bool {
         let a = self.access.lock().expect("access lock");
         a.allow_any_host
             || self.is_discovery()
             || a.hosts.iter().any(|h| h == hostnqn)
             || a.auth.iter().any(|h| h.nqn == hostnqn)
+    }
+
+    /// The TLS key of `hostnqn`, if it has one here.
+    pub fn tls_key_of(&self, hostnqn: &str) -> Option<Arc<config::HostTlsKey>> {
+        let a = self.access.lock().expect("access lock");
+        a.tls_keys.iter().find(|h| h.nqn == hostnqn).cloned()
     }
 
     /// The authentication `hostnqn` must pass, if any.
@@ -296,6 +311,7 @@ impl Registry {
             allow_any_host: true,
             hosts: Vec::new(),
             auth: Vec::new(),
+            tls_keys: Vec::new(),
         };
         Ok(Registry {
             subsystems: RwLock::new(subsystems),
@@ -385,6 +401,16 @@ impl Registry {
         }
     }
 
+    /// The TLS key `hostnqn` uses to reach `subnqn`: the one configured
+    /// for it on that subsystem, or for the discovery subsystem, the first
+    /// it has on any subsystem.
+    pub fn tls_key(&self, hostnqn: &str, subnqn: &str) -> Option<Arc<config::HostTlsKey>> {
+        if subnqn == DISCOVERY_NQN {
+            return self.subsystems().iter().find_map(|s| s.tls_key_of(hostnqn));
+        }
+        self.find(subnqn)?.tls_key_of(hostnqn)
+    }
+
     /// The subsystem (or the discovery subsystem) with this NQN.
     pub fn find(&self, nqn: &str) -> Option<Arc<Subsystem>> {
         if nqn == DISCOVERY_NQN {
@@ -415,7 +441,7 @@ impl Registry {
                 let mut e = DiscoveryEntry {
                     portid: i as u16 + 1,
                     subnqn: nqn.to_string(),
-                    ..port.profile.discovery_entry(port.addr, local)
+                    ..port.discovery_entry(local)
                 };
                 if kind == subtype::CURRENT_DISCOVERY {
                     e.subtype = kind;

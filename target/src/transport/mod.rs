@@ -16,7 +16,7 @@ use crate::base::error::DaemonError;
 use crate::config;
 use crate::engine::poller::{Endpoint, PollerLink};
 use crate::nvme::fabric::TransportCaps;
-use crate::nvme::port::{Port, Profile};
+use crate::nvme::port::{Port, PortTls, Profile};
 use crate::nvme::subsystem::Registry;
 use crate::service::ana::AnaStates;
 use rdmablk_common::nvme::identify::sgls;
@@ -43,6 +43,8 @@ pub struct Listen {
     pub addr: SocketAddr,
     /// The ANA states its connections' controllers report.
     pub ana: Arc<AnaStates>,
+    /// Whether its connections speak TLS.
+    pub tls: Arc<PortTls>,
     pub ep: u8,
     pub pollers: Arc<Vec<PollerLink>>,
     pub registry: Arc<Registry>,
@@ -85,6 +87,7 @@ pub fn start(
     let handle = transport.listen(Listen {
         addr: port.addr,
         ana: port.ana.clone(),
+        tls: port.tls.clone(),
         ep,
         pollers: pollers.clone(),
         registry: registry.clone(),
@@ -133,6 +136,7 @@ pub fn port(l: &config::ListenerConfig) -> Port {
         addr: l.address,
         profile: of(l.transport).1.profile(),
         ana: Arc::new(AnaStates::new(l)),
+        tls: Arc::new(PortTls::new(l.tls)),
     }
 }
 

@@ -265,12 +265,13 @@ pub fn render(shared: &Shared, started: Instant, group: Option<&GroupStatus>) ->
         }
     }
 
-    // Hosts: live controllers and their queues, by host NQN and transport.
-    let mut hosts: BTreeMap<(String, &'static str), (u64, u64)> = BTreeMap::new();
+    // Hosts: live controllers and their queues, by host NQN, transport and
+    // whether they are encrypted.
+    let mut hosts: BTreeMap<(String, &'static str, bool), (u64, u64)> = BTreeMap::new();
     for s in subsystems.iter().chain([&r.discovery]) {
         for c in s.live_controllers() {
             let e = hosts
-                .entry((c.hostnqn.clone(), c.caps().transport))
+                .entry((c.hostnqn.clone(), c.caps().transport, c.cipher().is_some()))
                 .or_default();
             e.0 += 1;
             e.1 += c.queues_connected() as u64;
@@ -279,20 +280,20 @@ pub fn render(shared: &Shared, started: Instant, group: Option<&GroupStatus>) ->
     for (name, help, pick) in [
         (
             "rdmablk_host_controllers",
-            "Live controllers (associations), by host NQN and transport.",
+            "Live controllers (associations), by host NQN, transport and TLS.",
             (|v: &(u64, u64)| v.0) as fn(&(u64, u64)) -> u64,
         ),
         (
             "rdmablk_host_queues",
-            "Connected queues (admin and I/O), by host NQN and transport.",
+            "Connected queues (admin and I/O), by host NQN, transport and TLS.",
             |v: &(u64, u64)| v.1,
         ),
     ] {
         family(&mut out, name, "gauge", help);
-        for ((host, transport), v) in &hosts {
+        for ((host, transport, tls), v) in &hosts {
             let _ = writeln!(
                 out,
-                "{name}{{host=\"{}\",transport=\"{transport}\"}} {}",
+                "{name}{{host=\"{}\",transport=\"{transport}\",tls=\"{tls}\"}} {}",
                 label(host),
                 pick(v)
             );

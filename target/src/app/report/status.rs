@@ -108,18 +108,22 @@ pub fn render(shared: &Shared, started: Instant) -> String {
                 );
             }
         }
-        let mut hosts: BTreeMap<(String, &str), (usize, usize)> = BTreeMap::new();
+        let mut hosts: BTreeMap<(String, &str, String), (usize, usize)> = BTreeMap::new();
         for c in s.live_controllers() {
+            let over = match c.cipher() {
+                Some(cipher) => format!(" with TLS ({cipher})"),
+                None => String::new(),
+            };
             let e = hosts
-                .entry((c.hostnqn.clone(), c.caps().transport))
+                .entry((c.hostnqn.clone(), c.caps().transport, over))
                 .or_default();
             e.0 += 1;
             e.1 += c.queues_connected();
         }
-        for ((host, transport), (ctrls, queues)) in hosts {
+        for ((host, transport, over), (ctrls, queues)) in hosts {
             let _ = writeln!(
                 out,
-                "  host {host}: {ctrls} controller(s) over {transport}, {queues} queue(s)"
+                "  host {host}: {ctrls} controller(s) over {transport}{over}, {queues} queue(s)"
             );
         }
     }

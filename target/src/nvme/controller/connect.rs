@@ -142,11 +142,11 @@ pub fn connect(
     arrival: &Arrival,
 ) -> Result<Association, Refusal> {
     let cmd = ConnectCmd::from_sqe(sqe);
-    let (d, subsys) = admit_host(registry, &cmd, data)?;
+    let (d, subsys) = admit_host(registry, &cmd, data, arrival)?;
     if cmd.qid == 0 {
         connect_admin(registry, &cmd, d, subsys, caps, arrival)
     } else {
-        connect_io(registry, &cmd, &d, &subsys, caps)
+        connect_io(registry, &cmd, &d, &subsys, caps, arrival)
     }
 }
 
@@ -156,11 +156,13 @@ fn queue_depth(cmd: &ConnectCmd) -> u32 {
 }
 
 /// The Connect data, and the subsystem it names if that subsystem admits
-/// the host it names.
+/// the host it names on this connection: one admitted only for its TLS key
+/// must come over TLS, under its own identity.
 fn admit_host(
     registry: &Registry,
     cmd: &ConnectCmd,
     data: &[u8],
+    arrival: &Arrival,
 ) -> Result<(ConnectData, Arc<Subsystem>), Refusal> {
     if data.len() < CONNECT_DATA_LEN {
         return Err(refuse(
@@ -191,7 +193,49 @@ fn admit_host(
             format!("host {:?} is not allowed on {}", d.hostnqn, subsys.nqn),
         ));
     }
+    check_tls_identity(&d, arrival)?;
+    if arrival.tls.is_none() && !subsys.admits_without_tls(&d.hostnqn) {
+        return Err(refuse(
+            Status::CONNECT_INVALID_HOST,
+            0,
+            format!(
+                "host {:?} is allowed on {} only over TLS (it has a tls_key there)",
+                d.hostnqn, subsys.nqn
+            ),
+        ));
+    }
     Ok((d, subsys))
+}
+
+/// On a TLS connection, the Connect's host and subsystem must be those its
+/// PSK identity names: the key proved that host, for that subsystem
+/// (NVMe/TCP 1.1, 3.6.1.3); another host NQN is Connect Invalid Host, another
+/// subsystem NQN Connect Invalid Parameters (NVMe over Fabrics 1.1, 3.3).
+fn check_tls_identity(d: &ConnectData, arrival: &Arrival) -> Result<(), Refusal> {
+    let Some(tls) = &arrival.tls else {
+        return Ok(());
+    };
+    if tls.hostnqn != d.hostnqn {
+        return Err(refuse(
+            Status::CONNECT_INVALID_HOST,
+            0,
+            format!(
+                "host {:?} connects on a TLS session whose PSK identity is host {:?}",
+                d.hostnqn, tls.hostnqn
+            ),
+        ));
+    }
+    if tls.subnqn != d.subnqn {
+        return Err(refuse(
+            Status::CONNECT_INVALID_PARAMETERS,
+            invalid_param_dw0(true, ConnectData::SUBNQN_OFFSET),
+            format!(
+                "Connect to {:?} on a TLS session whose PSK identity is for {:?}",
+                d.subnqn, tls.subnqn
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// Refuses a `kind` queue of other than 2 to `max` entries.
@@ -292,6 +336,7 @@ fn connect_io(
     d: &ConnectData,
     subsys: &Subsystem,
     caps: TransportCaps,
+    arrival: &Arrival,
 ) -> Result<Association, Refusal> {
     if subsys.is_discovery() {
         return Err(refuse(
@@ -301,6 +346,16 @@ fn connect_io(
         ));
     }
     let ctrl = host_controller(subsys, d)?;
+    if ctrl.cipher().is_some() && arrival.tls.is_none() {
+        return Err(refuse(
+            Status::CONNECT_INVALID_HOST,
+            0,
+            format!(
+                "an I/O queue of controller {} comes without TLS, its admin queue came with it",
+                ctrl.cntlid
+            ),
+        ));
+    }
     check_queue_size(cmd, "I/O", caps.max_queue_entries)?;
     let generation = ctrl.claim_queue(cmd.qid)?;
     let queue = match admit_queue(&registry.admission.limits, registry.admission.queue()) {

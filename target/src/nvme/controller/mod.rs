@@ -175,6 +175,11 @@ impl Controller {
         self.caps
     }
 
+    /// The TLS cipher suite its admin queue runs in, if it is encrypted.
+    pub fn cipher(&self) -> Option<&str> {
+        self.arrival.tls.as_deref().map(|t| t.cipher.as_str())
+    }
+
     /// The ANA states of the listener the controller came through.
     #[inline]
     pub fn ana(&self) -> &AnaStates {

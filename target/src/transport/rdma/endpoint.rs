@@ -226,6 +226,7 @@ impl RdmaEndpoint {
         let arrival = Arrival {
             ana: inc.ana,
             local: id.local().map(|a| a.ip()),
+            tls: None,
         };
         let wire = RdmaWire::new(id, arrival, lkey, idx as u32, depth, read_credits);
         self.conns[idx] = Some(Box::new(RdmaQueue {

@@ -55,6 +55,7 @@ pub(super) fn listen(l: Listen) -> Result<(), DaemonError> {
         pollers,
         registry,
         stop,
+        tls: _,
     } = l;
     let url = format!("rdma://{addr}");
     let failed = |hint| {

@@ -29,13 +29,15 @@ impl TcpQueue {
     /// for their Connect.
     pub(super) fn new(c: Accepted, ep: u8, idx: u32) -> std::io::Result<Self> {
         let _ = c.sock.set_nodelay(true);
+        let (records, tls) = c.tls.map_or((None, None), |(r, p)| (Some(r), Some(p)));
         let arrival = Arrival {
             ana: c.ana,
             local: c.sock.local_addr().ok().map(|a| a.ip()),
+            tls,
         };
         Ok(TcpQueue {
             q: Queue::new(Binding::new(c.pending), c.peer.to_string(), ep, idx, 0),
-            w: TcpWire::new(c.sock, arrival, ep, idx)?,
+            w: TcpWire::new(c.sock, records, arrival, ep, idx)?,
         })
     }
 
@@ -60,10 +62,7 @@ impl TcpQueue {
             Phase::Closing if !self.w.cancelled && self.w.since.elapsed() > CANCEL_GRACE => {
                 // The shutdown should have ended them; make sure.
                 let stream = &self.w.stream;
-                let ops = [
-                    (stream.inbound.busy(), RECV),
-                    (stream.outbound.busy(), SEND),
-                ];
+                let ops = [(stream.receiving(), RECV), (stream.sending(), SEND)];
                 for (busy, what) in ops {
                     if busy {
                         let cancel = opcode::AsyncCancel::new(self.w.token(what).encode())

@@ -1,12 +1,22 @@
-//! Accepting NVMe/TCP connections and handing them to the pollers.
+//! Accepting NVMe/TCP connections and handing them to the pollers; on a
+//! TLS listener, each connection's handshake first runs on a thread of its
+//! own (off the pollers, as DH-HMAC-CHAP's DH does), within
+//! `limits.handshake_timeout`, at most `limits.tls_handshakes` at once.
 
 use crate::base::admission::Permit;
+use crate::config::ListenerTls;
+use crate::nvme::port::TlsPeer;
+use crate::nvme::subsystem::Registry;
 use crate::service::ana::AnaStates;
 use crate::transport::Listen;
+use rdmablk_common::fabrics::DISCOVERY_NQN;
+use rdmablk_common::tls::handshake::{self, HandshakeError};
+use rdmablk_common::tls::key::{Identity, TlsPsk};
+use rdmablk_common::tls::{Engine, Records};
 use std::net::{SocketAddr, TcpListener, TcpStream};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// A connection accepted, on its way to a poller.
 pub(super) struct Accepted {
@@ -16,12 +26,15 @@ pub(super) struct Accepted {
     pub(super) pending: Permit,
     /// The ANA states of the listener that accepted it.
     pub(super) ana: Arc<AnaStates>,
+    /// Its TLS records and who its identity names, once its handshake is done.
+    pub(super) tls: Option<(Box<Records>, Arc<TlsPeer>)>,
 }
 
 /// Accepts connections on `listener` until `l.stop`, handing them to the
 /// pollers round robin.
 pub(super) fn accept_loop(listener: TcpListener, l: Listen) {
-    let mut next = 0;
+    let l = Arc::new(l);
+    let next = Arc::new(AtomicUsize::new(0));
     loop {
         let accepted = listener.accept();
         if l.stop.load(Ordering::Acquire) {
@@ -39,9 +52,12 @@ pub(super) fn accept_loop(listener: TcpListener, l: Listen) {
                     peer,
                     pending,
                     ana: l.ana.clone(),
+                    tls: None,
                 };
-                l.pollers[next % l.pollers.len()].adopt(l.ep, Box::new(conn));
-                next += 1;
+                match l.tls.get() {
+                    ListenerTls::Off => hand(&l, &next, conn),
+                    mode => start_handshake(&l, &next, conn, mode),
+                }
             }
             Err(e) => {
                 tracing::warn!("accept failed: {e}");
@@ -49,4 +65,97 @@ pub(super) fn accept_loop(listener: TcpListener, l: Listen) {
             }
         }
     }
+}
+
+/// Hands a connection to the next poller.
+fn hand(l: &Listen, next: &AtomicUsize, conn: Accepted) {
+    let i = next.fetch_add(1, Ordering::Relaxed);
+    l.pollers[i % l.pollers.len()].adopt(l.ep, Box::new(conn));
+}
+
+/// Runs a connection's TLS handshake on a thread of its own, then hands it
+/// to a poller; a failure closes it, logged with the peer and the reason.
+fn start_handshake(l: &Arc<Listen>, next: &Arc<AtomicUsize>, conn: Accepted, mode: ListenerTls) {
+    let admission = &l.registry.admission;
+    // Past limits.tls_handshakes the socket is closed at once.
+    let Some(permit) = admission.tls_handshake(&conn.peer) else {
+        return;
+    };
+    let deadline = Instant::now() + admission.limits.handshake_timeout;
+    let (l, next) = (l.clone(), next.clone());
+    let peer = conn.peer;
+    let spawned = std::thread::Builder::new()
+        .name("tls-handshake".into())
+        .spawn(move || {
+            let _permit = permit;
+            match secure(conn, mode, &l.registry, deadline) {
+                Ok(conn) => hand(&l, &next, conn),
+                Err(why) => {
+                    // A flood of failing handshakes must not flood the log.
+                    if let Some(more) = l.registry.admission.refusals.allow() {
+                        tracing::warn!(%peer, suppressed = more, "connection closed: TLS handshake failed: {why}");
+                    }
+                }
+            }
+        });
+    if let Err(e) = spawned {
+        tracing::warn!(%peer, "connection closed: no thread for its TLS handshake: {e}");
+    }
+}
+
+/// Brings a connection through its TLS handshake (on an `Optional`
+/// listener, only one that opens with a ClientHello).
+fn secure(
+    mut conn: Accepted,
+    mode: ListenerTls,
+    registry: &Arc<Registry>,
+    deadline: Instant,
+) -> Result<Accepted, String> {
+    let described = |e: HandshakeError| match e {
+        HandshakeError::Plaintext => {
+            "the host sent a plaintext ICReq; this listener requires TLS (tls = \"required\")"
+                .to_string()
+        }
+        e => e.to_string(),
+    };
+    if mode == ListenerTls::Optional {
+        let first = handshake::first_byte(&conn.sock, deadline).map_err(described)?;
+        if !handshake::starts_tls(first) {
+            return Ok(conn);
+        }
+    }
+    let keys = registry.clone();
+    let mut engine = Engine::server(Box::new(move |raw| psk_of(&keys, raw)))
+        .map_err(|e| e.to_string())?;
+    handshake::run(&conn.sock, &mut engine, deadline).map_err(described)?;
+    let Some(Ok(shown)) = engine.psk_outcome() else {
+        return Err("the handshake ended without a PSK".into());
+    };
+    let id = Identity::parse(shown.as_bytes())?;
+    tracing::debug!(peer = %conn.peer, identity = %shown, cipher = engine.cipher(), "TLS handshake done");
+    let peer = TlsPeer {
+        hostnqn: id.hostnqn,
+        subnqn: id.subnqn,
+        cipher: engine.cipher(),
+    };
+    conn.tls = Some((Box::new(Records::new(engine)), Arc::new(peer)));
+    Ok(conn)
+}
+
+/// The TLS PSK of the identity a host offered: from the key configured for
+/// its host NQN on the subsystem it names.
+fn psk_of(registry: &Registry, raw: &[u8]) -> Result<TlsPsk, String> {
+    let id = Identity::parse(raw).map_err(|e| {
+        format!("identity {:?}: {e}", String::from_utf8_lossy(&raw[..raw.len().min(64)]))
+    })?;
+    let key = registry.tls_key(&id.hostnqn, &id.subnqn).ok_or_else(|| {
+        let on = if id.subnqn == DISCOVERY_NQN {
+            "any subsystem".to_string()
+        } else {
+            id.subnqn.clone()
+        };
+        format!("no TLS key for host {} on {on} (identity {id})", id.hostnqn)
+    })?;
+    id.tls_psk(&key.key, key.labels)
+        .map_err(|e| format!("identity {id}: {e}"))
 }

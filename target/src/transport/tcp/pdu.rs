@@ -11,6 +11,7 @@ use crate::engine::queue::{InCapsule, Intake};
 use rdmablk_common::nvme::Sqe;
 use rdmablk_common::tcp::stream::{Flow, Placed, Receiver, Stop};
 use rdmablk_common::tcp::{self, fes, Digests, Header, Transfer};
+use rdmablk_common::tls::handshake;
 use std::time::Instant;
 
 /// A connection handling the PDUs its stream received.
@@ -65,6 +66,18 @@ impl TcpQueue {
         // Take the PDUs out so that they can be handled while `self` changes.
         let mut inbound = std::mem::take(&mut self.w.stream.inbound);
         if let Err(stop) = inbound.process(&mut Receiving { c: self, io }) {
+            let first = inbound.pending().first().copied();
+            if self.w.phase == Phase::Handshake && first.is_some_and(handshake::starts_tls) {
+                // A TermReq would mean nothing to a TLS client.
+                let why = "the host opened TLS (a ClientHello) on a listener without it; \
+                           set tls = \"required\" or \"optional\" on the listener, or connect without TLS";
+                if let Some(more) = io.registry.admission.refusals.allow() {
+                    tracing::warn!(peer = %self.q.peer, suppressed = more, "connection closed: {why}");
+                }
+                self.close(why);
+                self.w.stream.inbound = inbound;
+                return;
+            }
             let f = match stop {
                 Stop::Malformed(e) => Fatal::from(e),
                 Stop::Refused(f) => f,

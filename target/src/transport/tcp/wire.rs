@@ -10,6 +10,7 @@ use crate::nvme::port::Arrival;
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
 use rdmablk_common::tcp::stream::{Inbound, InboundLimits, Role, Stream};
 use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
+use rdmablk_common::tls::Records;
 use std::net::TcpStream;
 use std::time::Instant;
 
@@ -185,6 +186,7 @@ impl TcpWire {
     /// through `arrival`), waiting for its ICReq.
     pub(super) fn new(
         sock: TcpStream,
+        tls: Option<Box<Records>>,
         arrival: Arrival,
         ep: u8,
         idx: u32,
@@ -199,7 +201,7 @@ impl TcpWire {
             },
         )?;
         Ok(TcpWire {
-            stream: Stream::new(sock, inbound),
+            stream: Stream::with_tls(sock, inbound, tls),
             arrival,
             ep,
             idx,

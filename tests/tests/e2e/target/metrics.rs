@@ -170,7 +170,7 @@ fn hosts_and_errors_show_while_they_last() {
     let (t, metrics) = target_with_metrics();
     let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
     let s = samples(&scrape(metrics));
-    let host = format!("{{host=\"{HOST_A}\",transport=\"tcp\"}}");
+    let host = format!("{{host=\"{HOST_A}\",transport=\"tcp\",tls=\"false\"}}");
     assert_eq!(value(&s, &format!("rdmablk_host_controllers{host}")), 1.0);
     assert_eq!(
         value(&s, &format!("rdmablk_host_queues{host}")),

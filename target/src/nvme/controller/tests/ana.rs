@@ -48,6 +48,7 @@ fn through(groups: &[(u32, AnaState)]) -> Arrival {
     Arrival {
         ana: Arc::new(AnaStates::new(&l)),
         local: None,
+        tls: None,
     }
 }
 
