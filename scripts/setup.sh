@@ -10,8 +10,9 @@ set -euo pipefail
 BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev libssl-dev)
 # Tests with real clients we did not write, and the VM suite's QEMU.
 # prometheus ships promtool, which lints the metrics endpoint's output.
+# gnutls-bin ships gnutls-cli: GnuTLS (the library of the kernel's tlshd) as a TLS peer.
 # The Ceph mon, OSD and CLI run scripts/ceph-dev.sh's cluster; librbd-dev to build against librbd.
-TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86
+TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86 gnutls-bin
   prometheus ceph-mon ceph-osd ceph-common librbd-dev)
 
 want=("${BUILD_PKGS[@]}")

@@ -80,13 +80,23 @@ fn newest_source(name: &str) -> Option<(PathBuf, SystemTime)> {
     newest
 }
 
-/// Updates `newest` with the `.rs` files under `dir`, recursively.
+/// Whether a source file or directory holds unit tests only (`tests.rs`,
+/// `tests/`): a change there rebuilds no binary.
+fn tests_only(path: &Path) -> bool {
+    path.file_stem().is_some_and(|s| s == "tests")
+}
+
+/// Updates `newest` with the `.rs` files under `dir`, recursively, unit
+/// tests aside.
 fn newest_rs(dir: &Path, newest: &mut Option<(PathBuf, SystemTime)>) {
     let entries = fs::read_dir(dir).unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()));
     for entry in entries {
         let path = entry
             .unwrap_or_else(|e| panic!("reading {}: {e}", dir.display()))
             .path();
+        if tests_only(&path) {
+            continue;
+        }
         if path.is_dir() {
             newest_rs(&path, newest);
         } else if path.extension().is_some_and(|e| e == "rs") {

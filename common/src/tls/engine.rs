@@ -366,14 +366,27 @@ impl Engine {
     }
 
     /// The failure of `what`: the server's verdict on the identity when it
-    /// refused one, else OpenSSL's reasons.
+    /// refused one, else OpenSSL's reasons, told in NVMe's terms where the
+    /// server knows more.
     fn failure(&self, what: &str) -> TlsError {
-        if let Some(Err(why)) = self.psk_outcome() {
-            // SAFETY: drops the queued reasons, which only repeat this.
-            unsafe { ffi::ERR_clear_error() };
-            return TlsError(format!("{what}: {why}"));
-        }
-        TlsError::openssl(what)
+        let e = TlsError::openssl(what);
+        let Psk::Server { outcome, .. } = &*self.psk else {
+            return e;
+        };
+        let told = match outcome {
+            Some(Err(why)) => why.clone(),
+            Some(Ok(id)) if e.0.contains("binder does not verify") => format!(
+                "the host's key is not the one configured for identity {id} (its PSK binder does not verify)"
+            ),
+            Some(Ok(id)) if e.0.contains("no suitable signature algorithm") => format!(
+                "identity {id}: the cipher suite chosen is not of the key's hash (the host must offer the suite of its key)"
+            ),
+            None if e.0.contains("no suitable signature algorithm") || e.0.contains("no shared cipher") => {
+                "the host offered no PSK identity (NVMe/TCP takes no certificates)".to_string()
+            }
+            _ => return e,
+        };
+        TlsError(format!("{what}: {told}"))
     }
 }
 

@@ -24,6 +24,9 @@ pub enum HandshakeError {
     Timeout,
     #[error("the peer closed the connection during the TLS handshake")]
     Closed,
+    /// Closed before sending a byte: a port probe, most likely.
+    #[error("the peer closed the connection without starting a TLS handshake")]
+    Abandoned,
     #[error("the peer sent a plaintext NVMe/TCP PDU where TLS was required")]
     Plaintext,
     #[error("the peer sent no TLS record (first byte {0:#04x})")]
@@ -97,7 +100,10 @@ fn read_record(
 ) -> Result<(), HandshakeError> {
     record.clear();
     record.resize(RECORD_HEADER, 0);
-    read_exact(&mut sock, record, deadline)?;
+    match read_exact(&mut sock, record, deadline) {
+        Err(HandshakeError::Closed) if first => return Err(HandshakeError::Abandoned),
+        r => r?,
+    }
     let kind = record[0];
     if first && !(CHANGE_CIPHER_SPEC..=APPLICATION_DATA).contains(&kind) {
         // An NVMe/TCP PDU starts with its type; ICReq is 0.
@@ -148,7 +154,7 @@ pub fn first_byte(sock: &TcpStream, deadline: Instant) -> Result<u8, HandshakeEr
     let r = loop {
         sock.set_read_timeout(Some(remaining(deadline)?))?;
         match sock.peek(&mut b) {
-            Ok(0) => break Err(HandshakeError::Closed),
+            Ok(0) => break Err(HandshakeError::Abandoned),
             Ok(_) => break Ok(b[0]),
             Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
             Err(e) => break Err(e.into()),

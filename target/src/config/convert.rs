@@ -5,8 +5,8 @@ use super::error::{invalid, ConfigError};
 use super::listener::{parse_socket_addr, parse_transport};
 use super::model::{
     default_poller_count, AnaState, BackendConfig, Config, GivenIds, HostAuth, HostTlsKey, Limits,
-    ListenerConfig, ListenerTls, Transport, NamespaceConfig, Pollers, QosLimits, SubsystemConfig, DEFAULT_ARENA_BYTES,
-    DEFAULT_BLOCK_SIZE, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
+    ListenerConfig, ListenerTls, NamespaceConfig, Pollers, QosLimits, SubsystemConfig, Transport,
+    DEFAULT_ARENA_BYTES, DEFAULT_BLOCK_SIZE, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID,
 };
 use super::nqn::EXAMPLE_NQN;
 use super::private_file;
@@ -19,11 +19,11 @@ use super::{gateway, qos, rbd};
 use rdmablk_common::auth::{DhGroup, Hash, Secret};
 use rdmablk_common::spin::SpinBounds;
 use rdmablk_common::tls::key::{ConfiguredKey, Labels};
-use zeroize::Zeroizing;
 use std::fmt;
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::Duration;
+use zeroize::Zeroizing;
 
 /// The model of a whole raw configuration, not yet validated.
 pub(super) fn convert(raw: RawConfig) -> Result<Config, ConfigError> {
@@ -425,7 +425,9 @@ fn convert_host(
         .ok_or_else(|| invalid(format!("{key}.nqn"), "missing; the host's NQN"))?;
     let dhchap = |name: &str, inline, file| {
         secret_text(key, name, inline, file)?
-            .map(|text| Secret::parse(&text).map_err(|e| invalid(format!("{key}.{name}"), e.to_string())))
+            .map(|text| {
+                Secret::parse(&text).map_err(|e| invalid(format!("{key}.{name}"), e.to_string()))
+            })
             .transpose()
     };
     let host_secret = dhchap("dhchap_secret", raw.dhchap_secret, raw.dhchap_secret_file)?;
@@ -436,7 +438,8 @@ fn convert_host(
     )?;
     let tls_key = secret_text(key, "tls_key", raw.tls_key, raw.tls_key_file)?
         .map(|text| {
-            ConfiguredKey::parse(&text).map_err(|e| invalid(format!("{key}.tls_key"), e.to_string()))
+            ConfiguredKey::parse(&text)
+                .map_err(|e| invalid(format!("{key}.tls_key"), e.to_string()))
         })
         .transpose()?
         .map(|k| HostTlsKey {
@@ -510,7 +513,12 @@ fn secret_text(
         )),
         (Some(t), None) => Ok(Some(Zeroizing::new(t))),
         (None, Some(path)) => {
-            let at = |p: String| invalid(format!("{key}.{name}_file"), format!("{}: {p}", path.display()));
+            let at = |p: String| {
+                invalid(
+                    format!("{key}.{name}_file"),
+                    format!("{}: {p}", path.display()),
+                )
+            };
             private_file(&path).map_err(at)?;
             let text = std::fs::read_to_string(&path).map_err(|e| at(e.to_string()))?;
             Ok(Some(Zeroizing::new(text)))

@@ -34,8 +34,8 @@ mod validate;
 pub use error::ConfigError;
 pub use model::{
     AnaState, BackendConfig, Config, GatewayGroup, GivenIds, HostAuth, HostQos, HostTlsKey, Limits,
-    ListenerConfig, ListenerTls, NamespaceConfig, Pollers, QosClass, QosKey, QosLimits, SubsystemConfig,
-    Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
+    ListenerConfig, ListenerTls, NamespaceConfig, Pollers, QosClass, QosKey, QosLimits,
+    SubsystemConfig, Transport, DEFAULT_STATE_DIRECTORY, MAX_ANA_GROUP, MAX_CNTLID, MAX_NSID,
 };
 pub use nqn::{validate_nqn, DEFAULT_NQN};
 pub use qos::apply_setting as qos_setting;
@@ -81,9 +81,11 @@ fn holds_inline_secrets(text: &str) -> bool {
             .unwrap_or_default()
     };
     tables(v.get("subsystem")).iter().any(|s| {
-        tables(s.get("host"))
-            .iter()
-            .any(|h| ["dhchap_secret", "dhchap_ctrl_secret", "tls_key"].iter().any(|k| h.contains_key(*k)))
+        tables(s.get("host")).iter().any(|h| {
+            ["dhchap_secret", "dhchap_ctrl_secret", "tls_key"]
+                .iter()
+                .any(|k| h.contains_key(*k))
+        })
     })
 }
 

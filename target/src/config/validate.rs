@@ -335,7 +335,27 @@ fn validate_hosts(key: &str, subsystem: &SubsystemConfig) -> Result<(), ConfigEr
             ));
         }
     }
-    if !subsystem.allow_any_host && subsystem.hosts.is_empty() && subsystem.auth.is_empty() {
+    for (i, t) in subsystem.tls_keys.iter().enumerate() {
+        let twice = subsystem.hosts.contains(&t.nqn)
+            || subsystem.tls_keys[..i].iter().any(|o| o.nqn == t.nqn);
+        if validate_nqn(&t.nqn).is_ok() && twice {
+            return Err(invalid(
+                format!("{key}.host"),
+                format!("{} is listed twice; a host is either in hosts or has one [[subsystem.host]] table", t.nqn),
+            ));
+        }
+        validate_nqn(&t.nqn).map_err(|reason| {
+            invalid(
+                format!("{key}.host"),
+                format!("{:?} is not a valid host NQN: {reason}", t.nqn),
+            )
+        })?;
+    }
+    if !subsystem.allow_any_host
+        && subsystem.hosts.is_empty()
+        && subsystem.auth.is_empty()
+        && subsystem.tls_keys.is_empty()
+    {
         return Err(invalid(
             format!("{key}.hosts"),
             "empty while allow_any_host = false, so no host could ever connect: \

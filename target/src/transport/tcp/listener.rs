@@ -90,17 +90,28 @@ fn start_handshake(l: &Arc<Listen>, next: &Arc<AtomicUsize>, conn: Accepted, mod
             let _permit = permit;
             match secure(conn, mode, &l.registry, deadline) {
                 Ok(conn) => hand(&l, &next, conn),
-                Err(why) => {
+                Err(Failure::Refused(why)) => {
                     // A flood of failing handshakes must not flood the log.
                     if let Some(more) = l.registry.admission.refusals.allow() {
                         tracing::warn!(%peer, suppressed = more, "connection closed: TLS handshake failed: {why}");
                     }
+                }
+                Err(Failure::Quiet) => {
+                    tracing::debug!(%peer, "connection closed before its TLS handshake")
                 }
             }
         });
     if let Err(e) = spawned {
         tracing::warn!(%peer, "connection closed: no thread for its TLS handshake: {e}");
     }
+}
+
+/// Why a connection did not get through its handshake.
+enum Failure {
+    /// Logged: the host's TLS is wrong, or the connection is not TLS.
+    Refused(String),
+    /// Not logged: the peer closed before sending a byte (a port probe).
+    Quiet,
 }
 
 /// Brings a connection through its TLS handshake (on an `Optional`
@@ -110,13 +121,14 @@ fn secure(
     mode: ListenerTls,
     registry: &Arc<Registry>,
     deadline: Instant,
-) -> Result<Accepted, String> {
+) -> Result<Accepted, Failure> {
     let described = |e: HandshakeError| match e {
-        HandshakeError::Plaintext => {
+        HandshakeError::Plaintext => Failure::Refused(
             "the host sent a plaintext ICReq; this listener requires TLS (tls = \"required\")"
-                .to_string()
-        }
-        e => e.to_string(),
+                .to_string(),
+        ),
+        HandshakeError::Abandoned => Failure::Quiet,
+        e => Failure::Refused(e.to_string()),
     };
     if mode == ListenerTls::Optional {
         let first = handshake::first_byte(&conn.sock, deadline).map_err(described)?;
@@ -126,12 +138,12 @@ fn secure(
     }
     let keys = registry.clone();
     let mut engine = Engine::server(Box::new(move |raw| psk_of(&keys, raw)))
-        .map_err(|e| e.to_string())?;
+        .map_err(|e| Failure::Refused(e.to_string()))?;
     handshake::run(&conn.sock, &mut engine, deadline).map_err(described)?;
     let Some(Ok(shown)) = engine.psk_outcome() else {
-        return Err("the handshake ended without a PSK".into());
+        return Err(Failure::Refused("the handshake ended without a PSK".into()));
     };
-    let id = Identity::parse(shown.as_bytes())?;
+    let id = Identity::parse(shown.as_bytes()).map_err(Failure::Refused)?;
     tracing::debug!(peer = %conn.peer, identity = %shown, cipher = engine.cipher(), "TLS handshake done");
     let peer = TlsPeer {
         hostnqn: id.hostnqn,
@@ -146,7 +158,10 @@ fn secure(
 /// its host NQN on the subsystem it names.
 fn psk_of(registry: &Registry, raw: &[u8]) -> Result<TlsPsk, String> {
     let id = Identity::parse(raw).map_err(|e| {
-        format!("identity {:?}: {e}", String::from_utf8_lossy(&raw[..raw.len().min(64)]))
+        format!(
+            "identity {:?}: {e}",
+            String::from_utf8_lossy(&raw[..raw.len().min(64)])
+        )
     })?;
     let key = registry.tls_key(&id.hostnqn, &id.subnqn).ok_or_else(|| {
         let on = if id.subnqn == DISCOVERY_NQN {

@@ -20,3 +20,4 @@ mod reservations;
 mod spec;
 mod tcp;
 mod tenants;
+mod tls;
