@@ -13,6 +13,7 @@ use super::key::{Hash, TlsPsk};
 use openssl_sys as ffi;
 use std::ffi::{c_int, c_uchar, c_void, CStr};
 use std::ptr;
+use zeroize::Zeroizing;
 
 // Not bound by openssl-sys (OpenSSL 1.1.1 and later have them).
 #[allow(non_camel_case_types)]
@@ -97,7 +98,25 @@ impl TlsError {
 /// How a server answers a PSK identity: the key, or why there is none.
 pub type PskLookup = Box<dyn FnMut(&[u8]) -> Result<TlsPsk, String> + Send>;
 
-/// What the PSK callbacks reach through the SSL's application data.
+/// What the callbacks reach through the SSL's application data: the PSK
+/// side, and the application traffic secrets the key log gives (for kernel
+/// TLS).
+struct Callbacks {
+    psk: Psk,
+    /// CLIENT_TRAFFIC_SECRET_0 and SERVER_TRAFFIC_SECRET_0.
+    client_secret: Option<Zeroizing<Vec<u8>>>,
+    server_secret: Option<Zeroizing<Vec<u8>>>,
+}
+
+/// The application traffic secrets of a connection, from its own side.
+pub struct Traffic {
+    pub hash: Hash,
+    /// The secret of what this side sends, and of what it receives.
+    pub sent: Zeroizing<Vec<u8>>,
+    pub received: Zeroizing<Vec<u8>>,
+}
+
+/// The PSK side of a connection.
 enum Psk {
     /// A client offers this identity with this key.
     Client { identity: Vec<u8>, psk: TlsPsk },
@@ -134,7 +153,7 @@ pub struct Engine {
     wbio: *mut ffi::BIO,
     /// Reached from the callbacks through the SSL's application data; boxed
     /// so that its address stays while the engine moves.
-    psk: Box<Psk>,
+    cb: Box<Callbacks>,
 }
 
 // SAFETY: the SSL object and its BIOs belong to this engine alone and are
@@ -152,10 +171,10 @@ impl Engine {
             Hash::Sha256 => c"TLS_AES_128_GCM_SHA256",
             Hash::Sha384 => c"TLS_AES_256_GCM_SHA384",
         };
-        let e = Engine::new(Box::new(Psk::Client {
+        let e = Engine::new(Psk::Client {
             identity: identity.as_bytes().to_vec(),
             psk,
-        }))?;
+        })?;
         // SAFETY: a live SSL object; the suite's name is a C string.
         unsafe {
             if ffi::SSL_set_ciphersuites(e.ssl, suite.as_ptr()) != 1 {
@@ -168,17 +187,22 @@ impl Engine {
 
     /// A server whose `lookup` turns each identity offered into its key.
     pub fn server(lookup: PskLookup) -> Result<Engine, TlsError> {
-        let e = Engine::new(Box::new(Psk::Server {
+        let e = Engine::new(Psk::Server {
             lookup,
             outcome: None,
-        }))?;
+        })?;
         // SAFETY: a live SSL object.
         unsafe { ffi::SSL_set_accept_state(e.ssl) };
         Ok(e)
     }
 
-    fn new(mut psk: Box<Psk>) -> Result<Engine, TlsError> {
-        let server = matches!(*psk, Psk::Server { .. });
+    fn new(psk: Psk) -> Result<Engine, TlsError> {
+        let server = matches!(psk, Psk::Server { .. });
+        let mut cb = Box::new(Callbacks {
+            psk,
+            client_secret: None,
+            server_secret: None,
+        });
         // SAFETY: plain OpenSSL object construction; every pointer is checked
         // before use and freed on every path (the SSL holds its own
         // reference to the context, which is released here).
@@ -201,6 +225,7 @@ impl Engine {
                 return Err(TlsError::openssl("configuring TLS 1.3"));
             }
             ffi::SSL_CTX_set_options(ctx, ffi::SSL_OP_NO_TICKET as _);
+            ffi::SSL_CTX_set_keylog_callback(ctx, Some(key_log));
             if server {
                 SSL_CTX_set_psk_find_session_callback(ctx, Some(find_session));
             } else {
@@ -223,13 +248,13 @@ impl Engine {
                 return Err(TlsError::openssl("BIO_new"));
             }
             ffi::SSL_set_bio(ssl, rbio, wbio);
-            let data = &mut *psk as *mut Psk as *mut c_void;
+            let data = &mut *cb as *mut Callbacks as *mut c_void;
             ffi::SSL_set_ex_data(ssl, 0, data);
             Ok(Engine {
                 ssl,
                 rbio,
                 wbio,
-                psk,
+                cb,
             })
         }
     }
@@ -354,10 +379,32 @@ impl Engine {
     /// On a server: the identity the client offered and the key found for
     /// it, or why none was; `None` before the client offered one.
     pub fn psk_outcome(&self) -> Option<&Result<String, String>> {
-        match &*self.psk {
+        match &self.cb.psk {
             Psk::Server { outcome, .. } => outcome.as_ref(),
             Psk::Client { .. } => None,
         }
+    }
+
+    /// The application traffic secrets, once the handshake is done.
+    pub fn traffic(&self) -> Option<Traffic> {
+        let hash = if self.cipher().contains("SHA384") {
+            Hash::Sha384
+        } else {
+            Hash::Sha256
+        };
+        let (client, server) = (
+            self.cb.client_secret.clone()?,
+            self.cb.server_secret.clone()?,
+        );
+        let (sent, received) = match self.cb.psk {
+            Psk::Client { .. } => (client, server),
+            Psk::Server { .. } => (server, client),
+        };
+        Some(Traffic {
+            hash,
+            sent,
+            received,
+        })
     }
 
     fn error(&self, r: c_int) -> c_int {
@@ -370,7 +417,7 @@ impl Engine {
     /// server knows more.
     fn failure(&self, what: &str) -> TlsError {
         let e = TlsError::openssl(what);
-        let Psk::Server { outcome, .. } = &*self.psk else {
+        let Psk::Server { outcome, .. } = &self.cb.psk else {
             return e;
         };
         let told = match outcome {
@@ -442,8 +489,10 @@ unsafe extern "C" fn find_session(
     // answer; the engine is borrowed by the call that runs this callback.
     unsafe {
         *sess = ptr::null_mut();
-        let Some(Psk::Server { lookup, outcome }) =
-            ffi::SSL_get_ex_data(ssl, 0).cast::<Psk>().as_mut()
+        let Some(Callbacks {
+            psk: Psk::Server { lookup, outcome },
+            ..
+        }) = ffi::SSL_get_ex_data(ssl, 0).cast::<Callbacks>().as_mut()
         else {
             return 0;
         };
@@ -473,8 +522,10 @@ unsafe extern "C" fn use_session(
     // `Psk`, which outlives the handshake.
     unsafe {
         *sess = ptr::null_mut();
-        let Some(Psk::Client { identity, psk }) =
-            ffi::SSL_get_ex_data(ssl, 0).cast::<Psk>().as_ref()
+        let Some(Callbacks {
+            psk: Psk::Client { identity, psk },
+            ..
+        }) = ffi::SSL_get_ex_data(ssl, 0).cast::<Callbacks>().as_ref()
         else {
             return 0;
         };
@@ -493,5 +544,36 @@ unsafe extern "C" fn use_session(
         *idlen = identity.len();
         *sess = s;
         1
+    }
+}
+
+/// The key log callback: keeps the application traffic secrets (the lines
+/// `CLIENT_TRAFFIC_SECRET_0 <random> <hex>` and `SERVER_...`), which kernel
+/// TLS needs; ignores the other lines.
+unsafe extern "C" fn key_log(ssl: *const ffi::SSL, line: *const std::ffi::c_char) {
+    // SAFETY: OpenSSL passes the live SSL whose application data is the
+    // engine's boxed `Callbacks` (borrowed by the call that runs this
+    // callback) and a NUL-terminated line.
+    unsafe {
+        let Some(cb) = ffi::SSL_get_ex_data(ssl, 0).cast::<Callbacks>().as_mut() else {
+            return;
+        };
+        let line = CStr::from_ptr(line).to_bytes();
+        let mut words = line.split(|b| *b == b' ');
+        let (Some(label), Some(_random), Some(hex)) = (words.next(), words.next(), words.next())
+        else {
+            return;
+        };
+        let slot = match label {
+            b"CLIENT_TRAFFIC_SECRET_0" => &mut cb.client_secret,
+            b"SERVER_TRAFFIC_SECRET_0" => &mut cb.server_secret,
+            _ => return,
+        };
+        let digit = |c: u8| (c as char).to_digit(16).map(|d| d as u8);
+        let secret: Option<Vec<u8>> = hex
+            .chunks(2)
+            .map(|p| Some(digit(p[0])? << 4 | digit(*p.get(1)?)?))
+            .collect();
+        *slot = secret.map(Zeroizing::new);
     }
 }

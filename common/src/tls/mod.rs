@@ -8,6 +8,7 @@ mod blocking;
 mod engine;
 pub mod handshake;
 pub mod key;
+pub mod ktls;
 mod records;
 
 pub use blocking::TlsSocket;

@@ -257,3 +257,33 @@ fn the_stream_receives_and_sends_through_records_with_io_uring() {
     }
     assert!(cids.into_iter().eq(0..PDUS));
 }
+
+#[test]
+fn kernel_tls_carries_the_data_or_says_why_not() {
+    let key = ConfiguredKey::generate(Hash::Sha384).unwrap();
+    let ((rs, mut ss, s), (rc, cs, c)) = handshake_both(server(key.clone()), client(&key, 1, HOST));
+    rs.unwrap();
+    rc.unwrap();
+    let (st, ct) = (s.traffic().unwrap(), c.traffic().unwrap());
+    assert_eq!(*st.sent, *ct.received);
+    assert_eq!(*st.received, *ct.sent);
+    assert_eq!(st.sent.len(), 48);
+    match super::ktls::offload(&ss, &s) {
+        Ok(()) => {
+            // The kernel encrypts: plaintext on the server's socket.
+            let mut peer = TlsSocket::new(cs, c);
+            ss.write_all(b"from the kernel").unwrap();
+            let mut got = [0u8; 15];
+            peer.read_exact(&mut got).unwrap();
+            assert_eq!(&got, b"from the kernel");
+            peer.write_all(b"to the kernel").unwrap();
+            let mut got = [0u8; 13];
+            ss.read_exact(&mut got).unwrap();
+            assert_eq!(&got, b"to the kernel");
+        }
+        Err(super::ktls::KtlsError::Unavailable(e)) => {
+            eprintln!("no kernel TLS here ({e}): user-space records carry TLS");
+        }
+        Err(e) => panic!("{e}"),
+    }
+}

@@ -96,12 +96,14 @@ pub struct Arrival {
     pub tls: Option<Arc<TlsPeer>>,
 }
 
-/// Who a TLS connection's PSK identity names, and its cipher suite.
+/// Who a TLS connection's PSK identity names, its cipher suite, and
+/// whether the kernel encrypts it.
 #[derive(Debug)]
 pub struct TlsPeer {
     pub hostnqn: String,
     pub subnqn: String,
     pub cipher: String,
+    pub kernel: bool,
 }
 
 /// TREQ of every entry, as nvmet: no secure channel requirement stated,

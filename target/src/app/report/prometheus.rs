@@ -271,7 +271,7 @@ pub fn render(shared: &Shared, started: Instant, group: Option<&GroupStatus>) ->
     for s in subsystems.iter().chain([&r.discovery]) {
         for c in s.live_controllers() {
             let e = hosts
-                .entry((c.hostnqn.clone(), c.caps().transport, c.cipher().is_some()))
+                .entry((c.hostnqn.clone(), c.caps().transport, c.tls().is_some()))
                 .or_default();
             e.0 += 1;
             e.1 += c.queues_connected() as u64;

@@ -110,8 +110,9 @@ pub fn render(shared: &Shared, started: Instant) -> String {
         }
         let mut hosts: BTreeMap<(String, &str, String), (usize, usize)> = BTreeMap::new();
         for c in s.live_controllers() {
-            let over = match c.cipher() {
-                Some(cipher) => format!(" with TLS ({cipher})"),
+            let over = match c.tls() {
+                Some(t) if t.kernel => format!(" with TLS ({}, kernel)", t.cipher),
+                Some(t) => format!(" with TLS ({})", t.cipher),
                 None => String::new(),
             };
             let e = hosts

@@ -346,7 +346,7 @@ fn connect_io(
         ));
     }
     let ctrl = host_controller(subsys, d)?;
-    if ctrl.cipher().is_some() && arrival.tls.is_none() {
+    if ctrl.tls().is_some() && arrival.tls.is_none() {
         return Err(refuse(
             Status::CONNECT_INVALID_HOST,
             0,

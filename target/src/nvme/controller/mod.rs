@@ -26,7 +26,7 @@ pub use transfer::{admin_transfer_len, fabrics_transfer_len, TransferLen};
 use crate::base::admission::{Gauge, Permit};
 use crate::base::offload::Job;
 use crate::nvme::fabric::TransportCaps;
-use crate::nvme::port::Arrival;
+use crate::nvme::port::{Arrival, TlsPeer};
 use crate::nvme::subsystem::{Registry, Subsystem};
 use crate::service::ana::AnaStates;
 use crate::service::reservation::ptpl::Persistent;
@@ -175,9 +175,9 @@ impl Controller {
         self.caps
     }
 
-    /// The TLS cipher suite its admin queue runs in, if it is encrypted.
-    pub fn cipher(&self) -> Option<&str> {
-        self.arrival.tls.as_deref().map(|t| t.cipher.as_str())
+    /// The TLS session its admin queue runs in, if it is encrypted.
+    pub fn tls(&self) -> Option<&TlsPeer> {
+        self.arrival.tls.as_deref()
     }
 
     /// The ANA states of the listener the controller came through.

@@ -29,7 +29,7 @@ impl TcpQueue {
     /// for their Connect.
     pub(super) fn new(c: Accepted, ep: u8, idx: u32) -> std::io::Result<Self> {
         let _ = c.sock.set_nodelay(true);
-        let (records, tls) = c.tls.map_or((None, None), |(r, p)| (Some(r), Some(p)));
+        let (records, tls) = c.tls.map_or((None, None), |(r, p)| (r, Some(p)));
         let arrival = Arrival {
             ana: c.ana,
             local: c.sock.local_addr().ok().map(|a| a.ip()),

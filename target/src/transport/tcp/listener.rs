@@ -12,7 +12,7 @@ use crate::transport::Listen;
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use rdmablk_common::tls::handshake::{self, HandshakeError};
 use rdmablk_common::tls::key::{Identity, TlsPsk};
-use rdmablk_common::tls::{Engine, Records};
+use rdmablk_common::tls::{ktls, Engine, Records};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -26,8 +26,9 @@ pub(super) struct Accepted {
     pub(super) pending: Permit,
     /// The ANA states of the listener that accepted it.
     pub(super) ana: Arc<AnaStates>,
-    /// Its TLS records and who its identity names, once its handshake is done.
-    pub(super) tls: Option<(Box<Records>, Arc<TlsPeer>)>,
+    /// Once its TLS handshake is done: its records when TLS stays in user
+    /// space (none with kernel TLS), and who its identity names.
+    pub(super) tls: Option<(Option<Box<Records>>, Arc<TlsPeer>)>,
 }
 
 /// Accepts connections on `listener` until `l.stop`, handing them to the
@@ -140,18 +141,48 @@ fn secure(
     let mut engine = Engine::server(Box::new(move |raw| psk_of(&keys, raw)))
         .map_err(|e| Failure::Refused(e.to_string()))?;
     handshake::run(&conn.sock, &mut engine, deadline).map_err(described)?;
-    let Some(Ok(shown)) = engine.psk_outcome() else {
+    let Some(Ok(shown)) = engine.psk_outcome().cloned() else {
         return Err(Failure::Refused("the handshake ended without a PSK".into()));
     };
     let id = Identity::parse(shown.as_bytes()).map_err(Failure::Refused)?;
-    tracing::debug!(peer = %conn.peer, identity = %shown, cipher = engine.cipher(), "TLS handshake done");
+    let cipher = engine.cipher();
+    let records = match kernel_tls(&conn.sock, &engine) {
+        Ok(()) => None,
+        Err(ktls::KtlsError::Keys(e)) => {
+            return Err(Failure::Refused(format!(
+                "kernel TLS refused the keys: {e}"
+            )))
+        }
+        Err(why) => {
+            tracing::debug!(peer = %conn.peer, "TLS in user space: {why}");
+            Some(Box::new(Records::new(engine)))
+        }
+    };
     let peer = TlsPeer {
         hostnqn: id.hostnqn,
         subnqn: id.subnqn,
-        cipher: engine.cipher(),
+        cipher,
+        kernel: records.is_none(),
     };
-    conn.tls = Some((Box::new(Records::new(engine)), Arc::new(peer)));
+    tracing::debug!(peer = %conn.peer, identity = %shown, cipher = peer.cipher, kernel = peer.kernel, "TLS handshake done");
+    conn.tls = Some((records, Arc::new(peer)));
     Ok(conn)
+}
+
+/// Hands the connection's TLS to the kernel unless `RDMABLK_KTLS=0`; the
+/// first time the kernel cannot take it, says so once.
+fn kernel_tls(sock: &TcpStream, engine: &Engine) -> Result<(), ktls::KtlsError> {
+    static TOLD: std::sync::Once = std::sync::Once::new();
+    if !ktls::wanted() {
+        return Err(ktls::KtlsError::NotWanted);
+    }
+    let r = ktls::offload(sock, engine);
+    if let Err(ktls::KtlsError::Unavailable(e)) = &r {
+        TOLD.call_once(|| {
+            tracing::info!("TLS records are encrypted in user space: the kernel has no TLS ({e}; modprobe tls)")
+        });
+    }
+    r
 }
 
 /// The TLS PSK of the identity a host offered: from the key configured for
