@@ -111,6 +111,10 @@ pub enum HostError {
         addr: SocketAddr,
         reason: rdmablk_common::tls::handshake::HandshakeError,
     },
+    /// TLS was asked for and the peer closed the connection without a
+    /// word: a listener without TLS, or one that has no key for us.
+    #[error("the target at {addr} closed the connection during the TLS handshake: is its listener configured with tls, and does it hold this host's key for identity `{identity}`?")]
+    TlsClosed { addr: SocketAddr, identity: String },
     /// No TLS was asked for and the target ended the connection (or sent a
     /// TLS record) instead of answering ICReq.
     #[error("the target at {0} closed the connection before ICResp; if its listener requires TLS, add --tls and a key (--tls-key-file)")]

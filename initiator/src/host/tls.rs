@@ -49,11 +49,15 @@ impl TlsParams {
             .map_err(|e| HostError::Protocol(format!("setting up TLS: {e}")))?;
         match handshake::run(sock, &mut engine, Instant::now() + HANDSHAKE_TIMEOUT) {
             Ok(()) => Ok(engine),
-            Err(
-                reason @ (HandshakeError::Closed
-                | HandshakeError::Plaintext
-                | HandshakeError::NotTls(_)),
-            ) => Err(HostError::NotTls { addr, reason }),
+            // A TLS listener that finds no key for the identity may close
+            // as one without TLS does.
+            Err(HandshakeError::Closed) => Err(HostError::TlsClosed {
+                addr,
+                identity: identity.to_string(),
+            }),
+            Err(reason @ (HandshakeError::Plaintext | HandshakeError::NotTls(_))) => {
+                Err(HostError::NotTls { addr, reason })
+            }
             Err(reason) => Err(HostError::TlsHandshake {
                 addr,
                 identity: identity.to_string(),

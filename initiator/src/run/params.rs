@@ -140,7 +140,7 @@ fn path_params(first: &Params, url: &str) -> Result<Params, String> {
         ));
     }
     if transport == Transport::Rdma && first.tls.is_some() {
-        return Err(bad(RDMA_TLS.into()));
+        return Err(format!("--path {url}: {RDMA_TLS}"));
     }
     if first.addr == addr && first.transport == transport {
         return Err(bad("it is the first path again".into()));
