@@ -64,7 +64,7 @@ or use /dev/ublkb0 like any disk (mkfs, mount, fio). After a crash, the same com
     /// and to the target, which holds it for this host's NQN. With
     /// --subnqn, stderr also shows the identity the host will offer.
     #[command(after_help = "Examples:
-  rdmablk gen-tls-key > host.key && chmod 600 host.key   # or: (umask 077; rdmablk gen-tls-key > host.key)
+  (umask 077; rdmablk gen-tls-key > host.key)     # a file only its owner may read
   rdmablk gen-tls-key --hmac 2 --subnqn nqn.2024-01.io.example:disk0
   rdmablk connect -t tcp -a 10.0.0.1 -n NQN --tls-key-file host.key --nbd unix:/run/disk0.sock")]
     GenTlsKey(GenTlsKeyArgs),
