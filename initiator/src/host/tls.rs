@@ -16,6 +16,7 @@ const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(10);
 /// the TLS PSK are derived from it.
 #[derive(Clone, Debug)]
 pub struct TlsParams {
+    /// The host's configured PSK (`NVMeTLSkey-1:...`).
     pub key: ConfiguredKey,
     /// The identity's version: 0 (`NVMe0R0x <hostnqn> <subnqn>`, what SPDK
     /// accepts) or 1 (the same with the PSK's digest, as

@@ -417,3 +417,6 @@ impl TcpSync {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
