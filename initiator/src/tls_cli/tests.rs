@@ -205,7 +205,7 @@ fn secret_gives_the_bytes() {
 
 #[test]
 fn identity_printed_is_the_one_the_host_offers() {
-    let (key, identity) = gen(&["--subnqn", SUBNQN]).unwrap();
+    let (_, identity) = gen(&["--subnqn", SUBNQN]).unwrap();
     let identity = identity.unwrap().to_string();
     assert_eq!(identity, format!("NVMe0R01 {HOSTNQN} {SUBNQN}"));
     let (key1, identity1) = gen(&["-n", SUBNQN, "-q", "nqn.h", "-I", "1"]).unwrap();
@@ -219,5 +219,4 @@ fn identity_printed_is_the_one_the_host_offers() {
         gen(&["--hostnqn", "nqn.h"]).is_err(),
         "--hostnqn needs --subnqn"
     );
-    drop(key);
 }
