@@ -4,6 +4,7 @@
 use clap::{Args, Parser, Subcommand};
 use rdmablk::bench::Pattern;
 use rdmablk::frontend::nbd::Listen;
+use rdmablk::tls_cli::{GenTlsKeyArgs, TlsArgs};
 use rdmablk_common::spin::{PollMode, SpinBounds};
 use rdmablk_common::units;
 use std::path::PathBuf;
@@ -57,6 +58,16 @@ or use /dev/ublkb0 like any disk (mkfs, mount, fio). After a crash, the same com
   rdmablk connect-all -t tcp -a 10.0.0.1 -s 4420 --nbd-dir /run/rdmablk
   rdmablk connect-all --ublk --ublk-id-base 10       # controllers from /etc/nvme/discovery.conf")]
     ConnectAll(ConnectAllArgs),
+    /// Print a new NVMe/TCP TLS pre-shared key (configured PSK) in the
+    /// interchange format, NVMeTLSkey-1:01:<base64>:, alone on stdout (as
+    /// `nvme gen-tls-key` prints it). Give it to the host (--tls-key-file)
+    /// and to the target, which holds it for this host's NQN. With
+    /// --subnqn, stderr also shows the identity the host will offer.
+    #[command(after_help = "Examples:
+  (umask 077; rdmablk gen-tls-key > host.key)     # a file only its owner may read
+  rdmablk gen-tls-key --hmac 2 --subnqn nqn.2024-01.io.example:disk0
+  rdmablk connect -t tcp -a 10.0.0.1 -n NQN --tls-key-file host.key --nbd unix:/run/disk0.sock")]
+    GenTlsKey(GenTlsKeyArgs),
 }
 
 #[derive(Args)]
@@ -150,6 +161,8 @@ pub(crate) struct Target {
     /// (bidirectional); a target that fails is refused.
     #[arg(short = 'C', long = "dhchap-ctrl-secret", value_name = "DHHC-1:...")]
     pub(crate) dhchap_ctrl_secret: Option<String>,
+    #[command(flatten)]
+    pub(crate) tls: TlsArgs,
 }
 
 /// A subsystem to use.

@@ -7,3 +7,4 @@ pub mod fuzzing;
 pub mod host;
 pub mod hostid;
 pub mod signals;
+pub mod tls_cli;

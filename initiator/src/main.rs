@@ -29,6 +29,7 @@ fn main() -> ExitCode {
         Command::Bench(b) => run::bench(&b),
         Command::List(l) => run::list(&l),
         Command::ConnectAll(a) => run::connect_all(&a),
+        Command::GenTlsKey(g) => run::gen_tls_key(&g),
     };
     match result {
         Ok(code) => code,

@@ -220,6 +220,7 @@ impl Keeper {
                     cntlid: p.cntlid(),
                     ana: p.state.ana().name().to_string(),
                     live: p.live(),
+                    tls: p.tls_cipher(),
                 })
                 .collect(),
         };

@@ -31,6 +31,9 @@ pub struct PathReport {
     /// The ANA state the host follows.
     pub ana: String,
     pub live: bool,
+    /// The TLS cipher suite when the path is encrypted (NVMe/TCP over TLS).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub tls: Option<String>,
 }
 
 /// Where the state files are.
@@ -124,8 +127,12 @@ pub fn render(all: &[Connection]) -> String {
         for p in &c.paths {
             let cntlid = p.cntlid.map_or("-".to_string(), |i| i.to_string());
             let live = if p.live { "live" } else { "connecting" };
+            let tls = p
+                .tls
+                .as_ref()
+                .map_or(String::new(), |c| format!("  tls {c}"));
             out += &format!(
-                "  {:<5} {:<40} cntlid {:<6} {:<16} {live}\n",
+                "  {:<5} {:<40} cntlid {:<6} {:<16} {live}{tls}\n",
                 p.transport, p.address, cntlid, p.ana
             );
         }

@@ -14,6 +14,7 @@ mod session;
 mod slots;
 mod sync_queue;
 pub mod tcp;
+pub mod tls;
 
 pub use attach::Attachment;
 pub use io_queue::{Data, Done, IoQueue, Link};
@@ -22,6 +23,7 @@ pub use paths::{PathState, Paths};
 pub use rdmablk_common::fabrics::Transport;
 pub use session::{NamespaceInfo, QueueLimits, Session};
 pub use sync_queue::SyncQueue;
+pub use tls::TlsParams;
 
 use rdmablk_common::nvme::Status;
 use rdmablk_common::tcp::Digests;
@@ -52,6 +54,9 @@ pub struct Params {
     pub disable_sqflow: bool,
     /// DH-HMAC-CHAP secrets, for targets whose Connect asks (ATR).
     pub dhchap: Option<rdmablk_common::auth::host::HostSecrets>,
+    /// NVMe/TCP over TLS: every queue's connection starts with a TLS 1.3
+    /// handshake with this PSK.
+    pub tls: Option<TlsParams>,
 }
 
 /// Why talking to a target failed.
@@ -91,6 +96,29 @@ pub enum HostError {
         nqn: String,
         source: rdmablk_common::auth::host::AuthError,
     },
+    /// The TLS handshake failed: the keys differ, or the target refused.
+    #[error("TLS handshake with {addr} failed: {reason}; the target must hold this host's key for identity `{identity}`")]
+    TlsHandshake {
+        addr: SocketAddr,
+        identity: String,
+        reason: rdmablk_common::tls::handshake::HandshakeError,
+    },
+    /// TLS was asked for and the peer answered without it.
+    #[error(
+        "the target at {addr} did not answer TLS ({reason}): is its listener configured with tls?"
+    )]
+    NotTls {
+        addr: SocketAddr,
+        reason: rdmablk_common::tls::handshake::HandshakeError,
+    },
+    /// TLS was asked for and the peer closed the connection without a
+    /// word: a listener without TLS, or one that has no key for us.
+    #[error("the target at {addr} closed the connection during the TLS handshake: is its listener configured with tls, and does it hold this host's key for identity `{identity}`?")]
+    TlsClosed { addr: SocketAddr, identity: String },
+    /// No TLS was asked for and the target ended the connection (or sent a
+    /// TLS record) instead of answering ICReq.
+    #[error("the target at {0} closed the connection before ICResp; if its listener requires TLS, add --tls and a key (--tls-key-file)")]
+    TlsRequired(SocketAddr),
     #[error("{0}")]
     Io(#[from] std::io::Error),
 }

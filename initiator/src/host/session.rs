@@ -60,6 +60,9 @@ pub struct Session {
     pub io_queues: u16,
     /// I/O queue entries to use.
     pub queue_size: u16,
+    /// The TLS cipher suite of the admin queue's connection (the I/O
+    /// queues' are the same), when the association is encrypted.
+    pub tls_cipher: Option<String>,
     keep_alive: Option<(Arc<AtomicBool>, JoinHandle<()>)>,
     /// Set when a Keep Alive failed: the association is gone.
     lost: Arc<AtomicBool>,
@@ -160,7 +163,7 @@ fn bring_up(
     subnqn: &str,
     kato_ms: u32,
 ) -> Result<(SyncQueue, ControllerId), HostError> {
-    let mut q = SyncQueue::open(p, 0, ADMIN_SQSIZE)?;
+    let mut q = SyncQueue::open(p, subnqn, 0, ADMIN_SQSIZE)?;
     let cntlid = fabrics_connect(&mut q, p, subnqn, 0, ADMIN_SQSIZE, kato_ms, 0xffff)?;
     let cap = property_get(&mut q, property::CAP, true)?;
     let timeout = Duration::from_millis(((cap >> 24) & 0xff).max(1) * 500).max(READY_TIMEOUT);
@@ -261,6 +264,7 @@ impl Session {
         }
         let queue_size = p.queue_size.min(mqes).min(ctrl.maxcmd.max(2)).max(2);
         let cntlid = ctrl.cntlid;
+        let tls_cipher = q.tls_cipher().map(str::to_string);
         let admin = Arc::new(Mutex::new(q));
         let lost = Arc::new(AtomicBool::new(false));
         let keep_alive =
@@ -271,6 +275,7 @@ impl Session {
             io_queues,
             queue_size,
             mdts = ctrl.mdts,
+            tls = tls_cipher.as_deref().unwrap_or("off"),
             "connected to {}",
             p.addr
         );
@@ -281,6 +286,7 @@ impl Session {
             cntlid,
             io_queues,
             queue_size,
+            tls_cipher,
             keep_alive,
             lost,
         })
@@ -443,7 +449,7 @@ impl Session {
 
     /// Connects I/O queue `qid`, ready for an engine.
     pub fn open_io_queue(&self, qid: u16) -> Result<IoQueue, HostError> {
-        let mut q = SyncQueue::open(&self.params, qid, self.queue_size)?;
+        let mut q = SyncQueue::open(&self.params, &self.params.subnqn, qid, self.queue_size)?;
         fabrics_connect(
             &mut q,
             &self.params,

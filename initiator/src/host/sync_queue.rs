@@ -34,11 +34,12 @@ pub struct RdmaSync {
 const AER_TAG: u64 = 1;
 
 impl SyncQueue {
-    /// Connects queue `qid` of `depth` entries at the transport level
-    /// (NVMe/TCP ICReq, or RDMA CM with the NVMe/RDMA private data).
-    pub fn open(p: &Params, qid: u16, depth: u16) -> Result<SyncQueue, HostError> {
+    /// Connects queue `qid` of `depth` entries of subsystem `subnqn` at
+    /// the transport level (NVMe/TCP: TLS when asked, then ICReq; RDMA CM
+    /// with the NVMe/RDMA private data).
+    pub fn open(p: &Params, subnqn: &str, qid: u16, depth: u16) -> Result<SyncQueue, HostError> {
         Ok(match p.transport {
-            Transport::Tcp => SyncQueue::Tcp(TcpSync::open(p.addr, p.digests)?),
+            Transport::Tcp => SyncQueue::Tcp(TcpSync::open(p, subnqn)?),
             Transport::Rdma => {
                 let mut q = RdmaQueue::connect(p.addr, qid, depth, None)?;
                 let mut buf = vec![0u8; MAX_DATA];
@@ -59,6 +60,14 @@ impl SyncQueue {
         match self {
             SyncQueue::Tcp(q) => q.addr(),
             SyncQueue::Rdma(q) => q.q.addr(),
+        }
+    }
+
+    /// The TLS cipher suite, when the queue's connection is encrypted.
+    pub fn tls_cipher(&self) -> Option<&str> {
+        match self {
+            SyncQueue::Tcp(q) => q.tls_cipher(),
+            SyncQueue::Rdma(_) => None,
         }
     }
 
@@ -208,8 +217,9 @@ impl SyncQueue {
                     max_h2c: q.max_h2c,
                     ..limits
                 };
+                let (sock, tls) = q.into_stream();
                 super::IoQueue::new(
-                    super::Link::Tcp(Box::new(super::tcp::TcpQueue::new(q.into_stream(), limits))),
+                    super::Link::Tcp(Box::new(super::tcp::TcpQueue::new(sock, tls, limits))),
                     limits.crdt,
                 )
             }

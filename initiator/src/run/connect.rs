@@ -21,6 +21,7 @@ pub(crate) fn connect_all(a: &ConnectAllArgs) -> Result<ExitCode, String> {
         disable_sqflow: false,
         dhchap_secret: None,
         dhchap_ctrl_secret: None,
+        tls: Default::default(),
     };
     let controllers = match &a.traddr {
         Some(_) => vec![base],

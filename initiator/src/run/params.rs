@@ -11,6 +11,10 @@ use rdmablk_common::tcp::Digests;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::time::Duration;
 
+/// Why TLS and NVMe/RDMA do not go together.
+const RDMA_TLS: &str = "--tls: TLS is an NVMe/TCP feature; NVMe/RDMA connections are not \
+     encrypted (use -t tcp, or leave --tls and the key out)";
+
 /// Paths one connection may have (each is an association of its own).
 pub(crate) const MAX_PATHS: usize = 16;
 
@@ -37,6 +41,10 @@ fn params(
     };
     if transport == Transport::Rdma && (t.hdr_digest || t.data_digest) {
         return Err("-g/-G: digests are an NVMe/TCP feature; NVMe/RDMA has none".into());
+    }
+    let tls = t.tls.resolve()?;
+    if transport == Transport::Rdma && tls.is_some() {
+        return Err(RDMA_TLS.into());
     }
     let secret = |flag: &str, s: &Option<String>| {
         s.as_deref()
@@ -70,6 +78,7 @@ fn params(
         io_queues,
         disable_sqflow: t.disable_sqflow,
         dhchap,
+        tls,
     })
 }
 
@@ -97,7 +106,19 @@ pub(crate) fn open(s: &Subsys, io_queues: u16) -> Result<Attachment, HostError> 
     for url in &s.paths {
         paths.push(path_params(&first, url).map_err(HostError::Protocol)?);
     }
-    Attachment::open(&paths, s.nsid)
+    let att = Attachment::open(&paths, s.nsid)?;
+    for session in &att.sessions {
+        let p = session.params();
+        let cipher = session.tls_cipher.as_deref();
+        if let Some(cipher) = cipher {
+            eprintln!(
+                "rdmablk: path {}://{} is encrypted: TLS 1.3, {cipher}",
+                p.transport.name(),
+                p.addr
+            );
+        }
+    }
+    Ok(att)
 }
 
 /// The parameters of another path to `first`'s subsystem: `url` is
@@ -117,6 +138,9 @@ fn path_params(first: &Params, url: &str) -> Result<Params, String> {
         return Err(bad(
             "digests (-g/-G) are an NVMe/TCP feature; NVMe/RDMA has none".into(),
         ));
+    }
+    if transport == Transport::Rdma && first.tls.is_some() {
+        return Err(format!("--path {url}: {RDMA_TLS}"));
     }
     if first.addr == addr && first.transport == transport {
         return Err(bad("it is the first path again".into()));

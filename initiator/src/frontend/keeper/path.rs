@@ -12,7 +12,7 @@ use rdmablk_common::nvme::ana::AnaState;
 use rdmablk_common::nvme::identify::NamespaceIdentifiers;
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::mpsc::{Receiver, RecvTimeoutError};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
@@ -33,6 +33,8 @@ pub(super) struct PathShared {
     live: AtomicBool,
     /// Its controller id, or [`NO_CONTROLLER`].
     cntlid: AtomicU32,
+    /// The TLS cipher suite of its association, when encrypted.
+    tls_cipher: Mutex<Option<String>>,
 }
 
 impl PathShared {
@@ -50,7 +52,21 @@ impl PathShared {
         (c != NO_CONTROLLER).then_some(c as u16)
     }
 
+    /// The TLS cipher suite of its association, when encrypted.
+    pub(super) fn tls_cipher(&self) -> Option<String> {
+        self.tls_cipher
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone()
+    }
+
     fn set_session(&self, s: Option<&Session>) {
+        if let Some(s) = s {
+            *self
+                .tls_cipher
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner) = s.tls_cipher.clone();
+        }
         self.live.store(s.is_some(), Ordering::Release);
         let c = s.map_or(NO_CONTROLLER, |s| s.cntlid as u32);
         self.cntlid.store(c, Ordering::Release);
@@ -92,6 +108,7 @@ impl PathKeeper {
             state: Arc::default(),
             live: AtomicBool::new(false),
             cntlid: AtomicU32::new(NO_CONTROLLER),
+            tls_cipher: Mutex::default(),
         });
         shared.set_session(Some(&session));
         let mut p = PathKeeper {

@@ -16,6 +16,7 @@ use rdmablk_common::tcp::stream::{
     Flow, Inbound, InboundLimits, Placed, Received, Receiver, Role, Stop, Stream,
 };
 use rdmablk_common::tcp::{flags, Digests, Header, Pdu, Transfer};
+use rdmablk_common::tls::Records;
 use std::net::TcpStream;
 
 /// Largest PDU accepted from the target (C2HData of up to 4 MiB).
@@ -61,7 +62,9 @@ pub struct TcpQueue {
 unsafe impl Send for TcpQueue {}
 
 impl TcpQueue {
-    pub fn new(sock: TcpStream, limits: QueueLimits) -> Self {
+    /// The queue of `sock`, connected and initialized; `tls` is the record
+    /// layer of a TLS connection.
+    pub fn new(sock: TcpStream, tls: Option<Box<Records>>, limits: QueueLimits) -> Self {
         let inbound = Inbound::new(
             Role::Host,
             InboundLimits {
@@ -74,7 +77,7 @@ impl TcpQueue {
         TcpQueue {
             // Failing to map the receive buffer is running out of memory,
             // as a failed heap allocation would be.
-            stream: Stream::new(sock, inbound.expect("mapping a receive buffer")),
+            stream: Stream::with_tls(sock, inbound.expect("mapping a receive buffer"), tls),
             limits,
             sends: 0,
             sent: Vec::new(),
@@ -246,7 +249,7 @@ impl TcpQueue {
     /// points into their buffers: a receive still writing into one, or a
     /// send still reading from them, must end first.
     fn settle_failed(&mut self) {
-        let busy = self.stream.inbound.busy_in_place() || self.stream.outbound.busy();
+        let busy = self.stream.receiving_in_place() || self.stream.sending();
         if self.slots.failed().is_some() && !busy {
             self.slots.fail_all();
         }

@@ -1,10 +1,11 @@
 //! A blocking NVMe/TCP queue: used for the admin queue, for discovery, and to
 //! bring up I/O queues before the io_uring data path takes their sockets.
 
-use crate::host::{HostError, COMMAND_TIMEOUT};
+use crate::host::{HostError, Params, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::CONNECT_DATA_LEN;
 use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
+use rdmablk_common::tls::{Records, TlsSocket};
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -12,10 +13,70 @@ use std::time::Duration;
 /// Largest PDU accepted from a target.
 pub const MAX_PDU: usize = 4 << 20;
 
+/// The first byte of a TLS alert record: what a TLS listener answers a
+/// plaintext ICReq with, if it answers.
+const TLS_ALERT: u8 = 21;
+/// The first byte of a TLS handshake record.
+const TLS_HANDSHAKE: u8 = 22;
+
+/// A queue's connection: plaintext, or through TLS.
+enum Conn {
+    Plain(TcpStream),
+    Tls(Box<TlsSocket>),
+}
+
+impl Conn {
+    /// The socket (for its options).
+    fn socket(&self) -> &TcpStream {
+        match self {
+            Conn::Plain(s) => s,
+            Conn::Tls(t) => t.socket(),
+        }
+    }
+
+    /// The socket and, with TLS, the record layer for the data path.
+    fn into_parts(self) -> (TcpStream, Option<Box<Records>>) {
+        match self {
+            Conn::Plain(s) => (s, None),
+            Conn::Tls(t) => {
+                let (sock, engine) = t.into_parts();
+                (sock, Some(Box::new(Records::new(engine))))
+            }
+        }
+    }
+}
+
+impl Read for Conn {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.read(buf),
+            Conn::Tls(t) => t.read(buf),
+        }
+    }
+}
+
+impl Write for Conn {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        match self {
+            Conn::Plain(s) => s.write(buf),
+            Conn::Tls(t) => t.write(buf),
+        }
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        match self {
+            Conn::Plain(s) => s.flush(),
+            Conn::Tls(t) => t.flush(),
+        }
+    }
+}
+
 /// A connected, initialized NVMe/TCP queue with blocking command execution.
 pub struct TcpSync {
-    sock: TcpStream,
+    sock: Conn,
     addr: SocketAddr,
+    /// The TLS cipher suite, when the connection is encrypted.
+    cipher: Option<String>,
     pub digests: Digests,
     /// MAXH2CDATA from the target.
     pub max_h2c: usize,
@@ -32,8 +93,11 @@ pub struct TcpSync {
 }
 
 impl TcpSync {
-    /// Opens the TCP connection and performs ICReq/ICResp.
-    pub fn open(addr: SocketAddr, digests: Digests) -> Result<TcpSync, HostError> {
+    /// Opens the TCP connection to `p.addr`, runs the TLS handshake when
+    /// `p.tls` asks (offering the identity of `p.hostnqn` for `subnqn`),
+    /// and performs ICReq/ICResp.
+    pub fn open(p: &Params, subnqn: &str) -> Result<TcpSync, HostError> {
+        let (addr, digests) = (p.addr, p.digests);
         let sock =
             TcpStream::connect_timeout(&addr, Duration::from_secs(5)).map_err(|e| {
                 match e.kind() {
@@ -42,10 +106,23 @@ impl TcpSync {
                 }
             })?;
         sock.set_nodelay(true)?;
-        sock.set_read_timeout(Some(COMMAND_TIMEOUT))?;
+        let (sock, cipher) = match &p.tls {
+            None => (Conn::Plain(sock), None),
+            Some(tls) => {
+                let engine = tls.handshake(&sock, addr, &p.hostnqn, subnqn)?;
+                let cipher = engine.cipher();
+                tracing::debug!(%addr, cipher, "TLS handshake done");
+                (
+                    Conn::Tls(Box::new(TlsSocket::new(sock, engine))),
+                    Some(cipher),
+                )
+            }
+        };
+        sock.socket().set_read_timeout(Some(COMMAND_TIMEOUT))?;
         let mut q = TcpSync {
             sock,
             addr,
+            cipher,
             digests: Digests::default(),
             max_h2c: 0,
             in_capsule: 0,
@@ -63,7 +140,7 @@ impl TcpSync {
         };
         q.sock
             .write_all(&tcp::encode(&icreq, 0, &[], Digests::default(), 1))?;
-        match q.recv_pdu()? {
+        match q.recv_icresp()? {
             (
                 Header::IcResp {
                     pfv,
@@ -103,9 +180,34 @@ impl TcpSync {
         Ok(q)
     }
 
-    /// The socket, for handing to the asynchronous data path.
-    pub fn into_stream(self) -> TcpStream {
-        self.sock
+    /// The answer to ICReq. Without TLS, a target that closes the
+    /// connection (or resets it, or answers with a TLS record) before
+    /// ICResp wants TLS: said so.
+    fn recv_icresp(&mut self) -> Result<(Header, u8, Vec<u8>), HostError> {
+        if let Conn::Plain(sock) = &self.sock {
+            let mut first = [0u8; 1];
+            let wants_tls = match sock.peek(&mut first) {
+                Ok(0) => true,
+                Ok(_) => matches!(first[0], TLS_ALERT | TLS_HANDSHAKE),
+                Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset => true,
+                Err(e) => return Err(self.read_error(e)),
+            };
+            if wants_tls {
+                return Err(HostError::TlsRequired(self.addr));
+            }
+        }
+        self.recv_pdu()
+    }
+
+    /// The socket and, on a TLS connection, its record layer, for handing
+    /// to the asynchronous data path.
+    pub fn into_stream(self) -> (TcpStream, Option<Box<Records>>) {
+        self.sock.into_parts()
+    }
+
+    /// The TLS cipher suite, when the connection is encrypted.
+    pub fn tls_cipher(&self) -> Option<&str> {
+        self.cipher.as_deref()
     }
 
     pub fn addr(&self) -> SocketAddr {
@@ -115,20 +217,21 @@ impl TcpSync {
     fn recv_exact(&mut self, n: usize) -> Result<(), HostError> {
         let have = self.rx.len();
         self.rx.resize(have + n, 0);
-        self.sock
-            .read_exact(&mut self.rx[have..])
-            .map_err(|e| match e.kind() {
-                std::io::ErrorKind::UnexpectedEof => {
-                    HostError::Protocol("the target closed the connection".into())
-                }
-                std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => {
-                    HostError::Protocol(format!(
-                        "no answer from {} within {:?}",
-                        self.addr, self.timeout
-                    ))
-                }
-                _ => HostError::Io(e),
-            })
+        let r = self.sock.read_exact(&mut self.rx[have..]);
+        r.map_err(|e| self.read_error(e))
+    }
+
+    /// What a failed read means.
+    fn read_error(&self, e: std::io::Error) -> HostError {
+        match e.kind() {
+            std::io::ErrorKind::UnexpectedEof => {
+                HostError::Protocol("the target closed the connection".into())
+            }
+            std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut => HostError::Protocol(
+                format!("no answer from {} within {:?}", self.addr, self.timeout),
+            ),
+            _ => HostError::Io(e),
+        }
     }
 
     /// Reads one whole PDU: its header, common header flags and data.
@@ -229,7 +332,7 @@ impl TcpSync {
 
     /// Sets how long a command may take to be answered.
     pub fn set_timeout(&mut self, t: Duration) -> Result<(), HostError> {
-        self.sock.set_read_timeout(Some(t))?;
+        self.sock.socket().set_read_timeout(Some(t))?;
         self.timeout = t;
         Ok(())
     }
@@ -276,10 +379,15 @@ impl TcpSync {
         Ok(std::mem::take(&mut self.events))
     }
 
-    /// Whether bytes wait on the socket.
+    /// Whether bytes wait on the socket, or in the TLS engine.
     fn readable(&self) -> Result<bool, HostError> {
+        if let Conn::Tls(t) = &self.sock {
+            if t.buffered() {
+                return Ok(true);
+            }
+        }
         let mut fd = libc::pollfd {
-            fd: std::os::fd::AsRawFd::as_raw_fd(&self.sock),
+            fd: std::os::fd::AsRawFd::as_raw_fd(self.sock.socket()),
             events: libc::POLLIN,
             revents: 0,
         };
@@ -309,3 +417,6 @@ impl TcpSync {
         Ok(())
     }
 }
+
+#[cfg(test)]
+mod tests;
