@@ -42,6 +42,7 @@ pub mod reservation;
 mod rng;
 mod target;
 mod temp;
+pub mod tls;
 pub mod tools;
 
 pub use bins::{bin_path, workspace_root};

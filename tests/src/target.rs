@@ -200,6 +200,16 @@ impl Target {
         fs::read_to_string(&self.log_path).unwrap_or_default()
     }
 
+    /// Waits up to 5 s for `text` to appear in the log; panics with the
+    /// log's tail if it does not.
+    pub fn wait_log(&self, text: &str) {
+        crate::check::wait_until(
+            Duration::from_secs(5),
+            format!("the log line {text:?}\n{}", self.log_tail()),
+            || self.log().contains(text),
+        );
+    }
+
     /// The end of the log, framed for a failure message.
     pub fn log_tail(&self) -> String {
         format!(

@@ -287,3 +287,57 @@ fn kernel_tls_carries_the_data_or_says_why_not() {
         Err(e) => panic!("{e}"),
     }
 }
+
+/// What the stream makes of `bytes` arriving after the handshake.
+fn stream_receives(bytes: &[u8]) -> tcp::stream::Received {
+    let key = ConfiguredKey::generate(Hash::Sha256).unwrap();
+    let ((rs, ss, s), (rc, mut cs, c)) = handshake_both(server(key.clone()), client(&key, 0, HOST));
+    drop(c);
+    rs.unwrap();
+    rc.unwrap();
+    let limits = InboundLimits {
+        buffer: 8 << 10,
+        max_pdu: 64 << 10,
+        max_other: 1 << 10,
+        direct_min: 4 << 10,
+    };
+    let inbound = Inbound::new(Role::Controller, limits).unwrap();
+    let mut stream = Stream::with_tls(ss, inbound, Some(Box::new(Records::new(s))));
+    cs.write_all(bytes).unwrap();
+    cs.shutdown(std::net::Shutdown::Write).unwrap();
+    let mut ring = io_uring::IoUring::new(4).unwrap();
+    loop {
+        let e = stream.recv_entry(1).unwrap();
+        // SAFETY: the stream outlives the wait.
+        unsafe { ring.submission().push(&e).unwrap() };
+        ring.submit_and_wait(1).unwrap();
+        let res = ring.completion().next().unwrap().result();
+        match stream.received(res) {
+            tcp::stream::Received::Bytes => continue,
+            other => return other,
+        }
+    }
+}
+
+#[test]
+fn oversized_and_forged_records_fail_the_receive() {
+    // A record announcing more than TLS 1.3 allows (2^14 + 256).
+    let mut big = vec![23, 3, 3, 0x48, 0x00];
+    big.resize(5 + 0x4800, 0xab);
+    let r = stream_receives(&big);
+    assert!(
+        matches!(&r, tcp::stream::Received::Failed(e) if e.to_string().contains("TLS")),
+        "{r:?}"
+    );
+    // A record of the right size whose bytes are not the peer's.
+    let mut forged = vec![23, 3, 3, 0x01, 0x00];
+    forged.resize(5 + 0x100, 0x5a);
+    let r = stream_receives(&forged);
+    assert!(
+        matches!(&r, tcp::stream::Received::Failed(e) if e.to_string().contains("TLS")),
+        "{r:?}"
+    );
+    // A record cut short, then the connection closed.
+    let r = stream_receives(&[23, 3, 3, 0x01, 0x00, 1, 2, 3]);
+    assert!(matches!(r, tcp::stream::Received::Closed), "{r:?}");
+}

@@ -52,7 +52,7 @@ impl TlsParams {
             Ok(()) => Ok(engine),
             // A TLS listener that finds no key for the identity may close
             // as one without TLS does.
-            Err(HandshakeError::Closed) => Err(HostError::TlsClosed {
+            Err(HandshakeError::Closed | HandshakeError::Abandoned) => Err(HostError::TlsClosed {
                 addr,
                 identity: identity.to_string(),
             }),

@@ -5,4 +5,5 @@
 mod multipath;
 mod nbd;
 mod nbd_export;
+mod tls;
 mod ublk_unavailable;

@@ -9,57 +9,18 @@
 
 use rdmablk_common::fabrics::discovery::treq;
 use rdmablk_common::tcp::{self, Digests, Header};
-use rdmablk_common::tls::key::{ConfiguredKey, Hash, Identity, Labels};
-use rdmablk_tests::check::{wait_until, OrPanic};
+use rdmablk_common::tls::key::Hash;
+use rdmablk_tests::check::OrPanic;
 use rdmablk_tests::client::{Controller, Queue};
 use rdmablk_tests::names::HOST_A;
+use rdmablk_tests::tls::{key, key_file, offer, target, SUBSYS};
 use rdmablk_tests::{free_port, Proc, Target, TempDir};
 use std::io::Write;
 use std::net::TcpStream;
 use std::os::unix::fs::PermissionsExt;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 use std::time::{Duration, Instant};
-
-const SUBSYS: &str = "nqn.2026-12.io.rdmablk:tls";
-
-/// A fixed key of `hash`'s length (so that failures reproduce).
-fn key(hash: Hash, seed: u8) -> ConfiguredKey {
-    let n = match hash {
-        Hash::Sha256 => 32,
-        Hash::Sha384 => 48,
-    };
-    let bytes: Vec<u8> = (0..n).map(|i| seed.wrapping_add(i as u8 * 11)).collect();
-    ConfiguredKey::from_bytes(&bytes, Some(hash))
-}
-
-/// `key` in a file only its owner reads.
-fn key_file(dir: &TempDir, name: &str, key: &ConfiguredKey) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, key.to_interchange()).or_panic("writing the key");
-    std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600)).or_panic("chmod");
-    path
-}
-
-/// A target whose listener `{port}` has `tls` (and `[limits]` `limits`),
-/// where HOST_A has `key`; a second, plaintext listener on `plain` when
-/// given.
-fn target(key: &ConfiguredKey, tls: &str, limits: &str, plain: Option<u16>) -> (Target, TempDir) {
-    let dir = TempDir::new("tls-keys");
-    let path = key_file(&dir, "host-a.key", key);
-    let second = plain.map_or(String::new(), |p| {
-        format!("[[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{p}\"\n")
-    });
-    let text = format!(
-        "[limits]\n{limits}\n\
-         [[listener]]\ntransport = \"tcp\"\naddress = \"127.0.0.1:{{port}}\"\ntls = \"{tls}\"\n{second}\n\
-         [[subsystem]]\nnqn = \"{SUBSYS}\"\n\
-         [[subsystem.host]]\nnqn = \"{HOST_A}\"\ntls_key_file = \"{}\"\n\
-         [[subsystem.namespace]]\nbackend = \"memory\"\nsize = \"16MiB\"\n",
-        path.display()
-    );
-    (Target::start_config(&text), dir)
-}
 
 fn hex(b: &[u8]) -> String {
     b.iter().map(|x| format!("{x:02x}")).collect()
@@ -106,13 +67,6 @@ fn gnutls(t: &Target, identity: &str, psk: &[u8]) -> (Vec<u8>, String) {
     (std::fs::read(&out).unwrap_or_default(), p.stderr())
 }
 
-/// The TLS PSK and identity HOST_A offers with `key` (version `v`).
-fn offer(key: &ConfiguredKey, v: u8, hostnqn: &str) -> (String, Vec<u8>) {
-    let id = Identity::of(v, key, hostnqn, SUBSYS, Labels::Rfc8446);
-    let psk = id.tls_psk(key, Labels::Rfc8446).expect("deriving the PSK");
-    (id.to_string(), psk.key.to_vec())
-}
-
 fn assert_icresp(got: &[u8], what: &str) {
     assert!(
         got.len() >= tcp::IC_LEN && got[0] == tcp::pdu_type::ICRESP,
@@ -122,23 +76,14 @@ fn assert_icresp(got: &[u8], what: &str) {
     );
 }
 
-fn wait_log(t: &Target, text: &str) {
-    wait_until(
-        Duration::from_secs(5),
-        format!("the log line {text:?}"),
-        || t.log().contains(text),
-    );
-}
-
-/// (gnutls-cli binds external PSKs to SHA-256 only: SHA-384 keys are
-/// tested with rdmablk's host.)
 #[test]
 fn gnutls_reaches_an_icresp_with_both_identity_versions() {
     let k = key(Hash::Sha256, 3);
-    let (t, _keys) = target(&k, "required", "", None);
+    let (d, _keys) = target(&k, "required", "", None);
+    let t = &d.t;
     for v in [0, 1] {
         let (identity, psk) = offer(&k, v, HOST_A);
-        let (got, err) = gnutls(&t, &identity, &psk);
+        let (got, err) = gnutls(t, &identity, &psk);
         assert_icresp(&got, &format!("version {v}: {err}"));
     }
 }
@@ -146,39 +91,38 @@ fn gnutls_reaches_an_icresp_with_both_identity_versions() {
 #[test]
 fn a_wrong_key_and_an_unknown_host_are_named_in_the_log() {
     let k = key(Hash::Sha256, 5);
-    let (t, _keys) = target(&k, "required", "", None);
+    let (d, _keys) = target(&k, "required", "", None);
+    let t = &d.t;
     let (identity, _) = offer(&k, 0, HOST_A);
     let (_, wrong) = offer(&key(Hash::Sha256, 6), 0, HOST_A);
-    let (got, err) = gnutls(&t, &identity, &wrong);
+    let (got, err) = gnutls(t, &identity, &wrong);
     assert!(got.is_empty(), "a wrong key got {} bytes", got.len());
     assert!(err.contains("alert"), "{err}");
-    wait_log(&t, "key is not the one configured for identity NVMe0R01");
+    t.wait_log("key is not the one configured for identity NVMe0R01");
 
     std::thread::sleep(Duration::from_millis(1100)); // the log's refusal throttle
     let stranger = "nqn.2026-12.io.rdmablk:stranger";
     let (identity, psk) = offer(&k, 0, stranger);
-    let (got, _) = gnutls(&t, &identity, &psk);
+    let (got, _) = gnutls(t, &identity, &psk);
     assert!(got.is_empty());
-    wait_log(&t, &format!("no TLS key for host {stranger} on {SUBSYS}"));
+    t.wait_log(&format!("no TLS key for host {stranger} on {SUBSYS}"));
 
     // The right key still works.
     let (identity, psk) = offer(&k, 0, HOST_A);
-    assert_icresp(&gnutls(&t, &identity, &psk).0, "the right key");
+    assert_icresp(&gnutls(t, &identity, &psk).0, "the right key");
 }
 
 #[test]
 fn plaintext_where_tls_is_required_and_tls_where_it_is_not() {
     let k = key(Hash::Sha256, 7);
     let plain = free_port();
-    let (t, _keys) = target(&k, "required", "", Some(plain));
+    let (d, _keys) = target(&k, "required", "", Some(plain));
+    let t = &d.t;
 
     // A plaintext ICReq on the TLS listener: closed, named.
     let mut s = TcpStream::connect(t.addr()).or_panic("connect");
     s.write_all(&icreq()).or_panic("sending ICReq");
-    wait_log(
-        &t,
-        "the host sent a plaintext ICReq; this listener requires TLS",
-    );
+    t.wait_log("the host sent a plaintext ICReq; this listener requires TLS");
 
     // A ClientHello on the plaintext listener: closed, named.
     let (identity, psk) = offer(&k, 0, HOST_A);
@@ -194,10 +138,7 @@ fn plaintext_where_tls_is_required_and_tls_where_it_is_not() {
     let r = rdmablk_tests::run("gnutls-cli", &mut c, Duration::from_secs(20));
     assert!(!r.status.success(), "{}", r.report());
     std::thread::sleep(Duration::from_millis(1100)); // the log's refusal throttle
-    wait_log(
-        &t,
-        "the host opened TLS (a ClientHello) on a listener without it",
-    );
+    t.wait_log("the host opened TLS (a ClientHello) on a listener without it");
 
     // The discovery log (read over the plaintext listener) tells which
     // port requires TLS: TSAS SECTYPE TLS 1.3 and TREQ "required" (NVMe/TCP
@@ -220,15 +161,16 @@ fn plaintext_where_tls_is_required_and_tls_where_it_is_not() {
     // HOST_A is allowed only by its key: its plaintext Connect is refused.
     let e = Controller::open(plain_addr, SUBSYS, HOST_A, &Default::default());
     assert!(e.is_err(), "a key-only host connected in plaintext");
-    wait_log(&t, "is allowed on nqn.2026-12.io.rdmablk:tls only over TLS");
+    t.wait_log("is allowed on nqn.2026-12.io.rdmablk:tls only over TLS");
 }
 
 #[test]
 fn an_optional_listener_takes_both() {
     let k = key(Hash::Sha256, 9);
-    let (t, _keys) = target(&k, "optional", "", None);
+    let (d, _keys) = target(&k, "optional", "", None);
+    let t = &d.t;
     let (identity, psk) = offer(&k, 0, HOST_A);
-    assert_icresp(&gnutls(&t, &identity, &psk).0, "TLS");
+    assert_icresp(&gnutls(t, &identity, &psk).0, "TLS");
     let q = Queue::connect(t.addr(), Digests::default());
     assert!(q.is_ok(), "plaintext ICReq on an optional listener");
     let entries = Controller::discover(t.addr(), HOST_A).or_panic("discovery");
@@ -246,22 +188,20 @@ fn an_optional_listener_takes_both() {
 fn silent_peers_and_a_flood_of_handshakes_are_bounded() {
     let k = key(Hash::Sha256, 11);
     let limits = "handshake_timeout = \"1s\"\ntls_handshakes = 2";
-    let (t, _keys) = target(&k, "required", limits, None);
+    let (d, _keys) = target(&k, "required", limits, None);
+    let t = &d.t;
     // Two silent connections hold both handshakes; a third is refused at once.
     let silent: Vec<TcpStream> = (0..2)
         .map(|_| TcpStream::connect(t.addr()).or_panic("connect"))
         .collect();
     std::thread::sleep(Duration::from_millis(200));
     let third = TcpStream::connect(t.addr()).or_panic("connect");
-    wait_log(
-        &t,
-        "too many TLS handshakes in progress (limits.tls_handshakes)",
-    );
+    t.wait_log("too many TLS handshakes in progress (limits.tls_handshakes)");
     // The silent ones end at the deadline, then a good host gets through.
-    wait_log(&t, "no TLS handshake within its deadline");
+    t.wait_log("no TLS handshake within its deadline");
     std::thread::sleep(Duration::from_millis(300));
     let (identity, psk) = offer(&k, 0, HOST_A);
-    assert_icresp(&gnutls(&t, &identity, &psk).0, "after the flood");
+    assert_icresp(&gnutls(t, &identity, &psk).0, "after the flood");
     drop((silent, third));
 }
 
