@@ -33,7 +33,7 @@ fn bench_verifies_with_both_hashes_and_identity_versions() {
         let file = file.to_str().expect("utf-8");
         for v in ["0", "1"] {
             let r = bench_a(
-                &t,
+                t,
                 &[
                     "--tls-key-file",
                     file,
@@ -66,7 +66,7 @@ fn bench_verifies_with_both_hashes_and_identity_versions() {
         }
         // Large transfers: records split and joined across 128 KiB I/Os.
         let r = bench_a(
-            &t,
+            t,
             &[
                 "--tls-key-file",
                 file,
