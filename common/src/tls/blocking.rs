@@ -1,33 +1,46 @@
-//! A blocking socket whose bytes go through TLS: for the host's blocking
-//! queues (admin, discovery, and I/O queues until their Connect).
+//! A blocking socket whose bytes go through TLS records: for the host's
+//! blocking queues (admin, discovery, and I/O queues until their Connect,
+//! when [`TlsSocket::into_parts`] hands what it holds to the stream).
 
-use super::engine::{Engine, Plain, TlsError};
+use super::engine::{Engine, TlsError};
+use super::protect::{Opened, Protection, HEADER, MAX_PLAIN};
+use super::Records;
 use std::io::{Read, Write};
 use std::net::TcpStream;
+use std::ops::Range;
 
 /// Ciphertext read from the socket at a time.
 const CHUNK: usize = 16 << 10;
 
-/// A connected socket and the TLS engine whose handshake is done.
+/// A connected socket whose TLS handshake is done.
 pub struct TlsSocket {
     sock: TcpStream,
-    engine: Engine,
-    buf: Box<[u8]>,
+    prot: Protection,
+    cipher: String,
+    /// Bytes received: `inbuf[plain]` opened data not yet read, then
+    /// `inbuf[next..]` not yet opened.
+    inbuf: Vec<u8>,
+    plain: Range<usize>,
+    next: usize,
     out: Vec<u8>,
 }
 
-fn invalid(e: TlsError) -> std::io::Error {
+fn invalid(e: impl std::fmt::Display) -> std::io::Error {
     std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS {e}"))
 }
 
 impl TlsSocket {
-    pub fn new(sock: TcpStream, engine: Engine) -> TlsSocket {
-        TlsSocket {
+    /// The socket of a connection whose handshake `engine` did.
+    pub fn new(sock: TcpStream, engine: &Engine) -> Result<TlsSocket, TlsError> {
+        Ok(TlsSocket {
             sock,
-            engine,
-            buf: vec![0u8; CHUNK].into_boxed_slice(),
+            prot: Protection::new(engine.traffic_after_handshake()?),
+            cipher: engine.cipher(),
+            inbuf: Vec::new(),
+            plain: 0..0,
+            next: 0,
             out: Vec::new(),
-        }
+        })
     }
 
     /// The socket (for its options and addresses).
@@ -35,32 +48,74 @@ impl TlsSocket {
         &self.sock
     }
 
-    /// Whether bytes read from the socket wait in the engine.
-    pub fn buffered(&self) -> bool {
-        self.engine.buffered()
+    /// The negotiated cipher suite.
+    pub fn cipher(&self) -> &str {
+        &self.cipher
     }
 
-    /// The socket and the engine, for the asynchronous data path.
-    pub fn into_parts(self) -> (TcpStream, Engine) {
-        (self.sock, self.engine)
+    /// Whether bytes read from the socket wait here.
+    pub fn buffered(&self) -> bool {
+        !self.plain.is_empty() || self.next < self.inbuf.len()
+    }
+
+    /// The socket and the record layer for the asynchronous data path, with
+    /// whatever was received and not yet read.
+    pub fn into_parts(self) -> (TcpStream, Records) {
+        let records = Records::from_parts(
+            self.prot,
+            self.cipher,
+            &self.inbuf[self.plain],
+            &self.inbuf[self.next..],
+        );
+        (self.sock, records)
+    }
+
+    /// Opens the next whole record; false when none is here.
+    fn open_next(&mut self) -> std::io::Result<Option<Opened>> {
+        let waiting = &self.inbuf[self.next..];
+        let len = match Protection::record_len(waiting).map_err(invalid)? {
+            Some(len) if len <= waiting.len() => len,
+            _ => return Ok(None),
+        };
+        let at = self.next;
+        self.next += len;
+        let opened = self
+            .prot
+            .open(&mut self.inbuf[at..at + len])
+            .map_err(invalid)?;
+        if let Opened::Data(n) = opened {
+            self.plain = at + HEADER..at + HEADER + n;
+        }
+        // A KeyUpdate's answer goes out now.
+        self.flush()?;
+        Ok(Some(opened))
     }
 }
 
 impl Read for TlsSocket {
     fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
         loop {
-            match self.engine.read(buf).map_err(invalid)? {
-                Plain::Bytes(n) => return Ok(n),
-                Plain::Closed => return Ok(0),
-                Plain::WantInput => {
-                    let n = self.sock.read(&mut self.buf)?;
-                    if n == 0 {
-                        return Ok(0);
-                    }
-                    self.engine.feed(&self.buf[..n]);
-                    // Whatever the engine answers (a KeyUpdate's) goes out.
-                    self.flush()?;
-                }
+            if !self.plain.is_empty() {
+                let n = buf.len().min(self.plain.len());
+                buf[..n].copy_from_slice(&self.inbuf[self.plain.start..self.plain.start + n]);
+                self.plain.start += n;
+                return Ok(n);
+            }
+            match self.open_next()? {
+                Some(Opened::Closed) => return Ok(0),
+                Some(_) => continue,
+                None => {}
+            }
+            // Keep only what is not opened yet, then read more.
+            self.inbuf.drain(..self.next);
+            self.next = 0;
+            self.plain = 0..0;
+            let have = self.inbuf.len();
+            self.inbuf.resize(have + CHUNK, 0);
+            let n = self.sock.read(&mut self.inbuf[have..]);
+            self.inbuf.truncate(have + *n.as_ref().unwrap_or(&0));
+            if n? == 0 {
+                return Ok(0);
             }
         }
     }
@@ -68,13 +123,16 @@ impl Read for TlsSocket {
 
 impl Write for TlsSocket {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.engine.write(buf).map_err(invalid)?;
+        for chunk in buf.chunks(MAX_PLAIN) {
+            self.prot
+                .seal(&mut self.out, chunk.len(), |dst| dst.copy_from_slice(chunk));
+        }
         self.flush()?;
         Ok(buf.len())
     }
 
     fn flush(&mut self) -> std::io::Result<()> {
-        self.engine.take_output(&mut self.out);
+        self.prot.pending_output(&mut self.out);
         let r = self.sock.write_all(&self.out);
         self.out.clear();
         r

@@ -1,6 +1,8 @@
-//! One TLS 1.3 connection's protocol state (OpenSSL), over memory buffers:
-//! ciphertext goes in with [`Engine::feed`] and out with
-//! [`Engine::take_output`]; the socket is the caller's. The only `unsafe` of
+//! One TLS 1.3 handshake (OpenSSL), over memory buffers: the peer's records
+//! go in with [`Engine::feed`] and ours come out with
+//! [`Engine::take_output`]; the socket is the caller's. Once it is done,
+//! its application traffic secrets key the records (`protect`, or the
+//! kernel's TLS). The only `unsafe` of
 //! the TLS code lives here, behind these safe methods.
 //!
 //! Why OpenSSL: TLS 1.3 with an *external* PSK (RFC 8446 §4.2.11, what
@@ -134,16 +136,6 @@ pub enum Progress {
     Done,
     /// It needs more bytes from the peer.
     WantInput,
-}
-
-/// What a read of plaintext brought.
-#[derive(Debug)]
-pub enum Plain {
-    Bytes(usize),
-    /// No whole record is buffered.
-    WantInput,
-    /// The peer sent close_notify.
-    Closed,
 }
 
 /// One TLS connection: OpenSSL's state with its input and output buffers.
@@ -318,50 +310,6 @@ impl Engine {
         }
     }
 
-    /// Decrypts into `buf` what has arrived, at most `buf.len()` bytes.
-    ///
-    /// # Safety
-    /// `buf` and `len` are `len` writable bytes nothing else uses meanwhile.
-    pub unsafe fn read_raw(&mut self, buf: *mut u8, len: usize) -> Result<Plain, TlsError> {
-        let mut n = 0usize;
-        // SAFETY: the caller gives `len` writable bytes at `buf`.
-        let r = unsafe {
-            ffi::ERR_clear_error();
-            ffi::SSL_read_ex(self.ssl, buf.cast(), len, &mut n)
-        };
-        if r == 1 {
-            return Ok(Plain::Bytes(n));
-        }
-        match self.error(r) {
-            ffi::SSL_ERROR_WANT_READ => Ok(Plain::WantInput),
-            ffi::SSL_ERROR_ZERO_RETURN => Ok(Plain::Closed),
-            _ => Err(self.failure("receive")),
-        }
-    }
-
-    /// Decrypts into `buf` what has arrived.
-    pub fn read(&mut self, buf: &mut [u8]) -> Result<Plain, TlsError> {
-        // SAFETY: a slice the caller lends us alone.
-        unsafe { self.read_raw(buf.as_mut_ptr(), buf.len()) }
-    }
-
-    /// Encrypts `plain` into records waiting to go to the peer.
-    pub fn write(&mut self, plain: &[u8]) -> Result<(), TlsError> {
-        if plain.is_empty() {
-            return Ok(());
-        }
-        let mut n = 0usize;
-        // SAFETY: reads `plain`; the memory BIO takes all records.
-        let r = unsafe {
-            ffi::ERR_clear_error();
-            ffi::SSL_write_ex(self.ssl, plain.as_ptr().cast(), plain.len(), &mut n)
-        };
-        if r == 1 && n == plain.len() {
-            return Ok(());
-        }
-        Err(self.failure("send"))
-    }
-
     /// The negotiated cipher suite, once the handshake is done.
     pub fn cipher(&self) -> String {
         // SAFETY: a live SSL object; the name is a static string.
@@ -383,6 +331,19 @@ impl Engine {
             Psk::Server { outcome, .. } => outcome.as_ref(),
             Psk::Client { .. } => None,
         }
+    }
+
+    /// The application traffic secrets of a connection whose handshake is
+    /// done and which has carried no record since (its records' sequence
+    /// numbers start at 0).
+    pub fn traffic_after_handshake(&self) -> Result<Traffic, TlsError> {
+        if self.buffered() {
+            return Err(TlsError(
+                "records arrived with the handshake's last one".into(),
+            ));
+        }
+        self.traffic()
+            .ok_or_else(|| TlsError("the handshake's traffic secrets are not known".into()))
     }
 
     /// The application traffic secrets, once the handshake is done.

@@ -17,8 +17,7 @@
 
 use super::engine::{Engine, Traffic};
 use super::key::Hash;
-use hkdf::Hkdf;
-use sha2::{Sha256, Sha384};
+use super::protect::expand_label;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use zeroize::{Zeroize, Zeroizing};
@@ -58,30 +57,12 @@ impl<const K: usize> Drop for CryptoInfo<K> {
 pub enum KtlsError {
     #[error("the kernel has no TLS (the tls module): {0}")]
     Unavailable(std::io::Error),
-    #[error("records arrived after the handshake")]
-    Buffered,
-    #[error("the handshake's traffic secrets are not known")]
-    NoSecrets,
+    #[error("{0}")]
+    Handshake(super::TlsError),
     #[error("kernel TLS is turned off (RDMABLK_KTLS=0)")]
     NotWanted,
     #[error("setting the kernel's TLS keys: {0}")]
     Keys(std::io::Error),
-}
-
-/// HKDF-Expand-Label(secret, label, "", len) (RFC 8446, 7.1).
-fn expand_label(hash: Hash, secret: &[u8], label: &str, out: &mut [u8]) {
-    let label = format!("tls13 {label}");
-    let mut info = Vec::with_capacity(4 + label.len());
-    info.extend_from_slice(&(out.len() as u16).to_be_bytes());
-    info.push(label.len() as u8);
-    info.extend_from_slice(label.as_bytes());
-    info.push(0);
-    let done = match hash {
-        Hash::Sha256 => Hkdf::<Sha256>::from_prk(secret).map(|h| h.expand(&info, out)),
-        Hash::Sha384 => Hkdf::<Sha384>::from_prk(secret).map(|h| h.expand(&info, out)),
-    };
-    done.expect("a traffic secret is a PRK of its hash")
-        .expect("key and IV lengths are within HKDF's limit");
 }
 
 /// The crypto info of one direction's traffic `secret`.
@@ -146,10 +127,9 @@ fn set_keys<const K: usize>(sock: &TcpStream, t: &Traffic, cipher: u16) -> Resul
 /// carried no record since, to the kernel. On an error before the keys are
 /// set the socket is as it was; after (`Keys`), it is unusable.
 pub fn offload(sock: &TcpStream, engine: &Engine) -> Result<(), KtlsError> {
-    if engine.buffered() {
-        return Err(KtlsError::Buffered);
-    }
-    let traffic = engine.traffic().ok_or(KtlsError::NoSecrets)?;
+    let traffic = engine
+        .traffic_after_handshake()
+        .map_err(KtlsError::Handshake)?;
     set(sock, SOL_TCP, TCP_ULP, b"tls", 3).map_err(KtlsError::Unavailable)?;
     match traffic.hash {
         Hash::Sha256 => set_keys::<16>(sock, &traffic, TLS_CIPHER_AES_GCM_128),

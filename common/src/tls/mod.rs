@@ -1,14 +1,17 @@
 //! NVMe/TCP over TLS 1.3 with pre-shared keys (NVMe/TCP 1.1, 3.6.1; TP
-//! 8011): the keys and their derivations ([`key`]), one connection's TLS
-//! state ([`Engine`], OpenSSL), the handshake on a blocking socket with a
-//! deadline ([`handshake`]), the record layer under the shared NVMe/TCP
-//! stream ([`Records`]) and a blocking socket that encrypts ([`TlsSocket`]).
+//! 8011): the keys and their derivations ([`key`]), the handshake
+//! ([`Engine`], OpenSSL, driven on a blocking socket with a deadline by
+//! [`handshake`]), then the records: sealed and opened in user space
+//! (`protect`, ring's AES-GCM) under the shared NVMe/TCP stream
+//! ([`Records`]) and on blocking sockets ([`TlsSocket`]), or by the kernel
+//! ([`ktls`]).
 
 mod blocking;
 mod engine;
 pub mod handshake;
 pub mod key;
 pub mod ktls;
+mod protect;
 mod records;
 
 pub use blocking::TlsSocket;

@@ -1,69 +1,101 @@
 //! TLS records under an NVMe/TCP stream, in user space: the socket's
-//! receives land in a ciphertext buffer and are decrypted straight into
-//! where the stream's PDUs go (the receive buffer or a data PDU's place);
-//! the PDUs queued for sending are encrypted into one ciphertext buffer,
-//! sent by one `send`. The stream's callers see no difference: tokens come
-//! back once the ciphertext that carries their PDUs is on the wire.
+//! receives land in a ciphertext buffer, where each record is opened in
+//! place and its data copied to where the stream's PDUs go (the receive
+//! buffer or a data PDU's place); the PDUs queued for sending are sealed
+//! into one ciphertext buffer, sent by one `send`. The stream's callers see
+//! no difference: tokens come back once the ciphertext that carries their
+//! PDUs is on the wire.
 
-use super::engine::{Engine, Plain, TlsError};
+use super::engine::{Engine, TlsError};
+use super::protect::{Opened, Protection, HEADER, MAX_PLAIN, MAX_RECORD, OVERHEAD};
 use crate::tcp::stream::{Inbound, Outbound, Received};
+use std::ops::Range;
 
-/// Ciphertext received per socket receive.
+/// Ciphertext buffer of the receiving side: room for several records.
 const CIPHER_IN: usize = 64 << 10;
-/// Plaintext encrypted per send, at most (one message's worth of PDUs may
-/// take several sends).
+/// Plaintext sealed per send, at most (one message's worth of PDUs may take
+/// several sends).
 const PLAIN_PER_SEND: usize = 256 << 10;
-/// The largest TLS record's plaintext: what one encryption takes.
-const RECORD_PLAIN: usize = 16 << 10;
 
 /// What the receive in flight is.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RecvKind {
     /// A socket receive into the ciphertext buffer.
     Socket,
-    /// No I/O: records already buffered are decrypted when it completes.
+    /// No I/O: what is already buffered is handed over when it completes.
     Buffered,
 }
 
 /// The TLS record layer of one connection.
 pub struct Records {
-    engine: Engine,
+    prot: Protection,
     cipher_in: Box<[u8]>,
+    /// Opened data not yet handed to the stream, in `cipher_in`.
+    plain: Range<usize>,
+    /// `cipher_in[next..filled]`: received bytes not yet opened.
+    next: usize,
+    filled: usize,
     /// Ciphertext being sent, and how much of it is on the wire.
     cipher_out: Vec<u8>,
     out_at: usize,
     /// Plaintext of queued PDUs that `cipher_out` carries: handed to the
     /// outbound queue as sent once all of `cipher_out` is.
     plain_in_flight: usize,
-    /// Small PDUs gathered into whole records before encryption.
-    staging: Vec<u8>,
     recv: Option<RecvKind>,
     send_busy: bool,
-    /// Records may wait decrypted or whole in the engine: decrypt them
-    /// before reading the socket again.
-    backlog: bool,
-    /// Encryption failed: the next send completion reports it.
-    failed: Option<TlsError>,
     /// The cipher suite, for status.
     cipher: String,
 }
 
+fn invalid(e: impl std::fmt::Display) -> std::io::Error {
+    std::io::Error::new(std::io::ErrorKind::InvalidData, format!("TLS {e}"))
+}
+
 impl Records {
-    /// The record layer of an engine whose handshake is done.
-    pub fn new(engine: Engine) -> Records {
-        let cipher = engine.cipher();
-        Records {
-            engine,
-            cipher_in: vec![0u8; CIPHER_IN].into_boxed_slice(),
+    /// The record layer of a connection whose handshake `engine` did, and
+    /// which has carried no record since but `received` (bytes read past
+    /// the handshake, or data already opened).
+    pub fn new(engine: &Engine, received: &[u8]) -> Result<Records, TlsError> {
+        let mut r = Records {
+            prot: Protection::new(engine.traffic_after_handshake()?),
+            cipher_in: vec![0u8; CIPHER_IN.max(received.len() + MAX_RECORD)].into_boxed_slice(),
+            plain: 0..0,
+            next: 0,
+            filled: received.len(),
             cipher_out: Vec::new(),
             out_at: 0,
             plain_in_flight: 0,
-            staging: Vec::with_capacity(RECORD_PLAIN),
             recv: None,
             send_busy: false,
-            // Bytes may have come with the last handshake record.
-            backlog: true,
-            failed: None,
+            cipher: engine.cipher(),
+        };
+        r.cipher_in[..received.len()].copy_from_slice(received);
+        Ok(r)
+    }
+
+    /// The record layer of a blocking socket's keys and what it holds:
+    /// data already opened (`plain`), then bytes not yet opened.
+    pub(super) fn from_parts(
+        prot: Protection,
+        cipher: String,
+        plain: &[u8],
+        unopened: &[u8],
+    ) -> Records {
+        let held = plain.len() + unopened.len();
+        let mut cipher_in = vec![0u8; CIPHER_IN.max(held + MAX_RECORD)].into_boxed_slice();
+        cipher_in[..plain.len()].copy_from_slice(plain);
+        cipher_in[plain.len()..held].copy_from_slice(unopened);
+        Records {
+            prot,
+            cipher_in,
+            plain: 0..plain.len(),
+            next: plain.len(),
+            filled: held,
+            cipher_out: Vec::new(),
+            out_at: 0,
+            plain_in_flight: 0,
+            recv: None,
+            send_busy: false,
             cipher,
         }
     }
@@ -78,70 +110,86 @@ impl Records {
         (self.recv.is_some(), self.send_busy)
     }
 
-    /// The receive to post next: `Buffered` when records wait in the
-    /// engine, else a socket receive into `(ptr, len)`. `None` while one is
-    /// in flight, or when the stream has no room for plaintext (the caller
-    /// asks again once it handled what it has).
+    /// Whether a whole record waits unopened.
+    fn record_waits(&self) -> bool {
+        matches!(Protection::record_len(&self.cipher_in[self.next..self.filled]),
+            Ok(Some(len)) if self.next + len <= self.filled)
+            || Protection::record_len(&self.cipher_in[self.next..self.filled]).is_err()
+    }
+
+    /// The receive to post next: `Buffered` when data or whole records
+    /// wait, else a socket receive into `(ptr, len)`. `None` while one is
+    /// in flight, or when the stream has no room for data (the caller asks
+    /// again once it handled what it has).
     pub fn next_recv(&mut self, inbound: &mut Inbound) -> Option<(RecvKind, *mut u8, usize)> {
         if self.recv.is_some() || !inbound.has_room() {
             return None;
         }
-        let kind = if self.backlog {
-            RecvKind::Buffered
-        } else {
-            RecvKind::Socket
-        };
-        self.recv = Some(kind);
-        Some((kind, self.cipher_in.as_mut_ptr(), self.cipher_in.len()))
+        if !self.plain.is_empty() || self.record_waits() {
+            self.recv = Some(RecvKind::Buffered);
+            return Some((RecvKind::Buffered, std::ptr::null_mut(), 0));
+        }
+        // Only a part of a record is here: move it to the front.
+        self.cipher_in.copy_within(self.next..self.filled, 0);
+        self.filled -= self.next;
+        self.next = 0;
+        self.plain = 0..0;
+        self.recv = Some(RecvKind::Socket);
+        let room = &mut self.cipher_in[self.filled..];
+        Some((RecvKind::Socket, room.as_mut_ptr(), room.len()))
     }
 
-    /// Takes the result of the receive [`Records::next_recv`] built and
-    /// decrypts what it can into `inbound`.
+    /// Takes the result of the receive [`Records::next_recv`] built, opens
+    /// the whole records and hands their data to `inbound` as far as it
+    /// has room.
     pub fn received(&mut self, res: i32, inbound: &mut Inbound) -> Received {
         let kind = self.recv.take().expect("a receive was in flight");
         if kind == RecvKind::Socket {
             match res {
                 0 => return Received::Closed,
                 r if r < 0 => return Received::Failed(std::io::Error::from_raw_os_error(-r)),
-                r => self.engine.feed(&self.cipher_in[..r as usize]),
+                r => self.filled += r as usize,
             }
         }
         loop {
-            let Some((ptr, len)) = inbound.next_recv() else {
-                self.backlog = true;
-                return Received::Bytes;
-            };
-            // SAFETY: `next_recv` gave `len` bytes the stream may write and
-            // nothing else uses (the receiver's promise), reserved until
-            // `received` or `unreserve`.
-            let plain = unsafe { self.engine.read_raw(ptr, len) };
-            match plain {
-                Ok(Plain::Bytes(n)) => {
-                    inbound.received(n as i32);
-                }
-                Ok(Plain::WantInput) => {
-                    inbound.unreserve();
-                    self.backlog = false;
+            while !self.plain.is_empty() {
+                let Some((ptr, len)) = inbound.next_recv() else {
                     return Received::Bytes;
-                }
-                Ok(Plain::Closed) => {
-                    inbound.unreserve();
-                    return Received::Closed;
-                }
-                Err(e) => {
-                    inbound.unreserve();
-                    return Received::Failed(std::io::Error::new(
-                        std::io::ErrorKind::InvalidData,
-                        format!("TLS {e}"),
-                    ));
-                }
+                };
+                let n = len.min(self.plain.len());
+                // SAFETY: `next_recv` gave `len` bytes the stream may write
+                // and nothing else uses (the receiver's promise); `n` bytes
+                // of the buffer's opened data go there.
+                unsafe {
+                    std::ptr::copy_nonoverlapping(
+                        self.cipher_in[self.plain.start..].as_ptr(),
+                        ptr,
+                        n,
+                    )
+                };
+                inbound.received(n as i32);
+                self.plain.start += n;
+            }
+            let waiting = &self.cipher_in[self.next..self.filled];
+            let len = match Protection::record_len(waiting) {
+                Ok(Some(len)) if len <= waiting.len() => len,
+                Ok(_) => return Received::Bytes,
+                Err(e) => return Received::Failed(invalid(e)),
+            };
+            let at = self.next;
+            self.next += len;
+            match self.prot.open(&mut self.cipher_in[at..at + len]) {
+                Ok(Opened::Data(n)) => self.plain = at + HEADER..at + HEADER + n,
+                Ok(Opened::Nothing) => {}
+                Ok(Opened::Closed) => return Received::Closed,
+                Err(e) => return Received::Failed(invalid(e)),
             }
         }
     }
 
-    /// The bytes to send next, encrypting queued PDUs when the ciphertext
-    /// sent before is all out. `None` while a send is in flight or when
-    /// nothing waits.
+    /// The bytes to send next, sealing queued PDUs when the ciphertext sent
+    /// before is all out. `None` while a send is in flight or when nothing
+    /// waits.
     pub fn next_send(&mut self, outbound: &mut Outbound) -> Option<(*const u8, usize)> {
         if self.send_busy {
             return None;
@@ -149,14 +197,12 @@ impl Records {
         if self.out_at == self.cipher_out.len() {
             self.cipher_out.clear();
             self.out_at = 0;
+            self.prot.pending_output(&mut self.cipher_out);
             if self.plain_in_flight == 0 {
-                if let Err(e) = self.encrypt(outbound) {
-                    self.failed = Some(e);
-                }
+                self.seal(outbound);
             }
-            self.engine.take_output(&mut self.cipher_out);
         }
-        if self.failed.is_none() && self.out_at == self.cipher_out.len() {
+        if self.out_at == self.cipher_out.len() {
             return None;
         }
         self.send_busy = true;
@@ -164,49 +210,46 @@ impl Records {
         Some((rest.as_ptr(), rest.len()))
     }
 
-    /// Encrypts the PDUs queued, up to [`PLAIN_PER_SEND`] bytes.
-    fn encrypt(&mut self, outbound: &mut Outbound) -> Result<(), TlsError> {
+    /// Seals the PDUs queued, up to [`PLAIN_PER_SEND`] bytes, into records
+    /// of [`MAX_PLAIN`] bytes (the last one shorter).
+    fn seal(&mut self, outbound: &mut Outbound) {
         let Some(msg) = outbound.next_send() else {
-            return Ok(());
+            return;
         };
         // SAFETY: the outbound queue's message: its iovecs point at the
         // queued PDUs' bytes, valid and unchanged while it is in flight
         // (until `outbound.sent`).
         let iovs = unsafe { std::slice::from_raw_parts((*msg).msg_iov, (*msg).msg_iovlen) };
-        let mut taken = 0;
-        for v in iovs {
-            if taken >= PLAIN_PER_SEND {
-                break;
-            }
-            let n = v.iov_len.min(PLAIN_PER_SEND - taken);
-            // SAFETY: as above.
-            let mut bytes = unsafe { std::slice::from_raw_parts(v.iov_base as *const u8, n) };
-            taken += n;
-            while !bytes.is_empty() {
-                if self.staging.is_empty() && bytes.len() >= RECORD_PLAIN {
-                    let (whole, rest) = bytes.split_at(bytes.len() / RECORD_PLAIN * RECORD_PLAIN);
-                    self.engine.write(whole)?;
-                    bytes = rest;
-                    continue;
+        let total: usize = iovs
+            .iter()
+            .map(|v| v.iov_len)
+            .sum::<usize>()
+            .min(PLAIN_PER_SEND);
+        self.cipher_out
+            .reserve(total + total.div_ceil(MAX_PLAIN) * OVERHEAD);
+        let (mut iov, mut skip) = (0, 0);
+        let mut left = total;
+        while left > 0 {
+            let len = left.min(MAX_PLAIN);
+            self.prot.seal(&mut self.cipher_out, len, |mut dst| {
+                while !dst.is_empty() {
+                    let v = &iovs[iov];
+                    let n = (v.iov_len - skip).min(dst.len());
+                    // SAFETY: as above; `skip + n` is within the iovec.
+                    let src = unsafe {
+                        std::slice::from_raw_parts((v.iov_base as *const u8).add(skip), n)
+                    };
+                    dst[..n].copy_from_slice(src);
+                    dst = &mut dst[n..];
+                    skip += n;
+                    if skip == v.iov_len {
+                        (iov, skip) = (iov + 1, 0);
+                    }
                 }
-                let room = RECORD_PLAIN - self.staging.len();
-                let (part, rest) = bytes.split_at(bytes.len().min(room));
-                self.staging.extend_from_slice(part);
-                bytes = rest;
-                if self.staging.len() == RECORD_PLAIN {
-                    self.flush_staging()?;
-                }
-            }
+            });
+            left -= len;
         }
-        self.flush_staging()?;
-        self.plain_in_flight = taken;
-        Ok(())
-    }
-
-    fn flush_staging(&mut self) -> Result<(), TlsError> {
-        let r = self.engine.write(&self.staging);
-        self.staging.clear();
-        r
+        self.plain_in_flight = total;
     }
 
     /// Takes the result of the send [`Records::next_send`] built: the tokens
@@ -219,12 +262,6 @@ impl Records {
         done: &mut Vec<u64>,
     ) -> std::io::Result<usize> {
         self.send_busy = false;
-        if let Some(e) = self.failed.take() {
-            return Err(std::io::Error::new(
-                std::io::ErrorKind::InvalidData,
-                format!("TLS {e}"),
-            ));
-        }
         if res < 0 {
             return Err(std::io::Error::from_raw_os_error(-res));
         }

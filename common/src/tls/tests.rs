@@ -75,8 +75,8 @@ fn both_identity_versions_and_both_hashes_handshake_and_carry_data() {
         rc.unwrap();
         assert_eq!(s.cipher(), suite);
         assert_eq!(c.cipher(), suite);
-        let mut s = TlsSocket::new(ss, s);
-        let mut c = TlsSocket::new(cs, c);
+        let mut s = TlsSocket::new(ss, &s).unwrap();
+        let mut c = TlsSocket::new(cs, &c).unwrap();
         let msg: Vec<u8> = (0..100_000u32).map(|i| i as u8).collect();
         let m = msg.clone();
         let t = std::thread::spawn(move || c.write_all(&m).map(|_| c));
@@ -195,9 +195,9 @@ fn the_stream_receives_and_sends_through_records_with_io_uring() {
         direct_min: 4 << 10,
     };
     let inbound = Inbound::new(Role::Host, limits).unwrap();
-    let mut stream = Stream::with_tls(ss, inbound, Some(Box::new(Records::new(s))));
+    let mut stream = Stream::with_tls(ss, inbound, Some(Box::new(Records::new(&s, &[]).unwrap())));
     assert_eq!(stream.tls_cipher(), Some("TLS_AES_128_GCM_SHA256"));
-    let mut peer = TlsSocket::new(cs, c);
+    let mut peer = TlsSocket::new(cs, &c).unwrap();
     let writer = std::thread::spawn(move || {
         let mut all = Vec::new();
         for cid in 0..PDUS {
@@ -271,7 +271,7 @@ fn kernel_tls_carries_the_data_or_says_why_not() {
     match super::ktls::offload(&ss, &s) {
         Ok(()) => {
             // The kernel encrypts: plaintext on the server's socket.
-            let mut peer = TlsSocket::new(cs, c);
+            let mut peer = TlsSocket::new(cs, &c).unwrap();
             ss.write_all(b"from the kernel").unwrap();
             let mut got = [0u8; 15];
             peer.read_exact(&mut got).unwrap();
@@ -302,7 +302,7 @@ fn stream_receives(bytes: &[u8]) -> tcp::stream::Received {
         direct_min: 4 << 10,
     };
     let inbound = Inbound::new(Role::Controller, limits).unwrap();
-    let mut stream = Stream::with_tls(ss, inbound, Some(Box::new(Records::new(s))));
+    let mut stream = Stream::with_tls(ss, inbound, Some(Box::new(Records::new(&s, &[]).unwrap())));
     cs.write_all(bytes).unwrap();
     cs.shutdown(std::net::Shutdown::Write).unwrap();
     let mut ring = io_uring::IoUring::new(4).unwrap();

@@ -215,12 +215,6 @@ impl Inbound {
         Some((ptr, len))
     }
 
-    /// The place [`Inbound::next_recv`] gave was not written after all.
-    pub(crate) fn unreserve(&mut self) {
-        self.busy = false;
-        self.busy_direct = false;
-    }
-
     /// A receive ended with `res`.
     pub(crate) fn received(&mut self, res: i32) -> Received {
         self.busy = false;

@@ -39,8 +39,8 @@ impl Conn {
         match self {
             Conn::Plain(s) => (s, None),
             Conn::Tls(t) => {
-                let (sock, engine) = t.into_parts();
-                (sock, Some(Box::new(Records::new(engine))))
+                let (sock, records) = t.into_parts();
+                (sock, Some(Box::new(records)))
             }
         }
     }
@@ -112,10 +112,9 @@ impl TcpSync {
                 let engine = tls.handshake(&sock, addr, &p.hostnqn, subnqn)?;
                 let cipher = engine.cipher();
                 tracing::debug!(%addr, cipher, "TLS handshake done");
-                (
-                    Conn::Tls(Box::new(TlsSocket::new(sock, engine))),
-                    Some(cipher),
-                )
+                let tls = TlsSocket::new(sock, &engine)
+                    .map_err(|e| HostError::Protocol(format!("TLS with {addr}: {e}")))?;
+                (Conn::Tls(Box::new(tls)), Some(cipher))
             }
         };
         sock.socket().set_read_timeout(Some(COMMAND_TIMEOUT))?;

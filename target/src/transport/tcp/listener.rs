@@ -155,7 +155,9 @@ fn secure(
         }
         Err(why) => {
             tracing::debug!(peer = %conn.peer, "TLS in user space: {why}");
-            Some(Box::new(Records::new(engine)))
+            let records =
+                Records::new(&engine, &[]).map_err(|e| Failure::Refused(e.to_string()))?;
+            Some(Box::new(records))
         }
     };
     let peer = TlsPeer {

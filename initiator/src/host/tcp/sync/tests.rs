@@ -64,7 +64,7 @@ fn target(
             Some(Ok(id)) => id.clone(),
             other => return Err(format!("PSK outcome {other:?}")),
         };
-        let mut s = TlsSocket::new(sock, engine);
+        let mut s = TlsSocket::new(sock, &engine).map_err(|e| e.to_string())?;
         let mut icreq = [0u8; 128];
         s.read_exact(&mut icreq).map_err(|e| e.to_string())?;
         let icresp = Header::IcResp {
