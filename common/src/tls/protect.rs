@@ -239,7 +239,7 @@ impl Protection {
                 [_, what] => Err(RecordError::Alert(what)),
                 _ => Err(RecordError::Malformed("an alert of other than 2 bytes")),
             },
-            HANDSHAKE => self.handshake(&plain[..len].to_vec()),
+            HANDSHAKE => self.handshake(&plain[..len]),
             other => Err(RecordError::OuterType(other)),
         }
     }
