@@ -1,10 +1,10 @@
 //! A blocking socket whose bytes go through TLS records: for the host's
 //! blocking queues (admin, discovery, and I/O queues until their Connect,
-//! when [`TlsSocket::into_parts`] hands what it holds to the stream).
+//! when [`TlsSocket::into_parts`] hands its session to the stream).
 
 use super::engine::{Engine, TlsError};
 use super::protect::{Opened, Protection, HEADER, MAX_PLAIN};
-use super::Records;
+use super::Session;
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::ops::Range;
@@ -32,10 +32,11 @@ fn invalid(e: impl std::fmt::Display) -> std::io::Error {
 impl TlsSocket {
     /// The socket of a connection whose handshake `engine` did.
     pub fn new(sock: TcpStream, engine: &Engine) -> Result<TlsSocket, TlsError> {
+        let session = Session::after_handshake(engine)?;
         Ok(TlsSocket {
             sock,
-            prot: Protection::new(engine.traffic_after_handshake()?),
-            cipher: engine.cipher(),
+            prot: session.prot,
+            cipher: session.cipher,
             inbuf: Vec::new(),
             plain: 0..0,
             next: 0,
@@ -58,16 +59,16 @@ impl TlsSocket {
         !self.plain.is_empty() || self.next < self.inbuf.len()
     }
 
-    /// The socket and the record layer for the asynchronous data path, with
-    /// whatever was received and not yet read.
-    pub fn into_parts(self) -> (TcpStream, Records) {
-        let records = Records::from_parts(
-            self.prot,
-            self.cipher,
-            &self.inbuf[self.plain],
-            &self.inbuf[self.next..],
-        );
-        (self.sock, records)
+    /// The socket and its TLS session, with whatever was received and not
+    /// yet read, for the asynchronous data path.
+    pub fn into_parts(self) -> (TcpStream, Session) {
+        let session = Session {
+            prot: self.prot,
+            cipher: self.cipher,
+            plain: self.inbuf[self.plain].to_vec(),
+            unopened: self.inbuf[self.next..].to_vec(),
+        };
+        (self.sock, session)
     }
 
     /// Opens the next whole record; false when none is here.

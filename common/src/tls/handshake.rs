@@ -3,19 +3,12 @@
 //! last record leaves the socket: what follows is the NVMe/TCP stream's.
 
 use super::engine::{Engine, Progress, TlsError};
+use super::protect::{
+    APPLICATION_DATA, CHANGE_CIPHER_SPEC, HANDSHAKE, HEADER as RECORD_HEADER, MAX_RECORD,
+};
 use std::io::{Read, Write};
 use std::net::TcpStream;
 use std::time::Instant;
-
-/// A TLS record's header: type, legacy version, length.
-const RECORD_HEADER: usize = 5;
-/// The largest record TLS 1.3 allows (RFC 8446, 5.2: 2^14 + 256).
-const MAX_RECORD: usize = (16 << 10) + 256;
-/// TLS record content types (RFC 8446, 5.1): 20 ChangeCipherSpec, 21
-/// alert, 22 handshake, 23 application data.
-const CHANGE_CIPHER_SPEC: u8 = 20;
-const HANDSHAKE: u8 = 22;
-const APPLICATION_DATA: u8 = 23;
 
 /// Why a handshake failed.
 #[derive(Debug, thiserror::Error)]
@@ -66,7 +59,7 @@ fn drive(
     deadline: Instant,
 ) -> Result<(), HandshakeError> {
     let mut out = Vec::new();
-    let mut record = Vec::with_capacity(MAX_RECORD + RECORD_HEADER);
+    let mut record = Vec::with_capacity(MAX_RECORD);
     let mut first = true;
     loop {
         let progress = engine.handshake();
@@ -106,15 +99,15 @@ fn read_record(
     }
     let kind = record[0];
     if first && !(CHANGE_CIPHER_SPEC..=APPLICATION_DATA).contains(&kind) {
-        // An NVMe/TCP PDU starts with its type; ICReq is 0.
-        return Err(if kind <= crate::tcp::pdu_type::R2T {
+        // An NVMe/TCP PDU starts with its type, 0 (ICReq) to 9 (R2T).
+        return Err(if kind <= 9 {
             HandshakeError::Plaintext
         } else {
             HandshakeError::NotTls(kind)
         });
     }
     let len = u16::from_be_bytes([record[3], record[4]]) as usize;
-    if len > MAX_RECORD {
+    if RECORD_HEADER + len > MAX_RECORD {
         return Err(HandshakeError::Oversized(len));
     }
     record.resize(RECORD_HEADER + len, 0);

@@ -3,20 +3,22 @@
 //! ([`Engine`], OpenSSL, driven on a blocking socket with a deadline by
 //! [`handshake`]), then the records: sealed and opened in user space
 //! (`protect`, ring's AES-GCM) under the shared NVMe/TCP stream
-//! ([`Records`]) and on blocking sockets ([`TlsSocket`]), or by the kernel
-//! ([`ktls`]).
+//! (`tcp::stream::Records`, which takes a [`Session`]) and on blocking
+//! sockets ([`TlsSocket`]), or by the kernel ([`ktls`]).
 
 mod blocking;
 mod engine;
 pub mod handshake;
 pub mod key;
 pub mod ktls;
-mod protect;
-mod records;
+pub(crate) mod protect;
+mod session;
 
 pub use blocking::TlsSocket;
 pub use engine::{Engine, PskLookup, TlsError};
-pub use records::{Records, RecvKind};
+pub use session::Session;
 
+#[cfg(test)]
+pub(crate) mod testing;
 #[cfg(test)]
 mod tests;

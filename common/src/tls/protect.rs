@@ -26,9 +26,11 @@ const TAG: usize = 16;
 /// What a record adds to its plaintext: header, content type, tag.
 pub const OVERHEAD: usize = HEADER + 1 + TAG;
 
-const APPLICATION_DATA: u8 = 23;
-const ALERT: u8 = 21;
-const HANDSHAKE: u8 = 22;
+/// Record content types (RFC 8446, 5.1).
+pub const CHANGE_CIPHER_SPEC: u8 = 20;
+pub const ALERT: u8 = 21;
+pub const HANDSHAKE: u8 = 22;
+pub const APPLICATION_DATA: u8 = 23;
 const NEW_SESSION_TICKET: u8 = 4;
 const KEY_UPDATE: u8 = 24;
 

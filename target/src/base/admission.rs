@@ -127,14 +127,26 @@ impl Admission {
     /// `pending_connections` are already waiting.
     pub fn pending_connection(&self, peer: &dyn std::fmt::Display) -> Option<Permit> {
         let p = self.pending.take(self.limits.pending_connections);
+        self.refused_if_none(
+            p,
+            peer,
+            self.limits.pending_connections,
+            "too many connections waiting for their Connect (limits.pending_connections)",
+        )
+    }
+
+    /// `p`, logging (at most once a second) a refusal of `peer` when it is
+    /// none: `limit` reached, `why`.
+    fn refused_if_none(
+        &self,
+        p: Option<Permit>,
+        peer: &dyn std::fmt::Display,
+        limit: usize,
+        why: &str,
+    ) -> Option<Permit> {
         if p.is_none() {
             if let Some(more) = self.refusals.allow() {
-                tracing::warn!(
-                    %peer,
-                    limit = self.limits.pending_connections,
-                    suppressed = more,
-                    "connection refused: too many connections waiting for their Connect (limits.pending_connections)"
-                );
+                tracing::warn!(%peer, limit, suppressed = more, "connection refused: {why}");
             }
         }
         p
@@ -144,17 +156,12 @@ impl Admission {
     /// are already.
     pub fn tls_handshake(&self, peer: &dyn std::fmt::Display) -> Option<Permit> {
         let p = self.handshakes.take(self.limits.tls_handshakes);
-        if p.is_none() {
-            if let Some(more) = self.refusals.allow() {
-                tracing::warn!(
-                    %peer,
-                    limit = self.limits.tls_handshakes,
-                    suppressed = more,
-                    "connection refused: too many TLS handshakes in progress (limits.tls_handshakes)"
-                );
-            }
-        }
-        p
+        self.refused_if_none(
+            p,
+            peer,
+            self.limits.tls_handshakes,
+            "too many TLS handshakes in progress (limits.tls_handshakes)",
+        )
     }
 
     /// A connected queue; `None` when `connections` are connected.

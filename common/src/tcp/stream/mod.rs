@@ -8,19 +8,20 @@
 //! The record layer's seam: bytes cross between the socket and the PDUs only
 //! in [`Stream::recv_entry`] / [`Stream::received`] and
 //! [`Stream::send_entry`] / [`Stream::sent`]. TLS in user space
-//! ([`crate::tls::Records`]) sits there, under the PDUs, without either
+//! ([`Records`]) sits there, under the PDUs, without either
 //! side's PDU handling knowing; with kernel TLS the socket itself carries
 //! plaintext and the stream is as without TLS.
 
 mod buffers;
 mod inbound;
 mod outbound;
+mod records;
 
 pub use buffers::{RxBuf, TxQueue};
 pub use inbound::{Flow, Inbound, InboundLimits, Placed, Receiver, Role, Stop};
 pub use outbound::Outbound;
+pub use records::{Records, RecvKind};
 
-use crate::tls::{Records, RecvKind};
 use io_uring::{opcode, squeue, types};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;

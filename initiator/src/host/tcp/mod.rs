@@ -12,11 +12,11 @@ use super::{Done, QueueLimits};
 use rdmablk_common::mem::crc32c_raw;
 use rdmablk_common::nvme::{Cqe, Sgl, Sqe};
 use rdmablk_common::ring::Submissions;
+use rdmablk_common::tcp::stream::Records;
 use rdmablk_common::tcp::stream::{
     Flow, Inbound, InboundLimits, Placed, Received, Receiver, Role, Stop, Stream,
 };
 use rdmablk_common::tcp::{flags, Digests, Header, Pdu, Transfer};
-use rdmablk_common::tls::Records;
 use std::net::TcpStream;
 
 /// Largest PDU accepted from the target (C2HData of up to 4 MiB).

@@ -4,8 +4,9 @@
 use crate::host::{HostError, Params, COMMAND_TIMEOUT};
 use rdmablk_common::fabrics::CONNECT_DATA_LEN;
 use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe, Status};
+use rdmablk_common::tcp::stream::Records;
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
-use rdmablk_common::tls::{Records, TlsSocket};
+use rdmablk_common::tls::TlsSocket;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::time::Duration;
@@ -39,8 +40,8 @@ impl Conn {
         match self {
             Conn::Plain(s) => (s, None),
             Conn::Tls(t) => {
-                let (sock, records) = t.into_parts();
-                (sock, Some(Box::new(records)))
+                let (sock, session) = t.into_parts();
+                (sock, Some(Box::new(Records::new(session))))
             }
         }
     }

@@ -10,9 +10,10 @@ use crate::nvme::subsystem::Registry;
 use crate::service::ana::AnaStates;
 use crate::transport::Listen;
 use rdmablk_common::fabrics::DISCOVERY_NQN;
+use rdmablk_common::tcp::stream::Records;
 use rdmablk_common::tls::handshake::{self, HandshakeError};
 use rdmablk_common::tls::key::{Identity, TlsPsk};
-use rdmablk_common::tls::{ktls, Engine, Records};
+use rdmablk_common::tls::{ktls, Engine, Session};
 use std::net::{SocketAddr, TcpListener, TcpStream};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
@@ -155,9 +156,9 @@ fn secure(
         }
         Err(why) => {
             tracing::debug!(peer = %conn.peer, "TLS in user space: {why}");
-            let records =
-                Records::new(&engine, &[]).map_err(|e| Failure::Refused(e.to_string()))?;
-            Some(Box::new(records))
+            let session =
+                Session::after_handshake(&engine).map_err(|e| Failure::Refused(e.to_string()))?;
+            Some(Box::new(Records::new(session)))
         }
     };
     let peer = TlsPeer {

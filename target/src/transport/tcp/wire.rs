@@ -8,9 +8,8 @@ use crate::nvme::command::Command;
 use crate::nvme::fabric::TransportCaps;
 use crate::nvme::port::Arrival;
 use rdmablk_common::fabrics::SQHD_FLOW_DISABLED;
-use rdmablk_common::tcp::stream::{Inbound, InboundLimits, Role, Stream};
+use rdmablk_common::tcp::stream::{Inbound, InboundLimits, Records, Role, Stream};
 use rdmablk_common::tcp::{self, fes, Digests, Header, PduError, Transfer};
-use rdmablk_common::tls::Records;
 use std::net::TcpStream;
 use std::time::Instant;
 

@@ -6,9 +6,9 @@
 //! no difference: tokens come back once the ciphertext that carries their
 //! PDUs is on the wire.
 
-use super::engine::{Engine, TlsError};
-use super::protect::{Opened, Protection, HEADER, MAX_PLAIN, MAX_RECORD, OVERHEAD};
-use crate::tcp::stream::{Inbound, Outbound, Received};
+use super::{Inbound, Outbound, Received};
+use crate::tls::protect::{Opened, Protection, HEADER, MAX_PLAIN, MAX_RECORD, OVERHEAD};
+use crate::tls::Session;
 use std::ops::Range;
 
 /// Ciphertext buffer of the receiving side: room for several records.
@@ -52,41 +52,15 @@ fn invalid(e: impl std::fmt::Display) -> std::io::Error {
 }
 
 impl Records {
-    /// The record layer of a connection whose handshake `engine` did, and
-    /// which has carried no record since but `received` (bytes read past
-    /// the handshake, or data already opened).
-    pub fn new(engine: &Engine, received: &[u8]) -> Result<Records, TlsError> {
-        let mut r = Records {
-            prot: Protection::new(engine.traffic_after_handshake()?),
-            cipher_in: vec![0u8; CIPHER_IN.max(received.len() + MAX_RECORD)].into_boxed_slice(),
-            plain: 0..0,
-            next: 0,
-            filled: received.len(),
-            cipher_out: Vec::new(),
-            out_at: 0,
-            plain_in_flight: 0,
-            recv: None,
-            send_busy: false,
-            cipher: engine.cipher(),
-        };
-        r.cipher_in[..received.len()].copy_from_slice(received);
-        Ok(r)
-    }
-
-    /// The record layer of a blocking socket's keys and what it holds:
-    /// data already opened (`plain`), then bytes not yet opened.
-    pub(super) fn from_parts(
-        prot: Protection,
-        cipher: String,
-        plain: &[u8],
-        unopened: &[u8],
-    ) -> Records {
+    /// The record layer of a connection's TLS `session`.
+    pub fn new(session: Session) -> Records {
+        let (plain, unopened) = (&session.plain, &session.unopened);
         let held = plain.len() + unopened.len();
         let mut cipher_in = vec![0u8; CIPHER_IN.max(held + MAX_RECORD)].into_boxed_slice();
         cipher_in[..plain.len()].copy_from_slice(plain);
         cipher_in[plain.len()..held].copy_from_slice(unopened);
         Records {
-            prot,
+            prot: session.prot,
             cipher_in,
             plain: 0..plain.len(),
             next: plain.len(),
@@ -96,7 +70,7 @@ impl Records {
             plain_in_flight: 0,
             recv: None,
             send_busy: false,
-            cipher,
+            cipher: session.cipher,
         }
     }
 
@@ -273,3 +247,6 @@ impl Records {
         Ok(res as usize)
     }
 }
+
+#[cfg(test)]
+mod tests;
