@@ -22,9 +22,27 @@ start_target() {
   # Emptied here, not by the background job's redirection: the wait below
   # must not find an earlier scenario's "listening on" before that runs.
   : > "$tlog"
-  RUST_LOG=info rdmablk-target "$@" > /dev/null 2> "$tlog" &
+  RUST_LOG=${TARGET_RUST_LOG:-info} rdmablk-target "$@" > /dev/null 2> "$tlog" &
   TARGET_PID=$!
   wait_for 60 grep -q "listening on" "$tlog" || fail "rdmablk-target did not start within 60 s"
+}
+
+# tlshd_up: tlshd, the agent that does the kernel's TLS handshakes (NVMe/TCP
+# host and nvmet), running in the background once per boot with its log in
+# /tmp/tlshd.log (/etc/tlshd.conf: loglevel 1, the .nvme keyring), with
+# kTLS and its AES-GCM loaded (the sockets it hands back use them). nvme-tcp
+# goes first: tlshd links the .nvme keyring, which nvme-keyring creates,
+# into its session keyring when it starts.
+tlshd_up() {
+  for m in tls gcm nvme-tcp; do /usr/bin/modprobe $m || fail "modprobe $m"; done
+  /usr/bin/modprobe aesni-intel 2>/dev/null; /usr/bin/modprobe ghash-clmulni-intel 2>/dev/null
+  [ -n "${TLSHD_PID:-}" ] && ! exited "$TLSHD_PID" && return 0
+  pid=$(pidof tlshd) && { TLSHD_PID=${pid%% *}; return 0; }
+  /usr/bin/tlshd -s >> /tmp/tlshd.log 2>&1 &
+  TLSHD_PID=$!
+  sleep 1
+  exited "$TLSHD_PID" && fail "tlshd exited at start: $(cat /tmp/tlshd.log)"
+  say "tlshd running (pid $TLSHD_PID)"
 }
 
 # stop_target: SIGTERM, and the exit status must be 0.
