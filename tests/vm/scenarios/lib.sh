@@ -82,9 +82,11 @@ verify_ext4() {
   say "$1: mkfs.ext4, files, remount verified"
 }
 
-# nvmet_export TRTYPE TRADDR NQN FILE PORT: exports FILE as namespace 1 of
-# subsystem NQN (any host) through kernel nvmet-TRTYPE on TRADDR:PORT. The
-# configfs port is named PORT: use a port number once per boot.
+# nvmet_export TRTYPE TRADDR NQN FILE PORT [tls]: exports FILE as namespace 1
+# of subsystem NQN (any host) through kernel nvmet-TRTYPE on TRADDR:PORT;
+# with tls, the port requires TLS 1.3 (addr_tsas; its PSKs are those in
+# .nvme, its handshakes tlshd's: see tlshd_up). The configfs port is named
+# PORT: use a port number once per boot.
 nvmet_export() {
   /usr/bin/modprobe "nvmet-$1" || fail "modprobe nvmet-$1"
   grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs configfs /sys/kernel/config
@@ -96,10 +98,14 @@ nvmet_export() {
   p=$n/ports/$5; mkdir -p "$p"
   echo "$1" > "$p/addr_trtype"; echo ipv4 > "$p/addr_adrfam"
   echo "$2" > "$p/addr_traddr"; echo "$5" > "$p/addr_trsvcid"
+  if [ "${6:-}" = tls ]; then
+    echo tls1.3 > "$p/addr_tsas" || fail "nvmet port $5: addr_tsas tls1.3 refused"
+    [ "$(cat "$p/addr_treq")" = required ] || fail "nvmet port $5: addr_treq is '$(cat "$p/addr_treq")', not required"
+  fi
   ln -s "$n/subsystems/$3" "$p/subsystems/$3" || fail "nvmet port link ($1 $2:$5)"
 }
 
-# nvmet_tcp_export NQN FILE PORT: exports FILE through kernel nvmet-tcp.
+# nvmet_tcp_export NQN FILE PORT [tls]: exports FILE through kernel nvmet-tcp.
 nvmet_tcp_export() { nvmet_export tcp 127.0.0.1 "$@"; }
 
 # nvmet_rdma_export NQN FILE PORT: exports FILE through kernel nvmet-rdma on
