@@ -73,6 +73,36 @@ if [ ! -f "$stamp" ]; then
   touch "$stamp"
 fi
 kimg=$(cat "$cache/debs/kernel-package")
+
+# NVMe/TCP over TLS (scenarios 19, 21) needs tlshd (ktls-utils: not in
+# bookworm) and an nvme-cli with --tls and gen-tls-key --insert (bookworm's
+# 2.3 has neither), with keyctl to look at the keyrings: these come from
+# Debian 13 trixie with their trixie dependency closure, through a private
+# apt configuration and package lists under $cache/trixie-apt (the
+# machine's apt sources and lists stay as they are).
+trixie_pkgs="nvme-cli ktls-utils keyutils"
+trixie_keep_re='^(lib|nvme-cli|ktls-utils|keyutils|zlib1g)'
+trixie_drop_re='^libpam|^libsemanage|^libdb5|^libsystemd-shared|^libdebconf|^libdebian-installer|^libnewt|^libslang|^libtextwrap|^libapparmor|^libseccomp'
+mkdir -p "$cache/debs-trixie"
+tstamp="$cache/debs-trixie/.complete-$(echo "$trixie_pkgs $trixie_keep_re $trixie_drop_re" | md5sum | cut -c1-8)"
+if [ ! -f "$tstamp" ]; then
+  log "downloading from trixie into $cache/debs-trixie: $trixie_pkgs"
+  ta=$cache/trixie-apt
+  mkdir -p "$ta/lists/partial" "$ta/cache/archives/partial" "$ta/empty"
+  printf '%s\n' "deb http://deb.debian.org/debian trixie main" \
+    "deb http://deb.debian.org/debian-security trixie-security main" > "$ta/sources.list"
+  tapt=(-o Dir::Etc::sourcelist="$ta/sources.list" -o Dir::Etc::sourceparts="$ta/empty"
+        -o Dir::Etc::preferences="$ta/empty/none" -o Dir::Etc::preferencesparts="$ta/empty"
+        -o Dir::State::Lists="$ta/lists" -o Dir::Cache="$ta/cache" -o APT::Get::List-Cleanup=0)
+  apt-get "${tapt[@]}" update -qq || die "apt-get update of the trixie lists failed"
+  tpkgs=$(apt-cache "${tapt[@]}" depends --recurse --no-recommends --no-suggests --no-conflicts --no-breaks \
+            --no-replaces --no-enhances $trixie_pkgs | grep '^[a-z]' | sort -u |
+          grep -E "$trixie_keep_re" | grep -vE "$trixie_drop_re")
+  rm -f "$cache"/debs-trixie/*.deb
+  (cd "$cache/debs-trixie" && apt-get "${tapt[@]}" download -q $tpkgs >/dev/null 2>&1) ||
+    die "apt-get download from trixie failed ($tpkgs)"
+  touch "$tstamp"
+fi
 kver=${kimg#linux-image-}
 
 # ---------------------------------------------------------------- sysroot
@@ -90,7 +120,40 @@ mkdir -p "$cache/hosttools"
 for t in modinfo depmod; do ln -sf "$sr/bin/kmod" "$cache/hosttools/$t"; done
 [ -f "$moddir/modules.dep" ] || LD_LIBRARY_PATH="$srlib" "$cache/hosttools/depmod" -b "$kroot" "$kver"
 [ -d "$moddir" ] || die "kernel modules for $kver not found"
-find_sr() { local p; for p in usr/sbin usr/bin sbin bin; do [ -f "$sr/$p/$1" ] && [ ! -L "$sr/$p/$1" ] && { echo "$sr/$p/$1"; return; }; done; die "$1 not in the guest packages"; }
+find_in() { local p; for p in usr/sbin usr/bin sbin bin; do [ -f "$1/$p/$2" ] && [ ! -L "$1/$p/$2" ] && { echo "$1/$p/$2"; return; }; done; die "$2 not in the guest packages"; }
+find_sr() { find_in "$sr" "$1"; }
+
+# The guest's sysroot: the bookworm one with the trixie packages unpacked
+# over it (trixie's glibc runs bookworm's programs too). Bookworm keeps
+# some libraries and programs in /lib, /bin and /sbin, trixie only in /usr:
+# the bookworm copy of anything trixie also has becomes a link to trixie's.
+# The tools disk and the host-side kmod keep the bookworm-only sysroot.
+gsr=$cache/sysroot-trixie
+gkey="$(basename "$stamp") $(basename "$tstamp")"
+if [ "$(cat "$gsr/.complete" 2>/dev/null)" != "$gkey" ] || [ "$sr/.complete" -nt "$gsr/.complete" ]; then
+  log "building the guest sysroot $gsr (bookworm + trixie)"
+  rm -rf "$gsr"
+  gtmp=$(mktemp -d "$cache/sysroot-trixie.XXXXXX"); tx=$gtmp/trixie; mkdir "$gtmp/root" "$tx"
+  # (without the kernel: modules and the kernel image come from $sr)
+  (cd "$sr" && tar cf - --exclude=./lib/modules --exclude=./boot --exclude=./.complete .) | (cd "$gtmp/root" && tar xf -)
+  for d in "$cache"/debs-trixie/*.deb; do dpkg -x "$d" "$tx"; done
+  cp -a --remove-destination "$tx/." "$gtmp/root/"
+  for d in lib/x86_64-linux-gnu bin sbin; do
+    up=..; [ "$d" = lib/x86_64-linux-gnu ] && up=../..
+    for f in "$tx/usr/$d"/*; do
+      n=${f##*/}
+      if [ -e "$gtmp/root/$d/$n" ] || [ -L "$gtmp/root/$d/$n" ]; then
+        rm -f "$gtmp/root/$d/$n"; ln -s "$up/usr/$d/$n" "$gtmp/root/$d/$n"
+      fi
+    done
+  done
+  echo "$gkey" > "$gtmp/root/.complete"
+  mv "$gtmp/root" "$gsr"; rm -rf "$gtmp"
+fi
+gsrlib="$gsr/usr/lib/x86_64-linux-gnu:$gsr/lib/x86_64-linux-gnu"
+gldso=$gsr/usr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2
+[ -x "$gldso" ] || die "no dynamic loader in $gsr"
+find_gsr() { find_in "$gsr" "$1"; }
 
 # ---------------------------------------------------------------- tools disk (cached)
 # tools_bins with every library they need, all from the sysroot, plus the
@@ -134,31 +197,36 @@ ln -s usr/bin "$ir/bin"; ln -s usr/bin "$ir/sbin"; ln -s usr/lib "$ir/lib"; ln -
 cp /bin/busybox "$ir/usr/bin/busybox"
 for a in $(/bin/busybox --list); do [ -e "$ir/usr/bin/$a" ] || ln -s busybox "$ir/usr/bin/$a"; done
 
-copy_deps() { # ELF file: copy the libraries it needs from the sysroot
+copy_deps() { # ELF file: copy the libraries it needs from the guest sysroot
   local out
-  out=$(LD_LIBRARY_PATH="$srlib" ldd "$1" 2>&1) || true
+  out=$("$gldso" --library-path "$gsrlib" --list "$1" 2>&1) || true
   echo "$out" | grep -q 'not found' && { echo "$out" >&2; die "unresolved libraries for $1"; }
-  echo "$out" | awk '/=> \//{print $1, $3}' | while read -r name path; do
-    case "$path" in "$sr"/*) ;; *) alt=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/"$name" 2>/dev/null | head -1 || true); [ -n "$alt" ] && path=$alt ;; esac
+  echo "$out" | awk '$1 !~ /^\// && /=> \//{print $1, $3}' | while read -r name path; do
+    case "$path" in "$gsr"/*) ;; *) alt=$(ls "$gsr"/{usr/,}lib/x86_64-linux-gnu/"$name" 2>/dev/null | head -1 || true); [ -n "$alt" ] && path=$alt ;; esac
     [ -e "$ir/usr/lib/x86_64-linux-gnu/$name" ] || cp -L "$path" "$ir/usr/lib/x86_64-linux-gnu/$name"
   done
-  [ -e "$ir/usr/lib64/ld-linux-x86-64.so.2" ] || cp -L "$sr/lib/x86_64-linux-gnu/ld-linux-x86-64.so.2" "$ir/usr/lib64/"
+  [ -e "$ir/usr/lib64/ld-linux-x86-64.so.2" ] || cp -L "$gldso" "$ir/usr/lib64/"
 }
 add_bin() { # source path, name in the guest
   rm -f "$ir/usr/bin/$2"; cp -L "$1" "$ir/usr/bin/$2"; copy_deps "$1"
 }
 
-add_bin "$(find_sr kmod)" kmod
+add_bin "$(find_gsr kmod)" kmod
 for a in modprobe insmod lsmod rmmod depmod modinfo; do ln -sf kmod "$ir/usr/bin/$a"; done
-for b in nvme nbd-client mke2fs ip ss rdma ib_write_bw ib_read_bw; do add_bin "$(find_sr $b)" "$b"; done
+for b in nvme nbd-client mke2fs ip ss rdma ib_write_bw ib_read_bw tlshd keyctl; do add_bin "$(find_gsr $b)" "$b"; done
+# tlshd (TLS handshakes for the kernel's NVMe/TCP host and nvmet): its PSKs
+# are in the .nvme keyring, which it links into its session keyring.
+mkdir -p "$ir/etc/tlshd"
+printf '[debug]\nloglevel=1\ntls=0\nnl=0\n\n[authenticate]\nkeyrings=.nvme\n' > "$ir/etc/tlshd/config"
+cp "$ir/etc/tlshd/config" "$ir/etc/tlshd.conf"
 # libibverbs dlopen()s its providers: rxe (soft-RoCE) and siw (soft-iWARP).
 mkdir -p "$ir/usr/lib/x86_64-linux-gnu/libibverbs" "$ir/etc/libibverbs.d"
 for prov in rxe siw; do
-  for f in "$sr"/usr/lib/x86_64-linux-gnu/libibverbs/lib$prov-rdmav*.so; do
+  for f in "$gsr"/usr/lib/x86_64-linux-gnu/libibverbs/lib$prov-rdmav*.so; do
     [ -f "$f" ] || die "libibverbs provider $prov not in the guest packages"
     cp -L "$f" "$ir/usr/lib/x86_64-linux-gnu/libibverbs/"; copy_deps "$f"
   done
-  cp "$sr/etc/libibverbs.d/$prov.driver" "$ir/etc/libibverbs.d/"
+  cp "$gsr/etc/libibverbs.d/$prov.driver" "$ir/etc/libibverbs.d/"
 done
 for b in rdmablk-target rdmablk blkload rdma_stall rdma_keys hold_queues; do
   add_bin "$repo/build/release/$b" "$b"
@@ -176,16 +244,17 @@ exec \$t/lib/ld-linux-x86-64.so.2 --library-path \$t/lib --argv0 $b \$t/bin/$b "
 EOF_WRAP
   chmod +x "$ir/usr/bin/$b"
 done
-copy_lib_gcc=$(ls "$sr"/{usr/,}lib/x86_64-linux-gnu/libgcc_s.so.1 2>/dev/null | head -1 || true)
+copy_lib_gcc=$(ls "$gsr"/{usr/,}lib/x86_64-linux-gnu/libgcc_s.so.1 2>/dev/null | head -1 || true)
 [ -n "$copy_lib_gcc" ] && cp -L "$copy_lib_gcc" "$ir/usr/lib/x86_64-linux-gnu/"
 
 # Kernel modules with their dependencies; depmod so modprobe works.
 # rdma_rxe needs the crc32 shash (crc32_generic); siw is not built in Debian's
 # 6.12 (CONFIG_RDMA_SIW unset) and is skipped there. tcp_diag lets ss -K cut
-# TCP connections (CONFIG_INET_DIAG_DESTROY).
+# TCP connections (CONFIG_INET_DIAG_DESTROY). kTLS (tls) takes its ciphers
+# from the crypto API: gcm(aes) and the others TLS 1.3 may negotiate.
 want="nvme-tcp nvme-fabrics nvmet nvmet-tcp nbd ext4 loop configfs crc32c_generic crc32c-intel virtio_net virtio_blk
   rdma_rxe siw rdma_ucm ib_uverbs ib_umad nvme-rdma nvmet-rdma crc32_generic ublk_drv
-  tcp_diag"
+  tcp_diag tls gcm ghash-generic ghash-clmulni-intel aesni-intel ccm chacha20poly1305"
 declare -A have=()
 queue=()
 for m in $want; do

@@ -22,9 +22,27 @@ start_target() {
   # Emptied here, not by the background job's redirection: the wait below
   # must not find an earlier scenario's "listening on" before that runs.
   : > "$tlog"
-  RUST_LOG=info rdmablk-target "$@" > /dev/null 2> "$tlog" &
+  RUST_LOG=${TARGET_RUST_LOG:-info} rdmablk-target "$@" > /dev/null 2> "$tlog" &
   TARGET_PID=$!
   wait_for 60 grep -q "listening on" "$tlog" || fail "rdmablk-target did not start within 60 s"
+}
+
+# tlshd_up: tlshd, the agent that does the kernel's TLS handshakes (NVMe/TCP
+# host and nvmet), running in the background once per boot with its log in
+# /tmp/tlshd.log (/etc/tlshd.conf: loglevel 1, the .nvme keyring), with
+# kTLS and its AES-GCM loaded (the sockets it hands back use them). nvme-tcp
+# goes first: tlshd links the .nvme keyring, which nvme-keyring creates,
+# into its session keyring when it starts.
+tlshd_up() {
+  for m in tls gcm nvme-tcp; do /usr/bin/modprobe $m || fail "modprobe $m"; done
+  /usr/bin/modprobe aesni-intel 2>/dev/null; /usr/bin/modprobe ghash-clmulni-intel 2>/dev/null
+  [ -n "${TLSHD_PID:-}" ] && ! exited "$TLSHD_PID" && return 0
+  pid=$(pidof tlshd) && { TLSHD_PID=${pid%% *}; return 0; }
+  /usr/bin/tlshd -s >> /tmp/tlshd.log 2>&1 &
+  TLSHD_PID=$!
+  sleep 1
+  exited "$TLSHD_PID" && fail "tlshd exited at start: $(cat /tmp/tlshd.log)"
+  say "tlshd running (pid $TLSHD_PID)"
 }
 
 # stop_target: SIGTERM, and the exit status must be 0.
@@ -64,9 +82,11 @@ verify_ext4() {
   say "$1: mkfs.ext4, files, remount verified"
 }
 
-# nvmet_export TRTYPE TRADDR NQN FILE PORT: exports FILE as namespace 1 of
-# subsystem NQN (any host) through kernel nvmet-TRTYPE on TRADDR:PORT. The
-# configfs port is named PORT: use a port number once per boot.
+# nvmet_export TRTYPE TRADDR NQN FILE PORT [tls]: exports FILE as namespace 1
+# of subsystem NQN (any host) through kernel nvmet-TRTYPE on TRADDR:PORT;
+# with tls, the port requires TLS 1.3 (addr_tsas; its PSKs are those in
+# .nvme, its handshakes tlshd's: see tlshd_up). The configfs port is named
+# PORT: use a port number once per boot.
 nvmet_export() {
   /usr/bin/modprobe "nvmet-$1" || fail "modprobe nvmet-$1"
   grep -q " /sys/kernel/config " /proc/mounts || mount -t configfs configfs /sys/kernel/config
@@ -78,10 +98,14 @@ nvmet_export() {
   p=$n/ports/$5; mkdir -p "$p"
   echo "$1" > "$p/addr_trtype"; echo ipv4 > "$p/addr_adrfam"
   echo "$2" > "$p/addr_traddr"; echo "$5" > "$p/addr_trsvcid"
+  if [ "${6:-}" = tls ]; then
+    echo tls1.3 > "$p/addr_tsas" || fail "nvmet port $5: addr_tsas tls1.3 refused"
+    [ "$(cat "$p/addr_treq")" = required ] || fail "nvmet port $5: addr_treq is '$(cat "$p/addr_treq")', not required"
+  fi
   ln -s "$n/subsystems/$3" "$p/subsystems/$3" || fail "nvmet port link ($1 $2:$5)"
 }
 
-# nvmet_tcp_export NQN FILE PORT: exports FILE through kernel nvmet-tcp.
+# nvmet_tcp_export NQN FILE PORT [tls]: exports FILE through kernel nvmet-tcp.
 nvmet_tcp_export() { nvmet_export tcp 127.0.0.1 "$@"; }
 
 # nvmet_rdma_export NQN FILE PORT: exports FILE through kernel nvmet-rdma on
