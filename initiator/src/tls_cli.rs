@@ -31,7 +31,7 @@ pub struct TlsArgs {
     /// nvmet keyrings filled by `nvme gen-tls-key -I 1`.
     #[arg(long, value_name = "0|1", value_parser = clap::value_parser!(u8).range(0..=1))]
     pub tls_identity: Option<u8>,
-    /// Derive the TLS PSK as libnvme before 1.11 did (nvme-cli's --compat),
+    /// Derive the TLS PSK as libnvme before 1.16 did (nvme-cli's --compat),
     /// for keys put in a kernel keyring by those versions.
     #[arg(long)]
     pub tls_compat: bool,
@@ -122,7 +122,7 @@ pub struct GenTlsKeyArgs {
     #[arg(short = 'I', long, value_name = "0|1", default_value_t = 0,
           value_parser = clap::value_parser!(u8).range(0..=1), requires = "subnqn")]
     pub identity: u8,
-    /// Derive the identity's digest as libnvme before 1.11 (as
+    /// Derive the identity's digest as libnvme before 1.16 (as
     /// --tls-compat).
     #[arg(long, requires = "subnqn")]
     pub compat: bool,

@@ -70,14 +70,14 @@ impl Hash {
 
 /// How HKDF-Expand-Label's info is laid out. RFC 8446, 7.1 is what the
 /// NVMe/TCP specification means and what libnvme and SPDK write now;
-/// libnvme before 1.11 wrote the length little-endian and the label and
+/// libnvme before 1.16 wrote the length little-endian and the label and
 /// context without their length bytes, and keys it derived (and put in
 /// the kernel's keyring) still exist (libnvme issues #735, #1040).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Default)]
 pub enum Labels {
     #[default]
     Rfc8446,
-    /// libnvme's layout before 1.11.
+    /// libnvme's layout before 1.16.
     LegacyLibnvme,
 }
 

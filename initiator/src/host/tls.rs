@@ -22,7 +22,7 @@ pub struct TlsParams {
     /// accepts) or 1 (the same with the PSK's digest, as
     /// `nvme gen-tls-key -I 1` makes for the kernel's target).
     pub identity: u8,
-    /// The HKDF label layout (libnvme before 1.11 wrote its own).
+    /// The HKDF label layout (libnvme before 1.16 wrote its own).
     pub labels: Labels,
 }
 

@@ -258,7 +258,7 @@ pub struct HostAuth {
 pub struct HostTlsKey {
     pub nqn: String,
     pub key: ConfiguredKey,
-    /// How its PSKs are derived (`tls_key_legacy`: as libnvme before 1.11
+    /// How its PSKs are derived (`tls_key_legacy`: as libnvme before 1.16
     /// and `nvme gen-tls-key --compat` did).
     pub labels: Labels,
 }

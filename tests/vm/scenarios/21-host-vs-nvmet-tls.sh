@@ -8,12 +8,6 @@
 # through the kernel's nbd client. Trixie's libnvme (1.13) derives the PSKs
 # the old way: rdmablk is given --tls-compat.
 
-# PENDING: kept in tests/vm/pending/ until rdmablk has its NVMe/TCP TLS host
-# side (discover/connect/bench --tls --tls-key --tls-identity --tls-compat;
-# lib.sh has no way to skip a scenario). Its nvmet half (the TLS port, the
-# keys, the kernel host as the control) passed in the VM on 2026-12-06; the
-# rdmablk half has never run. Then: move it to tests/vm/scenarios/ and
-# regenerate README.md's list (tests/tests/readme.rs).
 . /scenarios/lib.sh
 NQN=nqn.2026-11.io.rdmablk:vm-nvmet-tls
 HOSTID=8c3f9e40-6d5f-4071-8cbd-2e3f4a5b6c7d
@@ -41,9 +35,6 @@ wait_for 20 nvme_blk $NQN || fail "no block device from nvmet over TLS"
 verify_blockdev "$(nvme_blk $NQN)" 4
 /usr/bin/nvme disconnect -n $NQN > /dev/null || fail "nvme disconnect"
 say "control: the kernel host reads and writes nvmet over TLS"
-
-rdmablk connect --help 2>&1 | grep -q -- "--tls-key" ||
-  fail "this rdmablk has no --tls-key: the host side of NVMe/TCP TLS is not built in"
 
 T="-t tcp -a 127.0.0.1 -s $PORT -q $HOSTNQN -I $HOSTID"
 TLS="--tls --tls-key $KEY --tls-compat"
