@@ -4,6 +4,8 @@
 # for figures (5-8 s each, rather than the suite's 1 s), and prints each
 # load's ratio of its two sides, measured in the same boot:
 #   40-compare-tcp    rdmablk-target / nvmet-tcp  (blkload on /dev/nvmeXnY)
+#   42-compare-tls    the kernel host over TLS / in plaintext, against
+#                     rdmablk-target with kernel TLS and with user-space records
 #   70-compare-rdma   rdmablk-target / nvmet-rdma (fio on /dev/nvmeXnY, and
 #                     rdmablk bench sleeping and busy polling; CPU per I/O)
 #   85-compare-ublk   adaptive / sleeping polling through ublk, nbd and the
@@ -16,7 +18,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 scenarios=("$@")
-[ ${#scenarios[@]} -gt 0 ] || scenarios=(40-compare-tcp 70-compare-rdma 85-compare-ublk)
+[ ${#scenarios[@]} -gt 0 ] || scenarios=(40-compare-tcp 42-compare-tls 70-compare-rdma 85-compare-ublk)
 export VM_WORK=${VM_WORK:-build/vm-bench}
 cargo build --release --quiet
 VM_MEASURE=1 bash tests/vm/run.sh "${scenarios[@]}" > "$VM_WORK.out" 2>&1 ||

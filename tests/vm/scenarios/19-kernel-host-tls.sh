@@ -58,8 +58,8 @@ io() {
   grep -v "identity=NVMe${1}R01 $HOSTNQN $NQN" /tmp/hs.txt && fail "a queue's identity is not of version $1"
   say "$(wc -l < /tmp/hs.txt) queues handshook, e.g.: $(head -1 /tmp/hs.txt | sed 's/.*TLS handshake done //')"
   rdmablk-target status --control /tmp/control.sock > /tmp/status.out 2>&1 || fail "status: $(cat /tmp/status.out)"
-  grep -q "over tcp with TLS (TLS_AES_128_GCM_SHA256)" /tmp/status.out ||
-    { cat /tmp/status.out; fail "the target's status does not say TLS"; }
+  grep -q "over tcp with TLS (TLS_AES_128_GCM_SHA256, kernel)" /tmp/status.out ||
+    { cat /tmp/status.out; fail "the target's status does not say TLS in the kernel"; }
   say "identity version $1: $dev, status: $(grep -o '[^,]*over tcp with TLS[^,]*' /tmp/status.out | head -1)"
   /usr/bin/nvme disconnect -n $NQN > /dev/null || fail "nvme disconnect"
 }

@@ -11,6 +11,7 @@ mod namespaces;
 mod nqn;
 mod quick;
 mod subsystems;
+mod tls;
 
 const EXAMPLE: &str = include_str!("../../../../config/target.toml");
 
