@@ -2,7 +2,7 @@
 //! 8011): the keys and their derivations ([`key`]), the handshake
 //! ([`Engine`], OpenSSL, driven on a blocking socket with a deadline by
 //! [`handshake`]), then the records: sealed and opened in user space
-//! (`protect`, ring's AES-GCM) under the shared NVMe/TCP stream
+//! (`protect`, AWS-LC's AES-GCM) under the shared NVMe/TCP stream
 //! (`tcp::stream::Records`, which takes a [`Session`]) and on blocking
 //! sockets ([`TlsSocket`]), or by the kernel ([`ktls`]).
 

@@ -1,8 +1,9 @@
 //! TLS 1.3 record protection after the handshake (RFC 8446, 5.2 to 5.4
 //! and 4.6.3), in user space: OpenSSL does the handshake, these keys then
-//! seal and open every record. AES-GCM is ring's (with VAES where the CPU
-//! has it: about 8 GB/s here, against OpenSSL 3.0's 3), which is most of
-//! what TLS costs per I/O.
+//! seal and open every record. AES-GCM is AWS-LC's (aws-lc-rs: VAES with
+//! AVX-512 where the CPU has it, about 14 GB/s on 16 KiB records here,
+//! against ring's 9 and Debian 12's OpenSSL 3.0's 3.8), which is most of what
+//! TLS costs per I/O. AWS-LC clears a key's memory when it frees it.
 //!
 //! Records after the handshake carry application data, alerts and two
 //! handshake messages: NewSessionTicket (ignored: there is no resumption)
@@ -11,8 +12,8 @@
 
 use super::engine::Traffic;
 use super::key::Hash;
-use ring::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
-use ring::hkdf;
+use aws_lc_rs::aead::{self, Aad, LessSafeKey, Nonce, UnboundKey};
+use aws_lc_rs::hkdf;
 use zeroize::Zeroizing;
 
 /// A record's header: type, legacy version, length.
