@@ -4,7 +4,8 @@
 # .nvme keyring), the same interchange key in the target's configuration;
 # PSK identities of versions 0 (NVMe0R01) and 1 (NVMe1R01 ... digest); I/O
 # verified; the target's status says TLS. Refused: keys that differ from
-# the target's, and a plaintext connect. Discovery over TLS.
+# the target's, and a plaintext connect. Discovery over TLS. nvme-cli's
+# check-tls-key takes rdmablk gen-tls-key's keys.
 # Trixie's libnvme (1.13) derives the retained and TLS PSKs with its old
 # HKDF-Expand-Label layout (length little-endian, no length bytes before
 # label and context; RFC 8446's layout came with libnvme 1.16), which is
@@ -106,5 +107,13 @@ grep -qi "tls" /tmp/discover.log || { cat /tmp/discover.log; fail "the discovery
 say "discovery over TLS lists $NQN ($(grep -i 'sectype' /tmp/discover.log | head -1 | tr -s ' '))"
 grep "identity=NVMe1R01 $HOSTNQN $DISC" /tmp/target.log > /dev/null || fail "no TLS handshake for discovery in the target's log"
 stop_target
+
+# rdmablk gen-tls-key's keys are nvme-cli's: check-tls-key takes them.
+for hmac in 1 2; do
+  ours=$(rdmablk gen-tls-key --hmac $hmac) || fail "rdmablk gen-tls-key --hmac $hmac"
+  /usr/bin/nvme check-tls-key --keydata="$ours" > /tmp/checkours.out 2>&1 ||
+    fail "nvme check-tls-key refuses rdmablk gen-tls-key --hmac $hmac: $(cat /tmp/checkours.out)"
+  say "nvme check-tls-key on rdmablk gen-tls-key --hmac $hmac: $(head -1 /tmp/checkours.out)"
+done
 say "tlshd: $(grep -ci 'handshake' /tmp/tlshd.log) handshake lines; dmesg: $(dmesg | grep -ci tls) TLS lines"
 dmesg | grep -i "tls\|nvme" | tail -12
