@@ -125,8 +125,9 @@ impl Read for TlsSocket {
 impl Write for TlsSocket {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
         for chunk in buf.chunks(MAX_PLAIN) {
-            self.prot
-                .seal(&mut self.out, chunk.len(), |dst| dst.copy_from_slice(chunk));
+            self.prot.seal(&mut self.out, chunk.len(), |dst| {
+                dst.extend_from_slice(chunk)
+            });
         }
         self.flush()?;
         Ok(buf.len())

@@ -154,28 +154,35 @@ impl Protection {
         }
     }
 
-    /// Appends to `out` one record of application data: header,
-    /// `plain.len()` bytes written by `fill`, content type, tag. At most
-    /// [`MAX_PLAIN`] bytes.
-    pub fn seal(&mut self, out: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut [u8])) {
+    /// Appends to `out` one record of application data: header, the `len`
+    /// bytes `fill` appends, content type, tag. At most [`MAX_PLAIN`] bytes.
+    pub fn seal(&mut self, out: &mut Vec<u8>, len: usize, fill: impl FnOnce(&mut Vec<u8>)) {
         self.seal_typed(out, APPLICATION_DATA, len, fill);
     }
 
+    /// [`Protection::seal`] of a record of content type `kind`: `fill`
+    /// appends the `len` bytes of its content to `out` (appending, rather
+    /// than writing over zeros, spares a pass over the bytes).
     fn seal_typed(
         &mut self,
         out: &mut Vec<u8>,
         kind: u8,
         len: usize,
-        fill: impl FnOnce(&mut [u8]),
+        fill: impl FnOnce(&mut Vec<u8>),
     ) {
         debug_assert!(len <= MAX_PLAIN);
         let at = out.len();
         let body = len + 1 + TAG;
+        out.reserve(HEADER + body);
         out.extend_from_slice(&[APPLICATION_DATA, 3, 3]);
         out.extend_from_slice(&(body as u16).to_be_bytes());
-        out.resize(at + HEADER + len + 1, 0);
-        fill(&mut out[at + HEADER..at + HEADER + len]);
-        out[at + HEADER + len] = kind;
+        fill(out);
+        assert_eq!(
+            out.len(),
+            at + HEADER + len,
+            "a record's content is as long as it says"
+        );
+        out.push(kind);
         let (head, rest) = out[at..].split_at_mut(HEADER);
         let aad: [u8; HEADER] = head.try_into().expect("a header");
         let nonce = self.seal.nonce();
@@ -194,7 +201,7 @@ impl Protection {
         if std::mem::take(&mut self.answer_update) {
             // KeyUpdate, update_not_requested (RFC 8446, 4.6.3).
             self.seal_typed(out, HANDSHAKE, 5, |b| {
-                b.copy_from_slice(&[KEY_UPDATE, 0, 0, 1, 0])
+                b.extend_from_slice(&[KEY_UPDATE, 0, 0, 1, 0])
             });
             self.seal = self.seal.updated(self.hash);
         }
@@ -304,7 +311,7 @@ mod tests {
 
     fn data(from: &mut Protection, to: &mut Protection, bytes: &[u8]) -> Opened {
         let mut rec = Vec::new();
-        from.seal(&mut rec, bytes.len(), |d| d.copy_from_slice(bytes));
+        from.seal(&mut rec, bytes.len(), |d| d.extend_from_slice(bytes));
         assert_eq!(Protection::record_len(&rec).unwrap(), Some(rec.len()));
         let opened = to.open(&mut rec).unwrap();
         if let Opened::Data(n) = opened {
@@ -334,7 +341,7 @@ mod tests {
         let (mut a, mut b) = pair(Hash::Sha256);
         let mut rec = Vec::new();
         a.seal_typed(&mut rec, HANDSHAKE, 5, |d| {
-            d.copy_from_slice(&[KEY_UPDATE, 0, 0, 1, 1])
+            d.extend_from_slice(&[KEY_UPDATE, 0, 0, 1, 1])
         });
         a.seal = a.seal.updated(a.hash);
         assert_eq!(b.open(&mut rec).unwrap(), Opened::Nothing);
@@ -354,7 +361,7 @@ mod tests {
 
         let mut ticket = Vec::new();
         a.seal_typed(&mut ticket, HANDSHAKE, 8, |d| {
-            d.copy_from_slice(&[NEW_SESSION_TICKET, 0, 0, 4, 0, 0, 0, 0])
+            d.extend_from_slice(&[NEW_SESSION_TICKET, 0, 0, 4, 0, 0, 0, 0])
         });
         assert_eq!(b.open(&mut ticket).unwrap(), Opened::Nothing);
     }
@@ -363,13 +370,13 @@ mod tests {
     fn alerts_and_forgeries() {
         let (mut a, mut b) = pair(Hash::Sha256);
         let mut rec = Vec::new();
-        a.seal_typed(&mut rec, ALERT, 2, |d| d.copy_from_slice(&[1, 0]));
+        a.seal_typed(&mut rec, ALERT, 2, |d| d.extend_from_slice(&[1, 0]));
         assert_eq!(b.open(&mut rec).unwrap(), Opened::Closed);
         let mut rec = Vec::new();
-        a.seal_typed(&mut rec, ALERT, 2, |d| d.copy_from_slice(&[2, 20]));
+        a.seal_typed(&mut rec, ALERT, 2, |d| d.extend_from_slice(&[2, 20]));
         assert!(matches!(b.open(&mut rec), Err(RecordError::Alert(20))));
         let mut rec = Vec::new();
-        a.seal(&mut rec, 10, |d| d.fill(7));
+        a.seal(&mut rec, 10, |d| d.extend_from_slice(&[7; 10]));
         rec[7] ^= 1;
         assert!(matches!(b.open(&mut rec), Err(RecordError::BadMac)));
         assert!(matches!(

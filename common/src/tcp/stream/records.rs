@@ -205,16 +205,17 @@ impl Records {
         let mut left = total;
         while left > 0 {
             let len = left.min(MAX_PLAIN);
-            self.prot.seal(&mut self.cipher_out, len, |mut dst| {
-                while !dst.is_empty() {
+            self.prot.seal(&mut self.cipher_out, len, |out| {
+                let mut want = len;
+                while want > 0 {
                     let v = &iovs[iov];
-                    let n = (v.iov_len - skip).min(dst.len());
+                    let n = (v.iov_len - skip).min(want);
                     // SAFETY: as above; `skip + n` is within the iovec.
                     let src = unsafe {
                         std::slice::from_raw_parts((v.iov_base as *const u8).add(skip), n)
                     };
-                    dst[..n].copy_from_slice(src);
-                    dst = &mut dst[n..];
+                    out.extend_from_slice(src);
+                    want -= n;
                     skip += n;
                     if skip == v.iov_len {
                         (iov, skip) = (iov + 1, 0);
