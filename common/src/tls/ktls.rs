@@ -3,21 +3,22 @@
 //! what is sent on the socket and decrypts what is received, so that the
 //! stream's io_uring sends and receives plaintext as without TLS.
 //!
-//! The keys come from the handshake's traffic secrets (OpenSSL's key log
-//! callback) through RFC 8446, 7.3: key = HKDF-Expand-Label(secret, "key",
-//! "", key length), iv = HKDF-Expand-Label(secret, "iv", "", 12). The kernel
-//! is told the record sequence numbers, which are 0 only if no record has
-//! been sent or received since the handshake: [`offload`] refuses
-//! otherwise (the engine holds input), as it does where the kernel has no
-//! `tls` module; the caller then keeps TLS in user space.
+//! The keys come from the session's traffic secrets (the handshake's, or
+//! those a KeyUpdate made) through RFC 8446, 7.3: key =
+//! HKDF-Expand-Label(secret, "key", "", key length), iv =
+//! HKDF-Expand-Label(secret, "iv", "", 12), with the sequence numbers of
+//! the next records: a target hands over right after the handshake, a host
+//! after the records its blocking queue exchanged. [`offload`] refuses a
+//! session holding received bytes not yet read, as it does where the kernel
+//! has no `tls` module; the caller then keeps TLS in user space.
 //!
 //! What the kernel cannot do, the connection cannot either: a record other
 //! than application data (an alert, a KeyUpdate) fails the receive, which
 //! closes the connection.
 
-use super::engine::{Engine, Traffic};
 use super::key::Hash;
 use super::protect::expand_label;
+use super::Session;
 use std::net::TcpStream;
 use std::os::fd::AsRawFd;
 use zeroize::{Zeroize, Zeroizing};
@@ -57,8 +58,8 @@ impl<const K: usize> Drop for CryptoInfo<K> {
 pub enum KtlsError {
     #[error("the kernel has no TLS (the tls module): {0}")]
     Unavailable(std::io::Error),
-    #[error("{0}")]
-    Handshake(super::TlsError),
+    #[error("bytes received wait to be read in user space")]
+    Buffered,
     #[error("kernel TLS is turned off (RDMABLK_KTLS=0)")]
     NotWanted,
     #[error("setting the kernel's TLS keys: {0}")]
@@ -66,7 +67,7 @@ pub enum KtlsError {
 }
 
 /// The crypto info of one direction's traffic `secret`.
-fn crypto_info<const K: usize>(hash: Hash, cipher: u16, secret: &[u8]) -> CryptoInfo<K> {
+fn crypto_info<const K: usize>(hash: Hash, cipher: u16, secret: &[u8], seq: u64) -> CryptoInfo<K> {
     let mut key = Zeroizing::new([0u8; K]);
     let mut iv = Zeroizing::new([0u8; 12]);
     expand_label(hash, secret, "key", &mut key[..]);
@@ -77,7 +78,7 @@ fn crypto_info<const K: usize>(hash: Hash, cipher: u16, secret: &[u8]) -> Crypto
         iv: [0; 8],
         key: *key,
         salt: [0; 4],
-        rec_seq: [0; 8],
+        rec_seq: seq.to_be_bytes(),
     };
     info.salt.copy_from_slice(&iv[..4]);
     info.iv.copy_from_slice(&iv[4..]);
@@ -108,9 +109,14 @@ fn set<T>(
     }
 }
 
-fn set_keys<const K: usize>(sock: &TcpStream, t: &Traffic, cipher: u16) -> Result<(), KtlsError> {
-    for (dir, secret) in [(TLS_TX, &t.sent), (TLS_RX, &t.received)] {
-        let info = crypto_info::<K>(t.hash, cipher, secret);
+fn set_keys<const K: usize>(
+    sock: &TcpStream,
+    session: &Session,
+    cipher: u16,
+) -> Result<(), KtlsError> {
+    let (hash, sent, received) = session.prot.kernel_state();
+    for (dir, (secret, seq)) in [(TLS_TX, sent), (TLS_RX, received)] {
+        let info = crypto_info::<K>(hash, cipher, secret, seq);
         set(
             sock,
             SOL_TLS,
@@ -123,23 +129,26 @@ fn set_keys<const K: usize>(sock: &TcpStream, t: &Traffic, cipher: u16) -> Resul
     Ok(())
 }
 
-/// Hands the TLS of `sock`, whose handshake `engine` did and which has
-/// carried no record since, to the kernel. On an error before the keys are
-/// set the socket is as it was; after (`Keys`), it is unusable.
-pub fn offload(sock: &TcpStream, engine: &Engine) -> Result<(), KtlsError> {
-    let traffic = engine
-        .traffic_after_handshake()
-        .map_err(KtlsError::Handshake)?;
+/// Hands the TLS `session` of `sock` to the kernel, unless `RDMABLK_KTLS=0`.
+/// On an error before the keys are set the socket is as it was (and the
+/// session goes on in user space); after (`Keys`), it is unusable.
+pub fn offload(sock: &TcpStream, session: &Session) -> Result<(), KtlsError> {
+    if !wanted() {
+        return Err(KtlsError::NotWanted);
+    }
+    if !session.plain.is_empty() || !session.unopened.is_empty() {
+        return Err(KtlsError::Buffered);
+    }
     set(sock, SOL_TCP, TCP_ULP, b"tls", 3).map_err(KtlsError::Unavailable)?;
-    match traffic.hash {
-        Hash::Sha256 => set_keys::<16>(sock, &traffic, TLS_CIPHER_AES_GCM_128),
-        Hash::Sha384 => set_keys::<32>(sock, &traffic, TLS_CIPHER_AES_GCM_256),
+    match session.prot.kernel_state().0 {
+        Hash::Sha256 => set_keys::<16>(sock, session, TLS_CIPHER_AES_GCM_128),
+        Hash::Sha384 => set_keys::<32>(sock, session, TLS_CIPHER_AES_GCM_256),
     }
 }
 
 /// Whether kernel TLS is wanted: on unless `RDMABLK_KTLS=0` (to compare it
 /// with TLS in user space, or to rule it out).
-pub fn wanted() -> bool {
+fn wanted() -> bool {
     std::env::var_os("RDMABLK_KTLS").is_none_or(|v| v != "0")
 }
 
@@ -159,7 +168,7 @@ mod tests {
                 .collect()
         };
         let secret = hex("a1 1a f9 f0 55 31 f8 56 ad 47 11 6b 45 a9 50 32 82 04 b4 f4 4b fb 6b 3a 4b 4f 1f 3f cb 63 16 43");
-        let info = crypto_info::<16>(Hash::Sha256, TLS_CIPHER_AES_GCM_128, &secret);
+        let info = crypto_info::<16>(Hash::Sha256, TLS_CIPHER_AES_GCM_128, &secret, 0);
         assert_eq!(
             info.key.to_vec(),
             hex("9f 02 28 3b 6c 9c 07 ef c2 6b b9 f2 ac 92 e3 56")

@@ -194,6 +194,17 @@ impl Protection {
         out.extend_from_slice(tag.as_ref());
     }
 
+    /// What kernel TLS needs to take over: the hash, then for what this
+    /// side sends and what it receives, the traffic secret and the sequence
+    /// number of the next record.
+    pub(crate) fn kernel_state(&self) -> (Hash, (&[u8], u64), (&[u8], u64)) {
+        (
+            self.hash,
+            (&self.seal.secret, self.seal.seq),
+            (&self.open.secret, self.open.seq),
+        )
+    }
+
     /// Appends the records that must go out before more data: the answer
     /// to a KeyUpdate that asked for one (after which this side's keys move
     /// on too).

@@ -109,7 +109,7 @@ fn kernel_tls_carries_the_data_or_says_why_not() {
     assert_eq!(*st.sent, *ct.received);
     assert_eq!(*st.received, *ct.sent);
     assert_eq!(st.sent.len(), 48);
-    match super::ktls::offload(&ss, &s) {
+    match super::ktls::offload(&ss, &super::Session::after_handshake(&s).unwrap()) {
         Ok(()) => {
             // The kernel encrypts: plaintext on the server's socket.
             let mut peer = TlsSocket::new(cs, &c).unwrap();

@@ -466,7 +466,7 @@ impl Session {
             depth: self.queue_size,
             crdt: self.ctrl.crdt,
         };
-        Ok(q.into_io_queue(limits))
+        q.into_io_queue(limits)
     }
 
     /// Shuts the controller down (CC.SHN) and ends keep-alive.

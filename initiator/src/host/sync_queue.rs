@@ -209,7 +209,7 @@ impl SyncQueue {
     }
 
     /// The queue, for the io_uring data path.
-    pub fn into_io_queue(self, limits: super::QueueLimits) -> super::IoQueue {
+    pub fn into_io_queue(self, limits: super::QueueLimits) -> Result<super::IoQueue, HostError> {
         match self {
             SyncQueue::Tcp(q) => {
                 let limits = super::QueueLimits {
@@ -217,11 +217,11 @@ impl SyncQueue {
                     max_h2c: q.max_h2c,
                     ..limits
                 };
-                let (sock, tls) = q.into_stream();
-                super::IoQueue::new(
+                let (sock, tls) = q.into_stream()?;
+                Ok(super::IoQueue::new(
                     super::Link::Tcp(Box::new(super::tcp::TcpQueue::new(sock, tls, limits))),
                     limits.crdt,
-                )
+                ))
             }
             SyncQueue::Rdma(q) => {
                 let RdmaSync { mut q, buf, .. } = *q;
@@ -229,7 +229,10 @@ impl SyncQueue {
                 q.forget_regions();
                 drop(buf);
                 q.set_in_capsule(limits.in_capsule);
-                super::IoQueue::new(super::Link::Rdma(Box::new(q)), limits.crdt)
+                Ok(super::IoQueue::new(
+                    super::Link::Rdma(Box::new(q)),
+                    limits.crdt,
+                ))
             }
         }
     }

@@ -5,8 +5,9 @@
 # First the kernel host on that port, as a control; then rdmablk discover
 # --tls, bench --verify --tls with identity versions 0 and 1, a wrong key
 # and plaintext refused, and an NBD export over TLS verified with fio
-# through the kernel's nbd client. Trixie's libnvme (1.13) derives the PSKs
-# the old way: rdmablk is given --tls-compat.
+# through the kernel's nbd client; rdmablk's I/O queues hand their TLS to
+# the kernel. Trixie's libnvme (1.13) derives the PSKs the old way:
+# rdmablk is given --tls-compat.
 
 . /scenarios/lib.sh
 NQN=nqn.2026-11.io.rdmablk:vm-nvmet-tls
@@ -47,8 +48,11 @@ for v in 0 1; do
   tail -2 /tmp/bench.log
   say "rdmablk bench --verify over TLS, identity version $v"
 done
-rdmablk bench $T -n $NQN $TLS --tls-identity 1 --rw write --bs 1m --qd 4 --runtime 2s --verify > /tmp/bench2.log 2>&1 ||
-  fail "rdmablk bench --tls --verify with 1 MiB: $(tail -5 /tmp/bench2.log)"
+rdmablk bench $T -n $NQN $TLS --tls-identity 1 --rw write --bs 1m --qd 4 --runtime 2s --verify \
+  --log-level debug > /tmp/bench2.log 2>&1 || fail "rdmablk bench --tls --verify with 1 MiB: $(tail -5 /tmp/bench2.log)"
+grep -q "the queue's TLS goes to the kernel" /tmp/bench2.log ||
+  fail "rdmablk's I/O queues did not hand their TLS to the kernel: $(grep -m1 'TLS in user space' /tmp/bench2.log)"
+say "rdmablk's I/O queues encrypt in kernel TLS"
 
 # Refused: a key nvmet does not have, and plaintext.
 /usr/bin/nvme gen-tls-key --hostnqn=$HOSTNQN --subsysnqn=$NQN > /tmp/genkey.out 2>&1 || fail "nvme gen-tls-key"

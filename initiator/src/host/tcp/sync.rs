@@ -6,6 +6,7 @@ use rdmablk_common::fabrics::CONNECT_DATA_LEN;
 use rdmablk_common::nvme::{admin, Cqe, Sgl, Sqe, Status};
 use rdmablk_common::tcp::stream::Records;
 use rdmablk_common::tcp::{self, Digests, Header, Transfer};
+use rdmablk_common::tls::ktls::{self, KtlsError};
 use rdmablk_common::tls::TlsSocket;
 use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
@@ -35,13 +36,30 @@ impl Conn {
         }
     }
 
-    /// The socket and, with TLS, the record layer for the data path.
-    fn into_parts(self) -> (TcpStream, Option<Box<Records>>) {
+    /// The socket and, with TLS in user space, the record layer for the
+    /// data path: where the kernel has TLS, the session goes to it and the
+    /// socket carries plaintext.
+    fn into_parts(self) -> Result<(TcpStream, Option<Box<Records>>), HostError> {
         match self {
-            Conn::Plain(s) => (s, None),
+            Conn::Plain(s) => Ok((s, None)),
             Conn::Tls(t) => {
                 let (sock, session) = t.into_parts();
-                (sock, Some(Box::new(Records::new(session))))
+                match ktls::offload(&sock, &session) {
+                    Ok(()) => {
+                        tracing::debug!(
+                            cipher = session.cipher(),
+                            "the queue's TLS goes to the kernel"
+                        );
+                        Ok((sock, None))
+                    }
+                    Err(KtlsError::Keys(e)) => Err(HostError::Protocol(format!(
+                        "kernel TLS refused the session's keys: {e}"
+                    ))),
+                    Err(why) => {
+                        tracing::debug!("TLS in user space: {why}");
+                        Ok((sock, Some(Box::new(Records::new(session)))))
+                    }
+                }
             }
         }
     }
@@ -201,7 +219,7 @@ impl TcpSync {
 
     /// The socket and, on a TLS connection, its record layer, for handing
     /// to the asynchronous data path.
-    pub fn into_stream(self) -> (TcpStream, Option<Box<Records>>) {
+    pub fn into_stream(self) -> Result<(TcpStream, Option<Box<Records>>), HostError> {
         self.sock.into_parts()
     }
 

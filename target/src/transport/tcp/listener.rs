@@ -147,7 +147,8 @@ fn secure(
     };
     let id = Identity::parse(shown.as_bytes()).map_err(Failure::Refused)?;
     let cipher = engine.cipher();
-    let records = match kernel_tls(&conn.sock, &engine) {
+    let session = Session::after_handshake(&engine).map_err(|e| Failure::Refused(e.to_string()))?;
+    let records = match kernel_tls(&conn.sock, &session) {
         Ok(()) => None,
         Err(ktls::KtlsError::Keys(e)) => {
             return Err(Failure::Refused(format!(
@@ -156,8 +157,6 @@ fn secure(
         }
         Err(why) => {
             tracing::debug!(peer = %conn.peer, "TLS in user space: {why}");
-            let session =
-                Session::after_handshake(&engine).map_err(|e| Failure::Refused(e.to_string()))?;
             Some(Box::new(Records::new(session)))
         }
     };
@@ -172,14 +171,11 @@ fn secure(
     Ok(conn)
 }
 
-/// Hands the connection's TLS to the kernel unless `RDMABLK_KTLS=0`; the
+/// Hands the connection's TLS to the kernel (see [`ktls::offload`]); the
 /// first time the kernel cannot take it, says so once.
-fn kernel_tls(sock: &TcpStream, engine: &Engine) -> Result<(), ktls::KtlsError> {
+fn kernel_tls(sock: &TcpStream, session: &Session) -> Result<(), ktls::KtlsError> {
     static TOLD: std::sync::Once = std::sync::Once::new();
-    if !ktls::wanted() {
-        return Err(ktls::KtlsError::NotWanted);
-    }
-    let r = ktls::offload(sock, engine);
+    let r = ktls::offload(sock, session);
     if let Err(ktls::KtlsError::Unavailable(e)) = &r {
         TOLD.call_once(|| {
             tracing::info!("TLS records are encrypted in user space: the kernel has no TLS ({e}; modprobe tls)")

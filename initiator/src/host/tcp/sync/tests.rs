@@ -114,7 +114,7 @@ fn a_queue_over_tls_offers_its_identity_and_runs_commands() {
         assert!(cqe.status().is_success());
         let want = tls(&key, identity).identity(HOST, SUBSYS).to_string();
         assert_eq!(t.join().unwrap(), Ok(want));
-        let (_, records) = q.into_stream();
+        let (_, records) = q.into_stream().unwrap();
         assert_eq!(records.map(|r| r.cipher().to_string()), Some(suite.into()));
     }
 }
@@ -227,7 +227,7 @@ fn the_io_queue_takes_the_tls_connection_over() {
         depth: 8,
         crdt: [0; 3],
     };
-    let (sock, records) = q.into_stream();
+    let (sock, records) = q.into_stream().unwrap();
     let mut queue = crate::host::tcp::TcpQueue::new(sock, records, limits);
     let ops = [
         Op(io_uring::opcode::Recv::CODE, "RECV"),
