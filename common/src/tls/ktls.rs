@@ -114,7 +114,7 @@ fn set_keys<const K: usize>(
     session: &Session,
     cipher: u16,
 ) -> Result<(), KtlsError> {
-    let (hash, sent, received) = session.prot.kernel_state();
+    let (hash, [sent, received]) = session.prot.kernel_state();
     for (dir, (secret, seq)) in [(TLS_TX, sent), (TLS_RX, received)] {
         let info = crypto_info::<K>(hash, cipher, secret, seq);
         set(

@@ -108,6 +108,9 @@ impl Direction {
     }
 }
 
+/// One direction's traffic secret and the sequence number of its next record.
+pub(crate) type DirectionState<'a> = (&'a [u8], u64);
+
 /// HKDF-Expand-Label(secret, label, "", out.len()) (RFC 8446, 7.1).
 pub fn expand_label(hash: Hash, secret: &[u8], label: &str, out: &mut [u8]) {
     struct Len(usize);
@@ -197,12 +200,9 @@ impl Protection {
     /// What kernel TLS needs to take over: the hash, then for what this
     /// side sends and what it receives, the traffic secret and the sequence
     /// number of the next record.
-    pub(crate) fn kernel_state(&self) -> (Hash, (&[u8], u64), (&[u8], u64)) {
-        (
-            self.hash,
-            (&self.seal.secret, self.seal.seq),
-            (&self.open.secret, self.open.seq),
-        )
+    pub(crate) fn kernel_state(&self) -> (Hash, [DirectionState<'_>; 2]) {
+        let state = |d: &'_ Direction| (d.secret.as_slice(), d.seq);
+        (self.hash, [state(&self.seal), state(&self.open)])
     }
 
     /// Appends the records that must go out before more data: the answer
