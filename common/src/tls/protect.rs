@@ -201,8 +201,13 @@ impl Protection {
     /// side sends and what it receives, the traffic secret and the sequence
     /// number of the next record.
     pub(crate) fn kernel_state(&self) -> (Hash, [DirectionState<'_>; 2]) {
-        let state = |d: &'_ Direction| (d.secret.as_slice(), d.seq);
-        (self.hash, [state(&self.seal), state(&self.open)])
+        (
+            self.hash,
+            [
+                (self.seal.secret.as_slice(), self.seal.seq),
+                (self.open.secret.as_slice(), self.open.seq),
+            ],
+        )
     }
 
     /// Appends the records that must go out before more data: the answer
