@@ -111,7 +111,7 @@ stop_target
 # rdmablk gen-tls-key's keys are nvme-cli's: check-tls-key takes them.
 for hmac in 1 2; do
   ours=$(rdmablk gen-tls-key --hmac $hmac) || fail "rdmablk gen-tls-key --hmac $hmac"
-  /usr/bin/nvme check-tls-key --keydata="$ours" > /tmp/checkours.out 2>&1 ||
+  /usr/bin/nvme check-tls-key --keydata="$ours" --hostnqn=$HOSTNQN --subsysnqn=$NQN > /tmp/checkours.out 2>&1 ||
     fail "nvme check-tls-key refuses rdmablk gen-tls-key --hmac $hmac: $(cat /tmp/checkours.out)"
   say "nvme check-tls-key on rdmablk gen-tls-key --hmac $hmac: $(head -1 /tmp/checkours.out)"
 done
