@@ -14,7 +14,7 @@ NQN=nqn.2026-11.io.rdmablk:vm-nvmet-tls
 HOSTID=8c3f9e40-6d5f-4071-8cbd-2e3f4a5b6c7d
 HOSTNQN=nqn.2014-08.org.nvmexpress:uuid:$HOSTID
 DISC=nqn.2014-08.org.nvmexpress.discovery
-PORT=4422
+PORT=4426
 tlshd_up
 
 /usr/bin/nvme gen-tls-key --hostnqn=$HOSTNQN --subsysnqn=$NQN > /tmp/genkey.out 2>&1 || fail "nvme gen-tls-key: $(cat /tmp/genkey.out)"
