@@ -26,8 +26,11 @@
 #   mon.a/, osd.0/, run/           mon store, OSD data (memstore), admin sockets
 # and, beside it, $DIR.lock: `up` and `down` hold it, so parallel tests calling
 # `up` share one cluster.
-# The mon listens on 127.0.0.1:3300 (msgr2) and 127.0.0.1:6789 (msgr1); the OSD
-# binds to 127.0.0.1 in the 6800-7300 range. Pool `rbd` (size 1, 8 PGs) is
+# The mon listens on ADDR:3300 (msgr2) and ADDR:6789 (msgr1); the OSD binds to
+# ADDR in the 6800-7300 range. ADDR is ${CEPH_DEV_ADDR:-127.0.0.1}, an address
+# of this machine: the test command gives scripts/testnet.sh's bridge address,
+# which network namespaces on that bridge reach too (the partition tests). A
+# running cluster on another address is recreated. Pool `rbd` (size 1, 8 PGs) is
 # created and initialised. There is no ceph-mgr: the mon creates PGs and
 # librbd needs no mgr, but mgr-backed commands (`ceph pg stat`, `ceph df`
 # details, `rbd perf`, `rbd task`) would hang, and `ceph -s` shows no PG stats.
@@ -37,6 +40,7 @@ DIR=${CEPH_DEV_DIR:-/tmp/rdmablk-ceph}
 CONF=$DIR/ceph.conf
 MARK=$DIR/.rdmablk-ceph-dev
 LOCK=$DIR.lock
+ADDR=${CEPH_DEV_ADDR:-127.0.0.1}
 MON_V2=3300
 MON_V1=6789
 START=$SECONDS
@@ -53,6 +57,7 @@ case "$DIR" in
   * ) die "CEPH_DEV_DIR must be an absolute path, not '$DIR'" ;;
 esac
 [ "$DIR" != / ] || die "CEPH_DEV_DIR must not be /"
+[[ "$ADDR" =~ ^[0-9]+\.[0-9]+\.[0-9]+\.[0-9]+$ ]] || die "CEPH_DEV_ADDR must be an IPv4 address, not '$ADDR'"
 
 # Admin CLI with deadlines: --connect-timeout bounds reaching the mon, timeout(1)
 # bounds the command itself.
@@ -131,6 +136,7 @@ io_probe() {
 healthy() {
   local mon osd st
   [ -f "$CONF" ] || return 1
+  grep -qF "mon_host = [v2:$ADDR:" "$CONF" || return 1
   mon=$(live_pid "$DIR/mon.a.pid" ceph-mon) || return 1
   osd=$(live_pid "$DIR/osd.0.pid" ceph-osd) || return 1
   st=$(awk '{print $3}' "/proc/$osd/stat" 2>/dev/null) || return 1
@@ -155,12 +161,12 @@ wait_for() { # seconds what logfile cmd...
 
 write_conf() { # fsid
   cat >"$CONF" <<EOF
-# Written by scripts/ceph-dev.sh: a throwaway one-node cluster on loopback.
+# Written by scripts/ceph-dev.sh: a throwaway one-node cluster on $ADDR.
 [global]
 fsid = $1
-mon_host = [v2:127.0.0.1:$MON_V2,v1:127.0.0.1:$MON_V1]
-public_network = 127.0.0.0/8
-cluster_network = 127.0.0.0/8
+mon_host = [v2:$ADDR:$MON_V2,v1:$ADDR:$MON_V1]
+public_network = $ADDR/32
+cluster_network = $ADDR/32
 auth_cluster_required = cephx
 auth_service_required = cephx
 auth_client_required = cephx
@@ -197,8 +203,8 @@ pid_file = $DIR/\$name.pid
 log_file = $DIR/log/\$cluster-\$name.log
 osd_objectstore = memstore
 memstore_device_bytes = 2147483648
-public_addr = 127.0.0.1
-cluster_addr = 127.0.0.1
+public_addr = $ADDR
+cluster_addr = $ADDR
 osd_crush_initial_weight = 1
 EOF
 }
@@ -213,6 +219,9 @@ do_up() {
     log "stale or unhealthy cluster in $DIR: recreating"
   fi
   do_down
+  if [ "$ADDR" != 127.0.0.1 ] && ! ip -4 -o addr show | grep -qF " $ADDR/"; then
+    die "CEPH_DEV_ADDR $ADDR is no address of this machine (scripts/testnet.sh up makes 198.18.0.1)"
+  fi
   if command -v ss >/dev/null; then
     local busy
     busy=$(ss -Hltnp "( sport = :$MON_V2 or sport = :$MON_V1 )" || true)
@@ -231,7 +240,7 @@ do_up() {
   ceph-authtool --create-keyring "$DIR/ceph.client.admin.keyring" --gen-key -n client.admin \
     --cap mon 'allow *' --cap osd 'allow *' --cap mds 'allow *' --cap mgr 'allow *' >/dev/null
   ceph-authtool "$DIR/mon.keyring" --import-keyring "$DIR/ceph.client.admin.keyring" >/dev/null
-  monmaptool --create --addv a "[v2:127.0.0.1:$MON_V2,v1:127.0.0.1:$MON_V1]" \
+  monmaptool --create --addv a "[v2:$ADDR:$MON_V2,v1:$ADDR:$MON_V1]" \
     --fsid "$fsid" "$DIR/monmap" >/dev/null
   ceph-mon --conf "$CONF" -i a --mkfs --monmap "$DIR/monmap" --keyring "$DIR/mon.keyring" \
     >>"$DIR/log/mon.a.out" 2>&1 || die "ceph-mon --mkfs failed; read $DIR/log/mon.a.out"

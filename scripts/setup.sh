@@ -12,8 +12,9 @@ BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev libssl-dev)
 # prometheus ships promtool, which lints the metrics endpoint's output.
 # gnutls-bin ships gnutls-cli: GnuTLS (the library of the kernel's tlshd) as a TLS peer.
 # The Ceph mon, OSD and CLI run scripts/ceph-dev.sh's cluster; librbd-dev to build against librbd.
+# iproute2 and nftables make the partition tests' network (scripts/testnet.sh) and cut its links.
 TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86 gnutls-bin
-  prometheus ceph-mon ceph-osd ceph-common librbd-dev)
+  prometheus ceph-mon ceph-osd ceph-common librbd-dev iproute2 nftables)
 
 want=("${BUILD_PKGS[@]}")
 case "${1:-}" in

@@ -41,7 +41,10 @@ phase build cargo build --release
 phase "unit and e2e tests" cargo test --release --workspace
 if [ $quick -eq 0 ]; then
   t0=$(date +%s)
-  conf=$(bash scripts/ceph-dev.sh up | tail -n 1)
+  # On the partition tests' bridge, so gateways in network namespaces reach
+  # it (target::rbd::partitions); tests in this namespace reach it too.
+  addr=$(bash scripts/testnet.sh up)
+  conf=$(CEPH_DEV_ADDR="$addr" bash scripts/ceph-dev.sh up | tail -n 1)
   phases+=("ceph cluster up=$(($(date +%s) - t0))")
   trap 'bash scripts/ceph-dev.sh down; report' EXIT
   # --workspace as above: the same packages and features, so nothing is

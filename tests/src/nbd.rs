@@ -101,6 +101,14 @@ impl NbdClient {
         }
     }
 
+    /// How long a read or write on the connection may wait (30 s after
+    /// [`NbdClient::connect`]); past it the call fails with `WouldBlock`
+    /// or `TimedOut` and the connection is out of step.
+    pub fn set_deadline(&mut self, d: Duration) -> io::Result<()> {
+        self.s.set_read_timeout(Some(d))?;
+        self.s.set_write_timeout(Some(d))
+    }
+
     fn request(&mut self, cmd: u16, offset: u64, len: u32) -> io::Result<u64> {
         self.cookie += 1;
         let mut r = Vec::with_capacity(28);

@@ -3,7 +3,7 @@
 use crate::cmdline::rdmablk_command;
 use crate::{Proc, TempDir, START_TIMEOUT};
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// A running `rdmablk connect ... --nbd LISTEN`: an NBD export of a
@@ -48,6 +48,23 @@ impl NbdExport {
         extra: &[&str],
         run_dir: Option<&Path>,
     ) -> Result<NbdExport, String> {
+        let mut cmd = rdmablk_command("connect", port, nqn);
+        cmd.args(extra);
+        NbdExport::spawn_command(cmd, listen, run_dir)
+    }
+
+    /// `connect`, a prepared `rdmablk connect ...` command line (run
+    /// through `ip netns exec`, say), with `--nbd unix:SOCKET` added; waits
+    /// for its `ready:` line. Panics (with its output) if it does not get there.
+    pub fn start_command(connect: Command) -> NbdExport {
+        NbdExport::spawn_command(connect, None, None).unwrap_or_else(|e| panic!("{e}"))
+    }
+
+    fn spawn_command(
+        mut cmd: Command,
+        listen: Option<&str>,
+        run_dir: Option<&Path>,
+    ) -> Result<NbdExport, String> {
         let dir = TempDir::new("nbd");
         let (listen, socket) = match listen {
             Some(l) => (l.to_string(), None),
@@ -56,8 +73,7 @@ impl NbdExport {
                 (format!("unix:{}", s.display()), Some(s))
             }
         };
-        let mut cmd = rdmablk_command("connect", port, nqn);
-        cmd.args(["--nbd", &listen]).args(extra);
+        cmd.args(["--nbd", &listen]);
         if let Some(d) = run_dir {
             cmd.env("RDMABLK_RUN_DIR", d);
         }

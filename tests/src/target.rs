@@ -83,6 +83,7 @@ impl Target {
     /// such as `"0"`), the daemon and all its threads pinned to those CPUs.
     /// `taskset` execs the daemon, so [`Target::pid`] is the daemon's.
     pub fn start_config_with(toml_text: &str, extra_args: &[&str], cpus: Option<&str>) -> Target {
+        let launcher: Vec<&str> = cpus.map_or(vec![], |c| vec!["taskset", "-c", c]);
         Target::with_free_port(|port| {
             let dir = TempDir::new("target");
             let path = dir.join("target.toml");
@@ -91,8 +92,22 @@ impl Target {
             let path = path.to_str().expect("UTF-8 temp path").to_string();
             let mut args = vec!["--config", path.as_str()];
             args.extend_from_slice(extra_args);
-            Target::spawn_in(dir, &args, loopback(port), cpus)
+            Target::spawn_in(dir, &args, loopback(port), &launcher)
         })
+    }
+
+    /// Starts the daemon with `--config CONFIG` through `launcher`, a
+    /// command that execs the daemon's command line given after it (such as
+    /// `ip netns exec NAME`), so [`Target::pid`] is the daemon's; waits
+    /// until the configuration's first TCP listener accepts.
+    pub fn start_launched(launcher: &[&str], config: &Path) -> Target {
+        let text = fs::read_to_string(config)
+            .unwrap_or_else(|e| panic!("reading {}: {e}", config.display()));
+        let addr = first_listener(&text)
+            .unwrap_or_else(|| panic!("no tcp listener address in {}", config.display()));
+        let path = config.to_str().expect("UTF-8 config path");
+        Target::spawn_in(TempDir::new("target"), &["--config", path], addr, launcher)
+            .unwrap_or_else(|e| panic!("{e}"))
     }
 
     /// Runs `spawn` with fresh ports until one is not taken by someone else
@@ -110,27 +125,28 @@ impl Target {
     }
 
     fn spawn(args: &[&str], addr: SocketAddr) -> Result<Target, String> {
-        Target::spawn_in(TempDir::new("target"), args, addr, None)
+        Target::spawn_in(TempDir::new("target"), args, addr, &[])
     }
 
-    /// Spawns the daemon (through `taskset -c CPUS` when `cpus` is given)
-    /// with its log in `dir` and waits until `addr` accepts. Err (with the
-    /// log tail) if it exits first, so a lost port race can retry.
+    /// Spawns the daemon (through `launcher`, such as `taskset -c CPUS`,
+    /// when not empty) with its log in `dir` and waits until `addr`
+    /// accepts. Err (with the log tail) if it exits first, so a lost port
+    /// race can retry.
     fn spawn_in(
         dir: TempDir,
         args: &[&str],
         addr: SocketAddr,
-        cpus: Option<&str>,
+        launcher: &[&str],
     ) -> Result<Target, String> {
         let bin = bin_path("rdmablk-target");
         let log_path = dir.join("target.log");
         let log = fs::File::create(&log_path).expect("creating the log file");
         let notify_path = dir.join("notify.sock");
         let notify = UnixDatagram::bind(&notify_path).expect("binding the notify socket");
-        let mut cmd = match cpus {
-            Some(cpus) => {
-                let mut c = Command::new("taskset");
-                c.args(["-c", cpus]).arg(&bin);
+        let mut cmd = match launcher.split_first() {
+            Some((program, launcher_args)) => {
+                let mut c = Command::new(program);
+                c.args(launcher_args).arg(&bin);
                 c
             }
             None => Command::new(&bin),

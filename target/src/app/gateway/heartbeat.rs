@@ -1,7 +1,8 @@
 //! The gateways' heartbeats: each round this gateway moves its counter on
-//! the group's members object and follows the others'.
+//! the group's members object, with the hosts it reaches, and follows the
+//! others'.
 
-use super::{Group, HEARTBEAT_ATTR, STOPPED};
+use super::{hosts, Group, HEARTBEAT_ATTR, STOPPED};
 use crate::backend::rbd::Pool;
 use std::time::Instant;
 
@@ -17,19 +18,18 @@ impl Group {
 
     /// One round of the group: heartbeat, peers, this gateway's clients.
     pub(super) fn round(&self, pool: &Pool) -> std::io::Result<()> {
+        let hosts = self.hosts_here();
         let beat = {
             let mut st = self.lock();
             st.heartbeat += 1;
-            st.heartbeat
+            let beat = hosts::beat(st.heartbeat, &hosts);
+            st.hosts = hosts;
+            beat
         };
         let addresses = self.addresses(pool.cluster());
         self.lock().addresses = addresses;
         let members = self.members_object();
-        pool.set_attr(
-            &members,
-            &self.heartbeat_attr(),
-            beat.to_string().as_bytes(),
-        )?;
+        pool.set_attr(&members, &self.heartbeat_attr(), &beat)?;
         self.watch_peers(&pool.get_attrs(&members)?);
         self.enforce();
         Ok(())
@@ -50,8 +50,10 @@ impl Group {
             }
             if beat == STOPPED {
                 st.peers.remove(p);
+                st.reach.remove(p);
                 continue;
             }
+            hosts::follow_reach(&mut st, p, hosts::hosts_of(beat));
             let e = st
                 .peers
                 .entry(p.to_string())

@@ -3,6 +3,13 @@
 //! lease object says of its owner.
 
 use super::{records, Group, FENCE_FOR, LOCK, OWNER_ATTR};
+
+/// The lease object's state once its owner stopped: any gateway may take
+/// the group, the preferred one first.
+const HANDED_OVER: &str = "handed-over";
+/// The state's prefix when the owner gave the group to one gateway, named
+/// after it (failback, or a gateway reaching hosts the owner lost).
+const HANDED_TO: &str = "handed-to=";
 use crate::backend::rbd::Pool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -33,7 +40,7 @@ impl Group {
         }
         if self.lock().owned.contains_key(&g) {
             let addresses = self.lock().addresses.clone();
-            self.hand_back(pool, g, "the other gateways (this one stops)", &addresses);
+            self.hand_back(pool, g, &addresses);
         }
     }
 
@@ -45,12 +52,21 @@ impl Group {
         let owned = self.lock().owned.contains_key(&g);
         let started = Instant::now();
         if owned {
+            // Back to the preferred gateway once it has been alive for the
+            // failback delay and reaches every host this one serves.
             if let Some(p) = preferred.filter(|p| *p != me) {
                 let back = self.alive_since(p);
-                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay) {
-                    self.hand_back(pool, g, p, addresses);
+                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay)
+                    && self.reaches_all_mine(p)
+                {
+                    self.hand_over(pool, g, p, &format!("handed back to {p}"), addresses);
                     return;
                 }
+            }
+            if let Some(p) = self.gateway_reaching_more(preferred) {
+                let what = format!("handed over to {p}, which reaches hosts this gateway lost");
+                self.hand_over(pool, g, &p, &what, addresses);
+                return;
             }
             match pool.lock_exclusive(&oid, LOCK, me, me, self.cfg.lease, true) {
                 Ok(()) => {
@@ -73,7 +89,7 @@ impl Group {
         // a lease of watching) once it looks dead, or once the holder, any
         // gateway, stopped renewing: a lease that lapsed while "held" is a
         // dead or hung owner, where one "handed-over" is the preferred
-        // gateway's to take.
+        // gateway's to take, and one "handed-to=GW" is GW's while it lives.
         let owner = pool
             .get_attr(&oid, OWNER_ATTR)
             .ok()
@@ -85,7 +101,11 @@ impl Group {
         if !name.is_empty() {
             self.lock().owners.insert(g, name.to_string());
         }
+        // A group handed to a live gateway is that gateway's to take.
+        let handed_to = state.strip_prefix(HANDED_TO);
         let may_try = match preferred {
+            _ if handed_to == Some(me.as_str()) => true,
+            _ if handed_to.is_some_and(|to| self.alive_since(to).is_some()) => false,
             None => true,
             Some(p) if p == me => true,
             Some(p) => {
@@ -119,7 +139,8 @@ impl Group {
         let clients: Vec<&str> = words
             .filter(|a| !a.is_empty() && !mine.contains(a))
             .collect();
-        if state != "handed-over" && !clients.is_empty() {
+        let handed = state == HANDED_OVER || state.starts_with(HANDED_TO);
+        if !handed && !clients.is_empty() {
             // All at once: each waits for the monitors' next OSD map.
             let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
                 let calls: Vec<_> = clients
@@ -167,14 +188,27 @@ impl Group {
         self.enforce();
     }
 
-    /// Gives group `g` back to its preferred owner `to`.
-    fn hand_back(&self, pool: &Pool, g: u32, to: &str, addresses: &str) {
+    /// Gives group `g` over to gateway `to` (`what` happened, for the log):
+    /// inaccessible here, the lease object marked handed to it, unlocked.
+    /// It takes the group without fencing this gateway.
+    fn hand_over(&self, pool: &Pool, g: u32, to: &str, what: &str, addresses: &str) {
         self.lock().owned.remove(&g);
         self.enforce();
         let oid = self.object(g);
-        let _ = self.publish(pool, &oid, "handed-over", addresses);
+        let _ = self.publish(pool, &oid, &format!("{HANDED_TO}{to}"), addresses);
         let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
-        tracing::info!(group = %self.cfg.name, "ANA group {g}: handed back to {to}; inaccessible here");
+        tracing::info!(group = %self.cfg.name, "ANA group {g}: {what}; inaccessible here");
+    }
+
+    /// Gives group `g` up as the daemon stops: any gateway may take it
+    /// (the preferred one first), without fencing this one.
+    fn hand_back(&self, pool: &Pool, g: u32, addresses: &str) {
+        self.lock().owned.remove(&g);
+        self.enforce();
+        let oid = self.object(g);
+        let _ = self.publish(pool, &oid, HANDED_OVER, addresses);
+        let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
+        tracing::info!(group = %self.cfg.name, "ANA group {g}: handed back to the other gateways (this one stops); inaccessible here");
     }
 
     /// Writes who owns the lease object now.

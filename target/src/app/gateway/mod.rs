@@ -26,11 +26,17 @@
 //!   `failback_delay`: it reports the group inaccessible, marks the lease
 //!   object as handed over (no fencing), and unlocks.
 //!
+//! - **Following the hosts**: an owner that some hosts no longer reach (a
+//!   partition between them) hands its groups to a gateway that reaches
+//!   those hosts and every other it serves (`hosts`).
+//!
 //! Here the group's thread and watchdog; `heartbeat` (the gateways' signs
-//! of life), `lease` (one ANA group's lease), `records` (the shared
-//! reservations) and `status` (what reports show).
+//! of life), `hosts` (which hosts each reaches), `lease` (one ANA group's
+//! lease), `records` (the shared reservations) and `status` (what reports
+//! show).
 
 mod heartbeat;
+mod hosts;
 mod lease;
 mod records;
 pub mod status;
@@ -46,7 +52,8 @@ use std::time::{Duration, Instant};
 /// The lock every lease object carries.
 const LOCK: &str = "owner";
 /// The lease object's attribute naming its owner: `GATEWAY STATE ADDRESS...`
-/// (STATE `held` or `handed-over`).
+/// (STATE `held`, `handed-over` by a gateway that stopped, or
+/// `handed-to=GATEWAY`).
 const OWNER_ATTR: &str = "rdmablk.owner";
 /// The prefix of a gateway's heartbeat attribute on the group's members
 /// object: a counter it moves every round.
@@ -91,6 +98,11 @@ struct State {
     heartbeat: u64,
     /// When this gateway started taking part.
     since: Option<Instant>,
+    /// The hosts with a live controller here, as of the last round.
+    hosts: BTreeSet<String>,
+    /// The other gateways' hosts (from their heartbeats), and since when
+    /// each has reached a strict superset of this gateway's.
+    reach: BTreeMap<String, (BTreeSet<String>, Option<Instant>)>,
 }
 
 impl Group {

@@ -13,6 +13,7 @@ mod fuzz;
 mod identifiers;
 mod limits;
 mod metrics;
+mod partitions;
 mod polling;
 mod rbd;
 mod reload;

@@ -38,6 +38,7 @@ mod gateway_group;
 mod gateway_resv;
 mod io;
 mod namespace;
+mod partitions;
 
 const NQN: &str = "nqn.2026-11.io.example:rbd";
 const MIB: u64 = 1 << 20;
