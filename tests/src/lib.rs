@@ -10,7 +10,10 @@
 //! test client ([`nbd`]); the metrics endpoint ([`metrics`]); assertions
 //! ([`check`]); external tools ([`tools`]); this process's limits
 //! ([`limits`]); temporary directories ([`TempDir`]) and test data
-//! ([`Rng`]).
+//! ([`Rng`]); the partition suite: network namespaces ([`testnet`]), a
+//! stallable storage path ([`stall`]), its workload ([`workload`]), faults
+//! ([`nemesis`]), the history checker ([`history`]) and the cluster they
+//! run on ([`partition`]).
 //!
 //! When a test panics, every [`Target`] it holds prints the tail of its log
 //! and keeps its temporary directory for inspection.

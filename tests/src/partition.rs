@@ -259,7 +259,7 @@ pub struct Verdict {
 
 impl Verdict {
     /// The schedules, the faults by kind, the pauses and the checker's
-    /// report, for the test's output.
+    /// counts, for the test's output.
     pub fn summary(&self) -> String {
         let mut s = String::new();
         for (schedule, _) in &self.schedules {
@@ -277,7 +277,7 @@ impl Verdict {
         for (k, d) in &self.pauses {
             s.push_str(&format!(" {} {:.1}s", k.name(), d.as_secs_f64()));
         }
-        s.push_str(&format!("\n{}", self.report));
+        s.push_str(&format!("\n{}", self.report.summary()));
         s
     }
 
@@ -302,10 +302,27 @@ impl Verdict {
                     .map_or("before the first schedule".to_string(), |(s, _)| {
                         s.to_string()
                     });
-                format!("{a}\n  (showed during schedule {during})")
+                format!("anomaly: {a}\n  (showed during schedule {during})")
             })
             .collect()
     }
+}
+
+/// The schedules of `RDMABLK_PARTITION_SCHEDULES` seeds (default 3) from
+/// `RDMABLK_PARTITION_SEED` on (default 1), of `kinds` of fault over
+/// `gateways` gateways.
+pub fn schedules_from_env(gateways: usize, kinds: &[Fault]) -> Vec<Schedule> {
+    let env = |name: &str, default: u64| {
+        std::env::var(name)
+            .ok()
+            .and_then(|v| v.parse().ok())
+            .unwrap_or(default)
+    };
+    let first = env("RDMABLK_PARTITION_SEED", 1);
+    let count = env("RDMABLK_PARTITION_SCHEDULES", 3);
+    (first..first + count)
+        .map(|seed| Schedule::generate(seed, gateways, kinds))
+        .collect()
 }
 
 /// Runs the workload on `exports` while each of `schedules` runs against

@@ -64,9 +64,21 @@ impl Node {
         );
         bridge_up();
         let netns = format!("rbk-{name}");
+        // What a crashed run left: the namespace, and its veth while a
+        // dying process still held the namespace.
         let _ = Command::new("ip")
             .args(["netns", "delete", &netns])
             .status();
+        let deadline = std::time::Instant::now() + TOOL_DEADLINE;
+        while Command::new("ip")
+            .args(["link", "delete", &netns])
+            .stderr(std::process::Stdio::null())
+            .status()
+            .is_ok_and(|s| s.success())
+            && std::time::Instant::now() < deadline
+        {
+            std::thread::sleep(Duration::from_millis(50));
+        }
         ip(&["netns", "add", &netns]);
         let node = Node {
             netns,

@@ -91,6 +91,16 @@ struct Client {
 }
 
 impl Client {
+    fn new(export: &Export, process: u32, opts: &Options, recorder: &Recorder) -> Client {
+        Client {
+            export: export.clone(),
+            process,
+            deadline: opts.deadline,
+            conn: None,
+            recorder: recorder.clone(),
+        }
+    }
+
     fn connection(&mut self) -> io::Result<&mut NbdClient> {
         if self.conn.is_none() {
             let mut c = NbdClient::connect(&self.export.socket)
@@ -164,13 +174,7 @@ impl Workload {
         let mut process = first_process;
         for export in exports {
             for _ in 0..opts.clients {
-                let mut c = Client {
-                    export: export.clone(),
-                    process,
-                    deadline: opts.deadline,
-                    conn: None,
-                    recorder: recorder.clone(),
-                };
+                let mut c = Client::new(export, process, opts, recorder);
                 let mut rng = Rng::new(opts.seed ^ u64::from(process).rotate_left(32));
                 let (stop, blocks) = (stop.clone(), opts.blocks);
                 clients.push(std::thread::spawn(move || {
@@ -204,13 +208,7 @@ impl Workload {
 /// recorded: the final reads that show what survived.
 pub fn read_all(exports: &[Export], opts: &Options, recorder: &Recorder, process: u32) {
     for export in exports {
-        let mut c = Client {
-            export: export.clone(),
-            process,
-            deadline: opts.deadline,
-            conn: None,
-            recorder: recorder.clone(),
-        };
+        let mut c = Client::new(export, process, opts, recorder);
         for block in 0..opts.blocks {
             c.op(block, None);
         }

@@ -48,7 +48,8 @@ pub(super) fn hosts_of(beat: &[u8]) -> BTreeSet<String> {
 }
 
 impl Group {
-    /// The hosts with a live controller on this gateway now.
+    /// The hosts with a live controller on this gateway's NVM subsystems
+    /// now (the discovery subsystem is not one of them).
     pub(super) fn hosts_here(&self) -> BTreeSet<String> {
         let Some(registry) = self.registry.upgrade() else {
             return BTreeSet::new();

@@ -16,7 +16,7 @@
 use rdmablk_tests::check::OrPanic;
 use rdmablk_tests::history::Anomaly;
 use rdmablk_tests::nemesis::{Fault, Schedule, Step};
-use rdmablk_tests::partition::{Cluster, PORT};
+use rdmablk_tests::partition::{self, Cluster, PORT};
 use rdmablk_tests::stall::StallablePath;
 use rdmablk_tests::workload::{Export, Options};
 use rdmablk_tests::TempDir;
@@ -96,16 +96,11 @@ fn without_fencing_a_frozen_gateway_lands_a_delayed_write() {
         deadline: Duration::from_secs(30),
         seed: 1,
     };
-    let verdict = rdmablk_tests::partition::run_schedules(
-        &mut cluster,
-        &exports,
-        &opts,
-        &[schedule],
-        &mut |_| {},
-    );
+    let verdict = partition::run_schedules(&mut cluster, &exports, &opts, &[schedule], &mut |_| {});
     eprintln!(
-        "partition suite (two gateways, no fencing):\n{}",
-        verdict.summary()
+        "partition suite (two gateways, no fencing):\n{}\n{}",
+        verdict.summary(),
+        verdict.anomalies().join("\n")
     );
     let delayed = verdict.report.anomalies.iter().any(|a| {
         matches!(
@@ -128,32 +123,18 @@ fn without_fencing_a_frozen_gateway_lands_a_delayed_write() {
 #[ignore = "a measurement: bench/partitions.sh runs it"]
 fn random_schedules_on_two_gateways_without_fencing() {
     let _machine = crate::alone();
-    let env = |name: &str, default: u64| {
-        std::env::var(name)
-            .ok()
-            .and_then(|v| v.parse().ok())
-            .unwrap_or(default)
-    };
-    let first = env("RDMABLK_PARTITION_SEED", 1);
-    let count = env("RDMABLK_PARTITION_SCHEDULES", 3);
     let dir = TempDir::new("partitions-ana");
     let (mut cluster, nbd, exports) = two_gateways(&dir);
-    let schedules: Vec<Schedule> = (first..first + count)
-        .map(|seed| Schedule::generate(seed, 2, &Fault::SHARED_FILE))
-        .collect();
+    let schedules = partition::schedules_from_env(2, &Fault::SHARED_FILE);
     let opts = Options {
         blocks: 4,
         clients: 2,
         deadline: Duration::from_secs(30),
-        seed: first,
+        seed: schedules[0].seed,
     };
-    let verdict = rdmablk_tests::partition::run_schedules(
-        &mut cluster,
-        &exports,
-        &opts,
-        &schedules,
-        &mut |_| std::thread::sleep(Duration::from_secs(3)),
-    );
+    let verdict = partition::run_schedules(&mut cluster, &exports, &opts, &schedules, &mut |_| {
+        std::thread::sleep(Duration::from_secs(3))
+    });
     eprintln!(
         "partition suite (two gateways, no fencing):\n{}\n{}",
         verdict.summary(),
