@@ -20,6 +20,9 @@ use std::time::Duration;
 pub const PORT: u16 = 4420;
 /// Every gateway's metrics port.
 pub const METRICS_PORT: u16 = 9464;
+/// How long a gateway may take to stop on SIGTERM: the unit's
+/// `TimeoutStopSec`.
+const RESTART_WITHIN: Duration = Duration::from_secs(30);
 /// The host namespace's address: 198.18.0.`HOST`.
 const HOST: u8 = 21;
 /// Gateway `i`'s address: 198.18.0.`FIRST_GATEWAY + i`.
@@ -188,7 +191,10 @@ impl nemesis::Cluster for Cluster {
             Fault::Freeze => send_signal(g.t().pid(), libc::SIGSTOP),
             Fault::Restart => {
                 if let Some(mut t) = g.target.take() {
-                    let status = t.stop();
+                    // A stopping daemon waits for what librbd still holds
+                    // (up to its `timeout`, 20 s): systemd's bound.
+                    t.terminate();
+                    let status = t.wait(RESTART_WITHIN);
                     assert!(
                         status.success(),
                         "{} exited {status} on SIGTERM\n{}",

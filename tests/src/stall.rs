@@ -36,9 +36,14 @@ impl StallablePath {
         kit.args(["--foreground", "--exit-with-parent", "-U"])
             .arg(&sock)
             .arg("--filter=pause")
+            // One request at a time: nbdkit's file plugin reads and writes
+            // through the page cache, where a read beside a write of the
+            // same block could see half of it.
+            .arg("--filter=noparallel")
             .arg("file")
             .arg(file)
             .arg("cache=none")
+            .arg("serialize=requests")
             .arg(format!("pause-control={}", control.display()));
         let nbdkit = Proc::spawn("nbdkit", &mut kit);
         wait_for(&sock, "nbdkit's socket");
