@@ -23,7 +23,7 @@ conf=$(CEPH_DEV_ADDR="$addr" bash scripts/ceph-dev.sh up | tail -n 1)
 trap 'bash scripts/ceph-dev.sh down' EXIT
 log=$(mktemp /tmp/rdmablk-partitions.XXXXXX.log)
 echo "full output: $log"
-summary() { grep -E '^(partition suite|schedule |[0-9]+ schedules|longest|ops |anomaly|  \(showed|    client|test .* \.\.\. )' "$log" || true; }
+summary() { grep -E '^(partition suite|schedule |[0-9]+ schedules|longest|ops |anomaly|  \(showed|    client|test .* \.\.\. |faults that went wrong|gw-. (still ran|exited))' "$log" || true; }
 rc=0
 RUST_LOG=${RUST_LOG:-info} RDMABLK_CEPH_CONF="$conf" RDMABLK_PARTITION_SEED=$first \
   RDMABLK_PARTITION_SCHEDULES=$n cargo test --release --workspace --test e2e -- --ignored --exact \

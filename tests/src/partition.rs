@@ -78,6 +78,9 @@ pub struct Cluster {
     osd: Option<u32>,
     /// Gateways' stallable paths to their storage, by gateway.
     stalls: BTreeMap<usize, StallablePath>,
+    /// What went wrong with a fault itself (a gateway that would not
+    /// stop), for the verdict.
+    incidents: Vec<String>,
     /// Keeps the gateways' configurations.
     _dir: TempDir,
 }
@@ -115,6 +118,7 @@ impl Cluster {
             host_cuts: Vec::new(),
             osd,
             stalls: BTreeMap::new(),
+            incidents: Vec::new(),
             _dir: dir,
         }
     }
@@ -194,13 +198,23 @@ impl nemesis::Cluster for Cluster {
                     // A stopping daemon waits for what librbd still holds
                     // (up to its `timeout`, 20 s): systemd's bound.
                     t.terminate();
-                    let status = t.wait(RESTART_WITHIN);
-                    assert!(
-                        status.success(),
-                        "{} exited {status} on SIGTERM\n{}",
-                        g.name,
-                        t.log_tail()
-                    );
+                    match t.wait_exit(RESTART_WITHIN) {
+                        Some(status) if status.success() => {}
+                        Some(status) => self.incidents.push(format!(
+                            "{} exited {status} on SIGTERM\n{}",
+                            g.name,
+                            t.log_tail()
+                        )),
+                        None => {
+                            // As systemd would: SIGKILL, and the run goes on.
+                            self.incidents.push(format!(
+                                "{} still ran {RESTART_WITHIN:?} after SIGTERM (killed)\n{}",
+                                g.name,
+                                t.log_tail()
+                            ));
+                            t.kill();
+                        }
+                    }
                 }
             }
             Fault::CutCeph => g.cut(Link::Ceph, true),
@@ -261,6 +275,9 @@ pub struct Verdict {
     /// a completed operation, from the fault's start to `settle` after its
     /// end.
     pub pauses: BTreeMap<Fault, Duration>,
+    /// Faults that did not go as they should (a gateway that would not
+    /// stop on SIGTERM).
+    pub incidents: Vec<String>,
 }
 
 impl Verdict {
@@ -368,6 +385,7 @@ pub fn run_schedules(
         report,
         schedules: ran,
         pauses,
+        incidents: std::mem::take(&mut cluster.incidents),
     }
 }
 

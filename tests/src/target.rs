@@ -274,6 +274,12 @@ impl Target {
         }
     }
 
+    /// Waits up to `timeout` for the process to exit: its status, or None
+    /// if it still runs.
+    pub fn wait_exit(&mut self, timeout: Duration) -> Option<ExitStatus> {
+        self.child.wait_timeout(timeout)
+    }
+
     /// Waits up to `timeout` for the process to exit; panics (with the log
     /// tail) if it does not.
     pub fn wait(&mut self, timeout: Duration) -> ExitStatus {

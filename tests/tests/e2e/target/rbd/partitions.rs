@@ -172,6 +172,11 @@ fn every_acknowledged_write_survives_partitions_kills_and_freezes() {
         eprintln!("{a}");
     }
     assert!(
+        verdict.incidents.is_empty(),
+        "faults that went wrong:\n{}",
+        verdict.incidents.join("\n")
+    );
+    assert!(
         found.is_empty(),
         "{} anomalies (above; replay one schedule with RDMABLK_PARTITION_SEED=<its seed> RDMABLK_PARTITION_SCHEDULES=1)",
         found.len()
