@@ -12,7 +12,7 @@
 //! start (it ends at infinity); one that nobody read may never have.
 
 use super::{History, Kind, Op, Outcome, Register, GARBAGE, INITIAL};
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::time::Duration;
 
@@ -305,17 +305,17 @@ struct Zone {
 
 /// Two values whose zones conflict (their operations), if any.
 fn zones_conflict(writes: &HashMap<u64, &Op>, reads: &[&Op]) -> Option<Vec<Op>> {
+    let read: HashSet<u64> = reads.iter().map(|r| r.value).collect();
     let mut clusters: HashMap<u64, (Duration, Duration)> = HashMap::new();
     for w in writes.values() {
         // A failed write never took effect (and reads of it were
         // reported); an unknown one nobody read may never have.
-        let read = reads.iter().any(|r| r.value == w.value);
-        if w.outcome == Outcome::Failed || (end_of(w) == NEVER && !read) {
+        if w.outcome == Outcome::Failed || (end_of(w) == NEVER && !read.contains(&w.value)) {
             continue;
         }
         clusters.insert(w.value, (end_of(w), w.start));
     }
-    if reads.iter().any(|r| r.value == INITIAL) {
+    if read.contains(&INITIAL) {
         clusters.insert(INITIAL, (Duration::ZERO, Duration::ZERO));
     }
     for r in reads {
