@@ -215,6 +215,9 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
         notify::notify("READY=1");
     };
     notify::notify("STOPPING=1");
+    if let Some(g) = &running.lock().expect("running configuration").gateway {
+        g.leave();
+    }
     tracing::info!(
         "{sig:?}: draining {} connection(s)",
         shared.connections.load(Ordering::Acquire)

@@ -270,7 +270,7 @@ fn a_large_history_checks_quickly() {
     let mut rng = crate::Rng::new(3);
     let mut t = 0u64;
     // Most operations on few registers, as the partition suite makes them.
-    let mut last = vec![INITIAL; 8];
+    let mut last = [INITIAL; 8];
     for i in 1..=200_000u64 {
         let block = rng.below(8);
         let register = Register {

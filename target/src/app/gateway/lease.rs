@@ -85,6 +85,9 @@ impl Group {
             }
             return;
         }
+        if self.leaving.load(Ordering::Acquire) {
+            return;
+        }
         // Not ours: the preferred gateway tries at once; the others (after
         // a lease of watching) once it looks dead, or once the holder, any
         // gateway, stopped renewing: a lease that lapsed while "held" is a

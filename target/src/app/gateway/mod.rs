@@ -77,6 +77,8 @@ pub struct Group {
     /// clients blocklisted for it.
     failovers: AtomicU64,
     fenced: AtomicU64,
+    /// Set by [`Group::leave`]: the daemon stops, and takes no group.
+    leaving: AtomicBool,
     /// Set by [`Group::stop`]; the lease thread, to join.
     stopping: AtomicBool,
     thread: Mutex<Option<std::thread::JoinHandle<()>>>,
@@ -116,6 +118,7 @@ impl Group {
             state: Mutex::new(State::default()),
             failovers: AtomicU64::new(0),
             fenced: AtomicU64::new(0),
+            leaving: AtomicBool::new(false),
             stopping: AtomicBool::new(false),
             thread: Mutex::new(None),
         });
@@ -139,6 +142,13 @@ impl Group {
         self.state
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    /// The daemon begins to stop (its connections drain): it takes no
+    /// group any more, and keeps those it owns until [`Group::stop`]. A
+    /// gateway that took a group now could not serve it.
+    pub fn leave(&self) {
+        self.leaving.store(true, Ordering::Release);
     }
 
     /// Hands the groups this gateway owns over (the daemon stops, its I/O
