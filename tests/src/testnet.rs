@@ -68,6 +68,7 @@ impl Node {
         // dying process still held the namespace.
         let _ = Command::new("ip")
             .args(["netns", "delete", &netns])
+            .stderr(std::process::Stdio::null())
             .status();
         let deadline = std::time::Instant::now() + TOOL_DEADLINE;
         while Command::new("ip")

@@ -23,7 +23,7 @@ impl Group {
             let mut st = self.lock();
             st.heartbeat += 1;
             let beat = hosts::beat(st.heartbeat, &hosts);
-            st.hosts = hosts;
+            hosts::follow_own(&mut st, hosts);
             beat
         };
         let addresses = self.addresses(pool.cluster());

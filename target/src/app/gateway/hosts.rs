@@ -4,15 +4,30 @@
 //! hosts' I/O on its groups would wait for the partition to heal while
 //! other gateways they reach stand by. So each heartbeat carries the hosts
 //! with a live controller on its gateway (the host's keep-alive on a path
-//! it lost expires within KATO); an owner hands its groups to a live
-//! gateway that has reached a strict superset of its own hosts for a whole
-//! lease (every host it serves, and more: no host loses the group), and
-//! the preferred gateway gets a group back only once it reaches every
-//! host the owner does.
+//! it lost expires within KATO), and an owner remembers the hosts it lost
+//! (for [`LOST_FOR`]). It hands its groups to a live gateway that has
+//! reached, for a whole lease, every host it serves and one it lost: no
+//! host loses the group, and a host that never had a path here (one path
+//! only, by choice) moves nothing.
 
 use super::{Group, State};
 use std::collections::BTreeSet;
-use std::time::Instant;
+use std::time::{Duration, Instant};
+
+/// How long a host lost by this gateway counts as lost: past it, a host
+/// that never came back is one that left.
+const LOST_FOR: Duration = Duration::from_secs(600);
+
+/// Records this gateway's hosts now, and which it lost (had, and has not).
+pub(super) fn follow_own(st: &mut State, hosts: BTreeSet<String>) {
+    let now = Instant::now();
+    for gone in st.hosts.difference(&hosts) {
+        st.lost.insert(gone.clone(), now);
+    }
+    st.lost
+        .retain(|h, since| !hosts.contains(h) && since.elapsed() < LOST_FOR);
+    st.hosts = hosts;
+}
 
 /// A heartbeat's value: the counter, then the hosts, one per line.
 pub(super) fn beat(counter: u64, hosts: &BTreeSet<String>) -> Vec<u8> {
@@ -25,9 +40,9 @@ pub(super) fn beat(counter: u64, hosts: &BTreeSet<String>) -> Vec<u8> {
 }
 
 /// Records gateway `peer`'s hosts (from its heartbeat), and since when it
-/// has reached more than this gateway (`st.hosts`).
+/// has reached every host of this gateway and one it lost.
 pub(super) fn follow_reach(st: &mut State, peer: &str, theirs: BTreeSet<String>) {
-    let more = theirs.is_superset(&st.hosts) && theirs.len() > st.hosts.len();
+    let more = theirs.is_superset(&st.hosts) && st.lost.keys().any(|h| theirs.contains(h));
     let e = st.reach.entry(peer.to_string()).or_default();
     e.0 = theirs;
     e.1 = if more {
@@ -63,16 +78,8 @@ impl Group {
             .collect()
     }
 
-    /// Whether gateway `gw` reaches every host this gateway does.
-    pub(super) fn reaches_all_mine(&self, gw: &str) -> bool {
-        let st = self.lock();
-        st.reach
-            .get(gw)
-            .is_some_and(|(theirs, _)| theirs.is_superset(&st.hosts))
-    }
-
-    /// A live gateway that has reached a strict superset of this gateway's
-    /// hosts for a whole lease, and been alive without a break meanwhile
+    /// A live gateway that has reached every host of this gateway and one
+    /// it lost for a whole lease, and been alive without a break meanwhile
     /// (a gateway that just started again is judged on its new hosts):
     /// `preferred` if it is one, else the one reaching most (then by name).
     pub(super) fn gateway_reaching_more(&self, preferred: Option<&String>) -> Option<String> {

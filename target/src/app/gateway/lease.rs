@@ -53,12 +53,10 @@ impl Group {
         let started = Instant::now();
         if owned {
             // Back to the preferred gateway once it has been alive for the
-            // failback delay and reaches every host this one serves.
+            // failback delay.
             if let Some(p) = preferred.filter(|p| *p != me) {
                 let back = self.alive_since(p);
-                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay)
-                    && self.reaches_all_mine(p)
-                {
+                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay) {
                     self.hand_over(pool, g, p, &format!("handed back to {p}"), addresses);
                     return;
                 }

@@ -26,9 +26,9 @@
 //!   `failback_delay`: it reports the group inaccessible, marks the lease
 //!   object as handed over (no fencing), and unlocks.
 //!
-//! - **Following the hosts**: an owner that some hosts no longer reach (a
-//!   partition between them) hands its groups to a gateway that reaches
-//!   those hosts and every other it serves (`hosts`).
+//! - **Following the hosts**: an owner that lost hosts (a partition
+//!   between them) hands its groups to a gateway that reaches one of those
+//!   and every host it still serves (`hosts`).
 //!
 //! Here the group's thread and watchdog; `heartbeat` (the gateways' signs
 //! of life), `hosts` (which hosts each reaches), `lease` (one ANA group's
@@ -100,10 +100,12 @@ struct State {
     heartbeat: u64,
     /// When this gateway started taking part.
     since: Option<Instant>,
-    /// The hosts with a live controller here, as of the last round.
+    /// The hosts with a live controller here, as of the last round, and
+    /// those it had and lost since when.
     hosts: BTreeSet<String>,
+    lost: BTreeMap<String, Instant>,
     /// The other gateways' hosts (from their heartbeats), and since when
-    /// each has reached a strict superset of this gateway's.
+    /// each has reached every host here and one lost here.
     reach: BTreeMap<String, (BTreeSet<String>, Option<Instant>)>,
 }
 
