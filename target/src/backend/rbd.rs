@@ -34,8 +34,7 @@ pub mod ops;
 mod sys;
 
 use crate::config::RbdImage;
-use ffi::Image;
-pub use ffi::{Cluster, Pool};
+pub use ffi::{Cluster, Image, Pool};
 pub use objects::Watch;
 use std::collections::HashMap;
 use std::io;
@@ -179,6 +178,20 @@ impl RbdBackend {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .clone()
+    }
+
+    /// Has the image opened again on a new connection, as when an
+    /// operation found its client blocklisted; returns the image replaced
+    /// (None while none is open), for [`RbdBackend::replaced`].
+    pub fn reconnect(&self) -> Option<Arc<Image>> {
+        let old = self.current()?;
+        self.health.blocklisted(&old);
+        Some(old)
+    }
+
+    /// Whether `old` is no longer the namespace's image.
+    pub fn replaced(&self, old: &Arc<Image>) -> bool {
+        !self.current().is_some_and(|i| Arc::ptr_eq(&i, old))
     }
 
     /// Closes the image for good, at shutdown once no I/O can be in flight:

@@ -36,6 +36,13 @@ pub enum DaemonError {
         what: &'static str,
         source: nix::Error,
     },
+    /// Storage did not answer operations in flight at shutdown.
+    #[error(
+        "stopped with {queues} queue(s) whose storage operations never ended (a hung disk or \
+         cluster); they were left in flight, and no namespace was flushed or closed; a gateway \
+         group's other gateways fence this one before they take its groups"
+    )]
+    Undrained { queues: usize },
     /// A namespace could not be flushed at shutdown.
     #[error("flushing {nqn} namespace {nsid}: {source}")]
     Flush {

@@ -24,6 +24,11 @@ use std::time::{Duration, Instant};
 pub const TICK: Duration = Duration::from_millis(100);
 /// How long a stopping poller waits for in-flight commands.
 const SHUTDOWN_DRAIN_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long after the stop a poller gives up on queues still closing: their
+/// backend operations never ended (a hung disk, a cluster out of reach, an
+/// operation librbd cannot cancel). It leaves them, and the daemon stops
+/// without them, within systemd's stop timeout.
+const SHUTDOWN_GIVE_UP: Duration = Duration::from_secs(15);
 const RING_ENTRIES: u32 = 1024;
 /// What the backends submit besides the rings' common operations (the
 /// transports add theirs).
@@ -175,6 +180,8 @@ pub struct Shared {
     pub pollers: Vec<PollerCounters>,
     /// How the pollers wait for work.
     pub poll_mode: PollMode,
+    /// Queues that stopping pollers left with backend operations in flight.
+    pub undrained: AtomicUsize,
 }
 
 /// A new queue for a poller, from the listener of the transport whose
@@ -353,8 +360,25 @@ impl Poller {
                     .spin_window_ns
                     .set(self.spin.window().as_nanos() as u64);
             }
-            if self.stop_at.is_some() && self.endpoints.iter().all(|e| e.queues() == 0) {
+            let Some(stop_at) = self.stop_at else {
+                continue;
+            };
+            let left: usize = self.endpoints.iter().map(|e| e.queues()).sum();
+            if left == 0 {
                 break;
+            }
+            if stop_at.elapsed() > SHUTDOWN_GIVE_UP {
+                tracing::error!(
+                    poller = self.id,
+                    queues = left,
+                    "backend operations still in flight {}s after the stop; leaving their queues",
+                    SHUTDOWN_GIVE_UP.as_secs()
+                );
+                self.shared.undrained.fetch_add(left, Ordering::AcqRel);
+                // Those operations may still read or fill arena buffers and
+                // complete on the ring: both stay for the process's life.
+                std::mem::forget(self);
+                return;
             }
         }
         tracing::debug!(poller = self.id, "poller stopped");

@@ -8,7 +8,9 @@
 //! (for [`LOST_FOR`]). It hands its groups to a live gateway that has
 //! reached, for a whole lease, every host it serves and one it lost: no
 //! host loses the group, and a host that never had a path here (one path
-//! only, by choice) moves nothing.
+//! only, by choice) moves nothing. Failback follows the same care: the
+//! preferred gateway gets its groups back once it reaches every host the
+//! owner serves.
 
 use super::{Group, State};
 use std::collections::BTreeSet;
@@ -76,6 +78,15 @@ impl Group {
             .filter(|c| c.is_live())
             .map(|c| c.hostnqn.clone())
             .collect()
+    }
+
+    /// Whether gateway `peer`'s last heartbeat named every host with a live
+    /// controller here.
+    pub(super) fn reaches_every_host_here(&self, peer: &str) -> bool {
+        let st = self.lock();
+        st.reach
+            .get(peer)
+            .is_some_and(|(theirs, _)| theirs.is_superset(&st.hosts))
     }
 
     /// A live gateway that has reached every host of this gateway and one

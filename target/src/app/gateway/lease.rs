@@ -25,8 +25,11 @@ impl Group {
         let round = self.cfg.lease / 3;
         while !self.stopping.load(Ordering::Acquire) {
             if fenced.load(Ordering::Acquire) {
-                self.lock().owned.remove(&g);
+                let owned = self.lock().owned.remove(&g).is_some();
                 self.enforce();
+                if owned {
+                    self.end_associations_in_flight(&[g]);
+                }
                 return;
             }
             let started = Instant::now();
@@ -53,10 +56,14 @@ impl Group {
         let started = Instant::now();
         if owned {
             // Back to the preferred gateway once it has been alive for the
-            // failback delay.
+            // failback delay and reaches every host served here: a host
+            // without a path there yet (it reconnects with a backoff) or
+            // any more (it gave the path up) would lose the group.
             if let Some(p) = preferred.filter(|p| *p != me) {
                 let back = self.alive_since(p);
-                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay) {
+                if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay)
+                    && self.reaches_every_host_here(p)
+                {
                     self.hand_over(pool, g, p, &format!("handed back to {p}"), addresses);
                     return;
                 }
@@ -79,6 +86,7 @@ impl Group {
                     tracing::error!(group = %self.cfg.name, "ANA group {g}: lease lost ({e}); inaccessible here");
                     self.lock().owned.remove(&g);
                     self.enforce();
+                    self.end_associations_in_flight(&[g]);
                 }
             }
             return;

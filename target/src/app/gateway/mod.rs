@@ -23,8 +23,9 @@
 //!   gateway take it: two gateways never both report a group optimized.
 //! - **Handing it back**: an owner that is not the group's preferred gateway
 //!   gives the group back once the preferred one has been alive for
-//!   `failback_delay`: it reports the group inaccessible, marks the lease
-//!   object as handed over (no fencing), and unlocks.
+//!   `failback_delay` and reaches every host the owner serves: it reports
+//!   the group inaccessible, marks the lease object as handed over (no
+//!   fencing), and unlocks.
 //!
 //! - **Following the hosts**: an owner that lost hosts (a partition
 //!   between them) hands its groups to a gateway that reaches one of those
@@ -42,6 +43,7 @@ mod records;
 pub mod status;
 
 use crate::backend::rbd::{self, Cluster, Pool};
+use crate::backend::Backend;
 use crate::config::{AnaState, GatewayGroup};
 use crate::nvme::subsystem::Registry;
 use std::collections::{BTreeMap, BTreeSet};
@@ -209,6 +211,7 @@ impl Group {
                     if rbd::blocklisted(&e) {
                         tracing::error!(group = %self.cfg.name, "gateway group: the cluster blocklisted this gateway's client (fenced by another gateway); connecting again as a standby");
                         fenced.store(true, Ordering::Release);
+                        self.reconnect_images();
                         break;
                     }
                     tracing::warn!(group = %self.cfg.name, "gateway group: {e}");
@@ -240,6 +243,39 @@ impl Group {
                 let _ = pool.set_attr(&self.members_object(), &self.heartbeat_attr(), STOPPED);
             }
         }
+    }
+
+    /// Opens every RBD image again on a new connection, waiting up to
+    /// [`CLUSTER_TIMEOUT`]: the fence blocklisted every client this gateway
+    /// published, its images' too, and an operation on a blocklisted
+    /// client may never end (librbd's queued behind the exclusive lock).
+    /// So no group is taken again before its images have new clients,
+    /// rather than an idle image finding out with its next I/O.
+    fn reconnect_images(&self) {
+        let Some(registry) = self.registry.upgrade() else {
+            return;
+        };
+        let namespaces: Vec<_> = registry
+            .subsystems()
+            .iter()
+            .flat_map(|s| s.namespaces().to_vec())
+            .collect();
+        let replacing: Vec<(&rbd::RbdBackend, Arc<rbd::Image>)> = namespaces
+            .iter()
+            .filter_map(|ns| match &ns.backend {
+                Backend::Rbd(r) => Some((&**r, r.reconnect()?)),
+                _ => None,
+            })
+            .collect();
+        let until = Instant::now() + CLUSTER_TIMEOUT;
+        while !replacing.iter().all(|(r, old)| r.replaced(old)) {
+            if Instant::now() >= until {
+                tracing::warn!(group = %self.cfg.name, "gateway group: images not open on new connections within {CLUSTER_TIMEOUT:?}; taking part again meanwhile");
+                return;
+            }
+            std::thread::sleep(WATCHDOG_TICK);
+        }
+        tracing::info!(group = %self.cfg.name, images = replacing.len(), "gateway group: every image open again on a new connection");
     }
 
     /// Gives the namespaces that share their reservations a record on
@@ -336,6 +372,35 @@ impl Group {
         if !late.is_empty() {
             tracing::error!(group = %self.cfg.name, "ANA groups {late:?}: lease not renewed for {limit:?}; inaccessible here (fenced, or cut off from the cluster)");
             self.enforce();
+            self.end_associations_in_flight(&late);
+        }
+    }
+
+    /// Ends the associations of the subsystems with commands in flight on
+    /// namespaces of the `lost` ANA groups: this gateway lost them without
+    /// handing them over (cut off from the cluster, fenced, its lease
+    /// taken), and those commands would wait in the cluster's client for
+    /// its timeout. The hosts, their associations ended, send them again
+    /// through the groups' new owner, which fences this gateway's clients
+    /// before it serves: none of them lands after its retry.
+    fn end_associations_in_flight(&self, lost: &[u32]) {
+        let Some(registry) = self.registry.upgrade() else {
+            return;
+        };
+        for s in registry.subsystems() {
+            let busy = s
+                .namespaces()
+                .iter()
+                .any(|ns| lost.contains(&ns.ana_group()) && ns.metrics.in_flight() > 0);
+            if !busy {
+                continue;
+            }
+            for c in s.live_controllers() {
+                c.kill(&format!(
+                    "this gateway lost ANA groups {lost:?} with commands in flight; the host \
+                     sends them again through the groups' new owner"
+                ));
+            }
         }
     }
 }

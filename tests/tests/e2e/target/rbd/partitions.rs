@@ -146,7 +146,9 @@ fn every_acknowledged_write_survives_partitions_kills_and_freezes() {
     }
 
     let hostid = hostid_text(&reservation::A.id);
-    let host_args = ["-q", reservation::A.nqn, "-I", &hostid, "-l", "60"];
+    // The host's default ctrl-loss-tmo (600 s): it keeps reconnecting to
+    // a gateway the nemesis kept away for a minute, as a host would.
+    let host_args = ["-q", reservation::A.nqn, "-I", &hostid];
     let nbd: Vec<NbdExport> = (1..=GROUPS)
         .map(|nsid| cluster.export(NQN, nsid, &host_args))
         .collect();

@@ -270,3 +270,54 @@ fn graceful_shutdown_drains() {
         );
     }
 }
+
+/// Storage that never answers does not hold a stopping daemon past
+/// systemd's stop timeout (30 s in the unit): its pollers give up on the
+/// queues whose operations never ended 15 s after SIGTERM, and the daemon
+/// exits with an error saying so, leaving those operations in flight.
+#[test]
+fn shutdown_gives_up_on_storage_that_never_answers() {
+    let _machine = crate::shared();
+    let dir = TempDir::new("hung-storage");
+    let path = file_of(&dir, 16 * MIB as u64);
+    let stallable = rdmablk_tests::stall::StallablePath::new(std::path::Path::new(&path));
+    let (file, stats) = (
+        stallable.file().display().to_string(),
+        dir.join("stats.json"),
+    );
+    let mut t = Target::start(&["--file", &file, "--stats", &stats.display().to_string()]);
+    let mut c = open(&t, DEFAULT_NQN, HOST_A, &Opts::default());
+    let q = &mut c.io[0];
+    stallable.stall();
+    for slba in [0, 64] {
+        let sqe = Queue::rw_sqe(nvm::READ, NSID, slba, 8);
+        q.submit(sqe, None, 4096).or_panic("submitting a read");
+    }
+    // Both wait in the storage, each holding its arena buffer.
+    let buffers = || -> Option<u64> {
+        let v: serde_json::Value =
+            serde_json::from_str(&std::fs::read_to_string(&stats).ok()?).ok()?;
+        v["arena_buffers_in_use"]
+            .as_array()?
+            .iter()
+            .map(|b| b.as_u64())
+            .sum()
+    };
+    rdmablk_tests::check::wait_until(
+        Duration::from_secs(10),
+        "two reads holding their buffers in the stalled storage",
+        || buffers().is_some_and(|b| b >= 2),
+    );
+    let stopped = Instant::now();
+    t.terminate();
+    let status = t.wait(Duration::from_secs(25));
+    let took = stopped.elapsed();
+    assert!(
+        took >= Duration::from_secs(14),
+        "exited {took:?} after SIGTERM, before giving the storage 15 s\n{}",
+        t.log_tail()
+    );
+    assert_eq!(status.code(), Some(1), "exit status\n{}", t.log_tail());
+    t.wait_log("storage operations never ended");
+    stallable.resume();
+}
