@@ -21,6 +21,6 @@ scenarios=("$@")
 [ ${#scenarios[@]} -gt 0 ] || scenarios=(40-compare-tcp 42-compare-tls 70-compare-rdma 85-compare-ublk)
 export VM_WORK=${VM_WORK:-build/vm-bench}
 cargo build --release --quiet
-VM_MEASURE=1 bash tests/vm/run.sh "${scenarios[@]}" > "$VM_WORK.out" 2>&1 ||
+VM_PARALLEL=1 VM_MEASURE=1 bash tests/vm/run.sh "${scenarios[@]}" > "$VM_WORK.out" 2>&1 ||
   { tail -40 "$VM_WORK.out"; echo "bench/vm.sh: the VM run failed (log: $VM_WORK.out)" >&2; exit 1; }
 bench/vm-ratios.awk "$VM_WORK/console.log"

@@ -11,13 +11,16 @@
 # initramfs calls them through small wrappers (/usr/bin/fio).
 #
 # Environment: VM_CACHE (downloads, default build/vm-cache), VM_WORK (boot
-# files and console log, default build/vm), VM_TIMEOUT (s,
-# default 1800), VM_MEM (MiB, default 2048), VM_SMP (default 2), VM_MEASURE
-# (1: the comparison scenarios run their loads long enough for figures, as
-# bench/vm.sh asks; default 0, the suite's short functional runs).
+# files and console logs, default build/vm), VM_TIMEOUT (s,
+# default 1800), VM_MEM (MiB per guest, default 2048), VM_SMP (default 2),
+# VM_PARALLEL (guests booted side by side, the scenarios shared among them
+# by tests/vm/weights; default 2 on a machine of 2 cores or more, else 1),
+# VM_MEASURE (1: the comparison scenarios run their loads long enough for
+# figures, as bench/vm.sh asks; default 0, the suite's short functional runs).
 # Exit status: 0 when every requested scenario passed; 1 otherwise (a scenario
-# that did not run is a failure). The guest console streams to stdout and to
-# build/vm/console.log.
+# that did not run is a failure). The guests' consoles stream to stdout
+# (each line marked guestN|), to build/vm/console-N.log, and at the end
+# one after the other to build/vm/console.log.
 set -euo pipefail
 
 here=$(cd "$(dirname "$0")" && pwd)
@@ -275,7 +278,27 @@ LD_LIBRARY_PATH="$srlib" "$cache/hosttools/depmod" -b "$ir" "$kver"
 cp "$here"/scenarios/*.sh "$ir/scenarios/"
 printf 'root:x:0:0:root:/root:/bin/sh\n' > "$ir/etc/passwd"
 printf '127.0.0.1 localhost\n' > "$ir/etc/hosts"
-cat > "$ir/init" <<EOF_INIT
+# ---------------------------------------------------------------- VMs
+# The scenarios are shared among VM_PARALLEL guests booted side by side
+# (single-threaded TCG keeps one host core busy each), longest first to the
+# guest with the least work, by the seconds tests/vm/weights gives (10 for a
+# scenario it does not name). Each guest has its own initramfs (the same
+# tree, its own /init) and console log.
+parallel=${VM_PARALLEL:-$(( $(nproc) >= 2 ? 2 : 1 ))}
+[ "$parallel" -ge 1 ] || die "VM_PARALLEL must be at least 1"
+[ "$parallel" -le ${#scenarios[@]} ] || parallel=${#scenarios[@]}
+weight() { awk -v s="$1" '$1==s {print $2; f=1} END {if (!f) print 10}' "$here/weights"; }
+declare -a groups loads
+for ((g = 0; g < parallel; g++)); do groups[g]=""; loads[g]=0; done
+while read -r w s; do
+  least=0
+  for ((g = 1; g < parallel; g++)); do [ "${loads[g]}" -lt "${loads[least]}" ] && least=$g; done
+  groups[least]="${groups[least]} $s"; loads[least]=$(( ${loads[least]} + w ))
+done < <(for s in "${scenarios[@]}"; do echo "$(weight "$s") $s"; done | sort -k1,1nr -k2,2)
+
+for ((g = 0; g < parallel; g++)); do
+  group=${groups[g]# }
+  cat > "$ir/init" <<EOF_INIT
 #!/bin/sh
 export PATH=/usr/bin MEASURE=${VM_MEASURE:-0}
 mount -t proc proc /proc; mount -t sysfs sysfs /sys; mount -t devtmpfs devtmpfs /dev
@@ -296,7 +319,7 @@ for b in /sys/block/vd*; do
 done
 grep -q " /opt/tools " /proc/mounts || echo "WARNING: no tools disk at /opt/tools (fio unavailable)"
 echo "VM-BOOTED kernel \$(uname -r)"
-for s in ${scenarios[*]}; do
+for s in $group; do
   echo "SCENARIO-BEGIN \$s"
   start=\$(cut -d' ' -f1 /proc/uptime)
   if (cd /tmp && sh /scenarios/\$s.sh); then echo "SCENARIO-PASS \$s"; else echo "SCENARIO-FAIL \$s (exit \$?)"; fi
@@ -306,51 +329,64 @@ echo VM-ALL-DONE
 sync
 poweroff -f
 EOF_INIT
-chmod +x "$ir/init"
-(cd "$ir" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$work/initramfs.gz"
-log "initramfs: $(du -h "$work/initramfs.gz" | cut -f1), scenarios: ${scenarios[*]}"
+  chmod +x "$ir/init"
+  (cd "$ir" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -1 > "$work/initramfs-$g.gz"
+  log "guest $g: initramfs $(du -h "$work/initramfs-$g.gz" | cut -f1), about ${loads[g]} s of scenarios: $group"
+done
 
-# ---------------------------------------------------------------- boot
+# boot G: boots guest G with its initramfs, its console in console-G.log.
 # Single-threaded TCG: as fast here as multi-threaded, and free of its races
 # with kernel code patching (seen once as an int3 Oops at boot). A guest
 # kernel that panics is booted again, twice at most; a scenario that fails
 # is not retried.
-console=$work/console.log
-for attempt in 1 2 3; do
-  start=$(date +%s)
-  set +e
-  timeout "$timeout_s" qemu-system-x86_64 -accel "tcg,thread=${VM_TCG_THREAD:-single}" -cpu max \
-    -m "${VM_MEM:-2048}" -smp "${VM_SMP:-2}" \
-    -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$work/initramfs.gz" \
-    -append "console=ttyS0 panic=-1 loglevel=4" -nographic -no-reboot -serial mon:stdio \
-    -nic user,model=virtio-net-pci \
-    -drive "file=$tools_img,format=raw,if=none,id=tools,readonly=on" -device virtio-blk-pci,drive=tools,serial=rdmablk-tools \
-    </dev/null 2>&1 | tr -d '\r' | tee "$console" | sed -u 's/^/  guest| /'
-  rc=${PIPESTATUS[0]}
-  set -e
-  log "VM wall time: $(( $(date +%s) - start )) s (qemu exit $rc)"
-  [ "$rc" -eq 124 ] && log "the VM hit the ${timeout_s}s timeout"
-  if grep -q "Kernel panic" "$console" && ! grep -q "^SCENARIO-FAIL" "$console" && [ $attempt -lt 3 ]; then
-    cp "$console" "$work/console-panic-$attempt.log"
-    log "the guest kernel panicked (kept in build/vm/console-panic-$attempt.log); booting again"
-    continue
-  fi
-  break
-done
+boot() {
+  local g=$1 console=$work/console-$1.log attempt start rc
+  for attempt in 1 2 3; do
+    start=$(date +%s)
+    set +e
+    timeout "$timeout_s" qemu-system-x86_64 -accel "tcg,thread=${VM_TCG_THREAD:-single}" -cpu max \
+      -m "${VM_MEM:-2048}" -smp "${VM_SMP:-2}" \
+      -kernel "$kroot/boot/vmlinuz-$kver" -initrd "$work/initramfs-$g.gz" \
+      -append "console=ttyS0 panic=-1 loglevel=4" -nographic -no-reboot -serial mon:stdio \
+      -nic user,model=virtio-net-pci \
+      -drive "file=$tools_img,format=raw,if=none,id=tools,readonly=on" -device virtio-blk-pci,drive=tools,serial=rdmablk-tools \
+      </dev/null 2>&1 | tr -d '\r' | tee "$console" | sed -u "s/^/  guest$g| /"
+    rc=${PIPESTATUS[0]}
+    set -e
+    log "guest $g: VM wall time: $(( $(date +%s) - start )) s (qemu exit $rc)"
+    [ "$rc" -eq 124 ] && log "guest $g hit the ${timeout_s}s timeout"
+    if grep -q "Kernel panic" "$console" && ! grep -q "^SCENARIO-FAIL" "$console" && [ $attempt -lt 3 ]; then
+      cp "$console" "$work/console-$g-panic-$attempt.log"
+      log "guest $g: the kernel panicked (kept in console-$g-panic-$attempt.log); booting again"
+      continue
+    fi
+    break
+  done
+}
+start=$(date +%s)
+pids=()
+for ((g = 0; g < parallel; g++)); do boot "$g" & pids+=($!); done
+wait "${pids[@]}" || true
+log "VM suite wall time: $(( $(date +%s) - start )) s with $parallel guest(s)"
+# One log of every guest, guest after guest, as a single guest would write it.
+for ((g = 0; g < parallel; g++)); do cat "$work/console-$g.log"; done > "$work/console.log"
 
 # ---------------------------------------------------------------- verdict
 fail=0
-for s in "${scenarios[@]}"; do
-  if grep -q "^SCENARIO-PASS $s\$" "$console"; then
-    t=$(awk -v s="$s" '$1=="SCENARIO-TIME" && $2==s {printf "%.0f", $4-$3}' "$console")
-    echo "PASS $s (${t}s in the guest)"
-  elif grep -q "^SCENARIO-FAIL $s" "$console"; then
-    echo "FAIL $s"; fail=1
-    echo "---- evidence from the guest ----"
-    awk -v s="$s" '$0=="SCENARIO-BEGIN " s {on=1} on {print "  " $0} /^SCENARIO-(PASS|FAIL) / && on && index($0, s) {exit}' "$console" | tail -60
-  else
-    echo "FAIL $s (did not run: the guest stopped before it; see $console)"; fail=1
-  fi
+for ((g = 0; g < parallel; g++)); do
+  console=$work/console-$g.log
+  for s in ${groups[g]}; do
+    if grep -q "^SCENARIO-PASS $s\$" "$console"; then
+      t=$(awk -v s="$s" '$1=="SCENARIO-TIME" && $2==s {printf "%.0f", $4-$3}' "$console")
+      echo "PASS $s (${t}s in guest $g)"
+    elif grep -q "^SCENARIO-FAIL $s" "$console"; then
+      echo "FAIL $s"; fail=1
+      echo "---- evidence from guest $g ----"
+      awk -v s="$s" '$0=="SCENARIO-BEGIN " s {on=1} on {print "  " $0} /^SCENARIO-(PASS|FAIL) / && on && index($0, s) {exit}' "$console" | tail -60
+    else
+      echo "FAIL $s (did not run: guest $g stopped before it; see $console)"; fail=1
+    fi
+  done
+  grep -q '^VM-ALL-DONE' "$console" || { echo "FAIL: guest $g did not finish"; fail=1; }
 done
-grep -q '^VM-ALL-DONE' "$console" || { echo "FAIL: the guest did not finish"; fail=1; }
 exit $fail
