@@ -9,8 +9,10 @@
 //! reached, for a whole lease, every host it serves and one it lost: no
 //! host loses the group, and a host that never had a path here (one path
 //! only, by choice) moves nothing. Failback follows the same care: the
-//! preferred gateway gets its groups back once it reaches every host the
-//! owner serves.
+//! preferred gateway gets its groups back once it reaches again every host
+//! the owner serves that it reached before (a host still reconnecting to
+//! it, or one that gave that path up, would lose the group; one that never
+//! had a path there, by choice, holds nothing back).
 
 use super::{Group, State};
 use std::collections::BTreeSet;
@@ -18,7 +20,7 @@ use std::time::{Duration, Instant};
 
 /// How long a host lost by this gateway counts as lost: past it, a host
 /// that never came back is one that left.
-const LOST_FOR: Duration = Duration::from_secs(600);
+pub(super) const LOST_FOR: Duration = Duration::from_secs(600);
 
 /// Records this gateway's hosts now, and which it lost (had, and has not).
 pub(super) fn follow_own(st: &mut State, hosts: BTreeSet<String>) {
@@ -44,6 +46,10 @@ pub(super) fn beat(counter: u64, hosts: &BTreeSet<String>) -> Vec<u8> {
 /// Records gateway `peer`'s hosts (from its heartbeat), and since when it
 /// has reached every host of this gateway and one it lost.
 pub(super) fn follow_reach(st: &mut State, peer: &str, theirs: BTreeSet<String>) {
+    let now = Instant::now();
+    let reached = st.reached.entry(peer.to_string()).or_default();
+    reached.retain(|_, seen| seen.elapsed() < LOST_FOR);
+    reached.extend(theirs.iter().map(|h| (h.clone(), now)));
     let more = theirs.is_superset(&st.hosts) && st.lost.keys().any(|h| theirs.contains(h));
     let e = st.reach.entry(peer.to_string()).or_default();
     e.0 = theirs;
@@ -81,12 +87,17 @@ impl Group {
     }
 
     /// Whether gateway `peer`'s last heartbeat named every host with a live
-    /// controller here.
-    pub(super) fn reaches_every_host_here(&self, peer: &str) -> bool {
+    /// controller here that its heartbeats named before (within
+    /// [`LOST_FOR`]).
+    pub(super) fn reaches_again_every_host_here(&self, peer: &str) -> bool {
         let st = self.lock();
-        st.reach
-            .get(peer)
-            .is_some_and(|(theirs, _)| theirs.is_superset(&st.hosts))
+        let Some((theirs, _)) = st.reach.get(peer) else {
+            return false;
+        };
+        let before = st.reached.get(peer);
+        st.hosts
+            .iter()
+            .all(|h| theirs.contains(h) || !before.is_some_and(|b| b.contains_key(h)))
     }
 
     /// A live gateway that has reached every host of this gateway and one

@@ -56,13 +56,14 @@ impl Group {
         let started = Instant::now();
         if owned {
             // Back to the preferred gateway once it has been alive for the
-            // failback delay and reaches every host served here: a host
-            // without a path there yet (it reconnects with a backoff) or
-            // any more (it gave the path up) would lose the group.
+            // failback delay and reaches again the hosts served here that
+            // it reached before: a host without a path there yet (it
+            // reconnects with a backoff) or any more (it gave the path up)
+            // would lose the group.
             if let Some(p) = preferred.filter(|p| *p != me) {
                 let back = self.alive_since(p);
                 if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay)
-                    && self.reaches_every_host_here(p)
+                    && self.reaches_again_every_host_here(p)
                 {
                     self.hand_over(pool, g, p, &format!("handed back to {p}"), addresses);
                     return;

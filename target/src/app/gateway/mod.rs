@@ -23,9 +23,9 @@
 //!   gateway take it: two gateways never both report a group optimized.
 //! - **Handing it back**: an owner that is not the group's preferred gateway
 //!   gives the group back once the preferred one has been alive for
-//!   `failback_delay` and reaches every host the owner serves: it reports
-//!   the group inaccessible, marks the lease object as handed over (no
-//!   fencing), and unlocks.
+//!   `failback_delay` and reaches again every host the owner serves that
+//!   it reached before: it reports the group inaccessible, marks the lease
+//!   object as handed over (no fencing), and unlocks.
 //!
 //! - **Following the hosts**: an owner that lost hosts (a partition
 //!   between them) hands its groups to a gateway that reaches one of those
@@ -109,6 +109,9 @@ struct State {
     /// The other gateways' hosts (from their heartbeats), and since when
     /// each has reached every host here and one lost here.
     reach: BTreeMap<String, (BTreeSet<String>, Option<Instant>)>,
+    /// The hosts each other gateway's heartbeats named, and when last
+    /// (for [`hosts::LOST_FOR`]): a failback waits for those it had.
+    reached: BTreeMap<String, BTreeMap<String, Instant>>,
 }
 
 impl Group {
