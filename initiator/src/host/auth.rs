@@ -53,7 +53,12 @@ pub fn authenticate(
         Ok(None) => {}
         Err((failure2, e)) => {
             if let Some(f) = failure2 {
-                send(q, &f)?;
+                // The verdict is ours whatever becomes of the message:
+                // nvmet ends the controller on AUTH_Failure2 and may close
+                // the connection before it completes the AUTH_Send.
+                if let Err(sent) = send(q, &f) {
+                    tracing::debug!(qid, "AUTH_Failure2 not acknowledged: {sent}");
+                }
             }
             return Err(failed(e));
         }
