@@ -268,6 +268,10 @@ pub fn run(
         }
         let s = &schedule.steps[i];
         if inject {
+            // The fault starts as its injection does (a restart's stop,
+            // an nftables rewrite take a while): an operation started
+            // meanwhile counts as started under it.
+            let injected = now();
             cluster.inject(s.fault, s.gateway);
             if s.fault == Fault::Flap {
                 flapping.push((s.gateway, true));
@@ -275,7 +279,7 @@ pub fn run(
             windows[i] = Some(Window {
                 fault: s.fault,
                 gateway: s.gateway,
-                injected: now(),
+                injected,
                 healed: Duration::ZERO,
             });
         } else {

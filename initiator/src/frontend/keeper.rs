@@ -235,10 +235,10 @@ impl Keeper {
         until: Until,
     ) -> Watched {
         let stop = Arc::new(AtomicBool::new(false));
-        let mut shared = Vec::new();
+        let shared: Vec<Arc<PathShared>> = self.paths.iter().map(|p| p.shared.clone()).collect();
         let mut lost = Vec::new();
         let mut threads = Vec::new();
-        for p in std::mem::take(&mut self.paths) {
+        for (i, p) in std::mem::take(&mut self.paths).into_iter().enumerate() {
             let (tx, rx) = mpsc::channel();
             let links: Vec<EngineLink> = engines
                 .links
@@ -248,13 +248,12 @@ impl Keeper {
                     waker: l.waker.clone(),
                 })
                 .collect();
-            shared.push(p.shared.clone());
             lost.push(tx);
             let stop = stop.clone();
-            let name = format!("path-{}", shared.len());
+            let paths = shared.clone();
             match std::thread::Builder::new()
-                .name(name)
-                .spawn(move || p.run(rx, links, stop))
+                .name(format!("path-{}", i + 1))
+                .spawn(move || p.run(rx, links, paths, stop))
             {
                 Ok(t) => threads.push(t),
                 Err(e) => tracing::error!("cannot start a path's keeper: {e}"),

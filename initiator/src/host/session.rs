@@ -388,6 +388,15 @@ impl Session {
             return Ok(AnaState::Optimized);
         }
         let mut q = self.admin.lock().expect("admin queue");
+        if self.is_lost() {
+            // Keep-alive failed while this read waited for the queue: the
+            // association is gone, and waiting for a deadline again would
+            // only hold the path's commands back.
+            return Err(HostError::Protocol(format!(
+                "{}: keep-alive found the association lost",
+                self.params.addr
+            )));
+        }
         let mut id = Sqe::new(admin::IDENTIFY, 0);
         id.set_nsid(nsid);
         id.set_cdw(10, cns::NAMESPACE as u32);

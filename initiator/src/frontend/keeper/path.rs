@@ -16,6 +16,10 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 const MAX_BACKOFF: Duration = Duration::from_secs(10);
+/// How often a lost path is tried while no path serves I/O: the backoff
+/// spares a target that is down while other paths carry the I/O, not a
+/// host whose I/O waits for any path at all.
+const STARVED_RETRY: Duration = Duration::from_secs(1);
 /// How often the path's ANA state is read (besides at a notice or after a
 /// path status).
 const ANA_POLL: Duration = Duration::from_secs(1);
@@ -84,6 +88,8 @@ pub(super) struct PathKeeper {
     /// Generation of the queues handed to the engines on this path.
     generation: u64,
     lost_since: Option<Instant>,
+    /// When the last reconnect started, and when the next is due.
+    tried: Instant,
     next_try: Instant,
     backoff: Duration,
     /// Reconnecting stopped: lost for longer than ctrl-loss-tmo.
@@ -118,6 +124,7 @@ impl PathKeeper {
             known: AnaState::Optimized,
             generation: 0,
             lost_since: None,
+            tried: Instant::now(),
             next_try: Instant::now(),
             backoff: Duration::from_secs(1),
             abandoned: false,
@@ -134,12 +141,14 @@ impl PathKeeper {
     }
 
     /// Keeps the path until `stop`: `lost` brings the generations of queues
-    /// the engines lost, `engines` take the new queues. Returns the live
-    /// association, if any (to shut down).
+    /// the engines lost, `engines` take the new queues, `paths` are every
+    /// path of the namespace (this one too). Returns the live association,
+    /// if any (to shut down).
     pub(super) fn run(
         mut self,
         lost: Receiver<u64>,
         engines: Vec<EngineLink>,
+        paths: Vec<Arc<PathShared>>,
         stop: Arc<AtomicBool>,
     ) -> Option<Session> {
         let mut last_ana = Instant::now();
@@ -155,7 +164,8 @@ impl PathKeeper {
             if self.session.as_ref().is_some_and(Session::is_lost) {
                 self.lose(&engines);
             }
-            self.keep(&engines);
+            let starved = !paths.iter().any(|p| p.usable());
+            self.keep(&engines, starved);
             let notice = self.session.as_ref().is_some_and(Session::take_ana_notice);
             if notice {
                 tracing::info!(path = %self.addr(), "ANA Change notice");
@@ -200,12 +210,16 @@ impl PathKeeper {
         self.backoff = Duration::from_secs(1);
     }
 
-    /// Reconnects when the path is lost and its next try is due.
-    fn keep(&mut self, engines: &[EngineLink]) {
+    /// Reconnects when the path is lost and its next try is due: after
+    /// the backoff, or a second after the last try while no path serves
+    /// I/O (`starved`).
+    fn keep(&mut self, engines: &[EngineLink], starved: bool) {
         let Some(since) = self.lost_since else {
             return;
         };
-        if self.abandoned || Instant::now() < self.next_try {
+        let due =
+            Instant::now() >= self.next_try || (starved && self.tried.elapsed() >= STARVED_RETRY);
+        if self.abandoned || !due {
             return;
         }
         if since.elapsed() > self.ctrl_loss_tmo {
@@ -213,6 +227,7 @@ impl PathKeeper {
             self.abandoned = true;
             return;
         }
+        self.tried = Instant::now();
         match self.reconnect(engines) {
             Ok(()) => {
                 tracing::info!(
@@ -225,7 +240,12 @@ impl PathKeeper {
                 let _ = self.read_ana();
             }
             Err(e) => {
-                tracing::warn!(path = %self.addr(), "reconnect failed: {e}; next try in {:?}", self.backoff);
+                let next = if starved {
+                    format!("{STARVED_RETRY:?} (no path serves I/O)")
+                } else {
+                    format!("{:?}", self.backoff)
+                };
+                tracing::warn!(path = %self.addr(), "reconnect failed: {e}; next try in {next}");
                 self.next_try = Instant::now() + self.backoff;
                 self.backoff = (self.backoff * 2).min(MAX_BACKOFF);
             }

@@ -8,11 +8,14 @@
 //! (for [`LOST_FOR`]). It hands its groups to a live gateway that has
 //! reached, for a whole lease, every host it serves and one it lost: no
 //! host loses the group, and a host that never had a path here (one path
-//! only, by choice) moves nothing. Failback follows the same care: the
-//! preferred gateway gets its groups back once it reaches again every host
-//! the owner serves that it reached before (a host still reconnecting to
-//! it, or one that gave that path up, would lose the group; one that never
-//! had a path there, by choice, holds nothing back).
+//! only, by choice) moves nothing. A gateway that takes a group from a
+//! dead or cut-off owner counts the hosts that owner served and it does
+//! not reach as lost too.
+//! Failback follows the same care: the preferred gateway gets its groups
+//! back once it reaches again every host the owner serves or lost that it
+//! reached before (a host still reconnecting to it, or one that gave that
+//! path up, would lose the group; one that never had a path there, by
+//! choice, holds nothing back).
 
 use super::{Group, State};
 use std::collections::BTreeSet;
@@ -31,6 +34,24 @@ pub(super) fn follow_own(st: &mut State, hosts: BTreeSet<String>) {
     st.lost
         .retain(|h, since| !hosts.contains(h) && since.elapsed() < LOST_FOR);
     st.hosts = hosts;
+}
+
+/// A group taken from gateway `previous` (dead or cut off, not handing it
+/// over): the hosts its last heartbeat named that this gateway does not
+/// reach count as lost here. They used the group through it; a gateway
+/// that reaches them (and every host here) gets the group after a lease,
+/// as when this gateway lost them itself. A preferred gateway that just
+/// started, which no host reached again yet, would otherwise keep a group
+/// that its hosts cannot use.
+pub(super) fn inherit_hosts(st: &mut State, previous: &str) {
+    let now = Instant::now();
+    let Some((theirs, _)) = st.reach.get(previous) else {
+        return;
+    };
+    let missing: Vec<String> = theirs.difference(&st.hosts).cloned().collect();
+    for h in missing {
+        st.lost.entry(h).or_insert(now);
+    }
 }
 
 /// A heartbeat's value: the counter, then the hosts, one per line.
@@ -60,6 +81,22 @@ pub(super) fn follow_reach(st: &mut State, peer: &str, theirs: BTreeSet<String>)
     };
 }
 
+/// Whether gateway `peer`'s last heartbeat named every host with a live
+/// controller here, or lost here, that its heartbeats named before (within
+/// [`LOST_FOR`]). A host this gateway lost counts: an owner cut off from
+/// its hosts serves none, and handing its groups back to a gateway those
+/// hosts do not reach either would strand them.
+pub(super) fn reaches_again_our_hosts(st: &State, peer: &str) -> bool {
+    let Some((theirs, _)) = st.reach.get(peer) else {
+        return false;
+    };
+    let before = st.reached.get(peer);
+    st.hosts
+        .iter()
+        .chain(st.lost.keys())
+        .all(|h| theirs.contains(h) || !before.is_some_and(|b| b.contains_key(h)))
+}
+
 /// The hosts a heartbeat names (none in a bare counter).
 pub(super) fn hosts_of(beat: &[u8]) -> BTreeSet<String> {
     String::from_utf8_lossy(beat)
@@ -84,20 +121,6 @@ impl Group {
             .filter(|c| c.is_live())
             .map(|c| c.hostnqn.clone())
             .collect()
-    }
-
-    /// Whether gateway `peer`'s last heartbeat named every host with a live
-    /// controller here that its heartbeats named before (within
-    /// [`LOST_FOR`]).
-    pub(super) fn reaches_again_every_host_here(&self, peer: &str) -> bool {
-        let st = self.lock();
-        let Some((theirs, _)) = st.reach.get(peer) else {
-            return false;
-        };
-        let before = st.reached.get(peer);
-        st.hosts
-            .iter()
-            .all(|h| theirs.contains(h) || !before.is_some_and(|b| b.contains_key(h)))
     }
 
     /// A live gateway that has reached every host of this gateway and one
@@ -133,6 +156,58 @@ impl Group {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn set(hosts: &[&str]) -> BTreeSet<String> {
+        hosts.iter().map(|h| h.to_string()).collect()
+    }
+
+    /// A state where gateway `gw-a` named `before` in earlier heartbeats
+    /// and `now` in its last.
+    fn reaching(before: &[&str], now: &[&str]) -> State {
+        let mut st = State::default();
+        let seen = before.iter().map(|h| (h.to_string(), Instant::now()));
+        st.reached.insert("gw-a".into(), seen.collect());
+        st.reach.insert("gw-a".into(), (set(now), None));
+        st
+    }
+
+    #[test]
+    fn failback_waits_for_a_host_the_owner_lost_that_the_preferred_had() {
+        // The owner lost host h (cut off from it): it serves nobody.
+        let mut st = reaching(&["h"], &[]);
+        st.lost.insert("h".into(), Instant::now());
+        assert!(
+            !reaches_again_our_hosts(&st, "gw-a"),
+            "h would lose the group"
+        );
+        st.reach.insert("gw-a".into(), (set(&["h"]), None));
+        assert!(reaches_again_our_hosts(&st, "gw-a"), "h is back there");
+    }
+
+    #[test]
+    fn a_host_that_never_had_a_path_to_the_preferred_holds_nothing_back() {
+        let mut st = reaching(&["h"], &["h"]);
+        st.hosts = set(&["h", "one-path"]);
+        st.lost.insert("one-path-lost".into(), Instant::now());
+        assert!(reaches_again_our_hosts(&st, "gw-a"));
+        assert!(!reaches_again_our_hosts(&st, "gw-b"), "no heartbeat seen");
+    }
+
+    #[test]
+    fn a_group_taken_from_a_dead_owner_counts_its_hosts_not_reached_here_as_lost() {
+        let mut st = reaching(&[], &["h", "k"]);
+        st.hosts = set(&["k"]);
+        inherit_hosts(&mut st, "gw-a");
+        assert_eq!(
+            st.lost.keys().cloned().collect::<BTreeSet<_>>(),
+            set(&["h"])
+        );
+        inherit_hosts(&mut st, "gw-unknown");
+        assert_eq!(st.lost.len(), 1, "nothing known of that one");
+        // Once h has a controller here, it is no longer lost.
+        follow_own(&mut st, set(&["h", "k"]));
+        assert!(st.lost.is_empty());
+    }
 
     #[test]
     fn a_heartbeat_carries_its_hosts() {

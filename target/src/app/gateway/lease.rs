@@ -2,7 +2,7 @@
 //! owner unless it handed the group over), handing it back, and what the
 //! lease object says of its owner.
 
-use super::{records, Group, FENCE_FOR, LOCK, OWNER_ATTR};
+use super::{hosts, records, Group, FENCE_FOR, LOCK, OWNER_ATTR};
 
 /// The lease object's state once its owner stopped: any gateway may take
 /// the group, the preferred one first.
@@ -56,14 +56,14 @@ impl Group {
         let started = Instant::now();
         if owned {
             // Back to the preferred gateway once it has been alive for the
-            // failback delay and reaches again the hosts served here that
-            // it reached before: a host without a path there yet (it
-            // reconnects with a backoff) or any more (it gave the path up)
-            // would lose the group.
+            // failback delay and reaches again the hosts served (or lost)
+            // here that it reached before: a host without a path there yet
+            // (it reconnects with a backoff) or any more (it gave the path
+            // up, or a partition cut it) would lose the group.
             if let Some(p) = preferred.filter(|p| *p != me) {
                 let back = self.alive_since(p);
                 if back.is_some_and(|t| t.elapsed() >= self.cfg.failback_delay)
-                    && self.reaches_again_every_host_here(p)
+                    && hosts::reaches_again_our_hosts(&self.lock(), p)
                 {
                     self.hand_over(pool, g, p, &format!("handed back to {p}"), addresses);
                     return;
@@ -192,6 +192,12 @@ impl Group {
         let from = if owner.is_empty() { "nobody" } else { owner };
         tracing::info!(group = %self.cfg.name, "ANA group {g}: owned by this gateway (from {from}); optimized here");
         let mut st = self.lock();
+        if !handed && !owner.is_empty() && owner != self.cfg.gateway {
+            // Taken from a dead or cut-off owner: its hosts are this
+            // gateway's to serve. (One that handed the group over chose
+            // this gateway for the hosts it reaches.)
+            hosts::inherit_hosts(&mut st, owner);
+        }
         st.owned.insert(g, started);
         st.owners.insert(g, self.cfg.gateway.clone());
         drop(st);

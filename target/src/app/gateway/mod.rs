@@ -23,13 +23,14 @@
 //!   gateway take it: two gateways never both report a group optimized.
 //! - **Handing it back**: an owner that is not the group's preferred gateway
 //!   gives the group back once the preferred one has been alive for
-//!   `failback_delay` and reaches again every host the owner serves that
-//!   it reached before: it reports the group inaccessible, marks the lease
-//!   object as handed over (no fencing), and unlocks.
+//!   `failback_delay` and reaches again every host the owner serves (or
+//!   lost) that it reached before: it reports the group inaccessible, marks
+//!   the lease object as handed over (no fencing), and unlocks.
 //!
 //! - **Following the hosts**: an owner that lost hosts (a partition
-//!   between them) hands its groups to a gateway that reaches one of those
-//!   and every host it still serves (`hosts`).
+//!   between them), or took a group from a gateway whose hosts it does not
+//!   reach, hands its groups to a gateway that reaches one of those and
+//!   every host it still serves (`hosts`).
 //!
 //! Here the group's thread and watchdog; `heartbeat` (the gateways' signs
 //! of life), `hosts` (which hosts each reaches), `lease` (one ANA group's
