@@ -215,11 +215,24 @@ impl RbdBackend {
         }
     }
 
-    /// Waits until every acknowledged write is durable (at shutdown).
+    /// Waits until every acknowledged write is durable (at shutdown). A
+    /// client the cluster blocklisted (fenced by another gateway) has
+    /// nothing to flush: without a client cache (`CLIENT_OPTIONS`), a write
+    /// was acknowledged once the cluster had it.
     pub fn sync(&self) -> io::Result<()> {
-        match self.current() {
-            Some(i) => i.flush(),
-            None => Ok(()),
+        let Some(image) = self.current() else {
+            return Ok(());
+        };
+        match image.flush() {
+            Err(e) if blocklisted(&e) => {
+                tracing::warn!(
+                    image = %self.spec.spec(),
+                    "not flushed: the cluster blocklisted this client (fenced); every write \
+                     acknowledged was on the cluster already"
+                );
+                Ok(())
+            }
+            r => r,
         }
     }
 

@@ -207,9 +207,20 @@ impl Group {
     /// Gives group `g` over to gateway `to` (`what` happened, for the log):
     /// inaccessible here, the lease object marked handed to it, unlocked.
     /// It takes the group without fencing this gateway.
+    ///
+    /// Commands that passed the ANA check before then may still be on their
+    /// way to the cluster, and `to` will not fence them off: they end
+    /// first (a host that sent one again through `to` could see the first
+    /// land after newer writes). When they do not within a third of the
+    /// lease, the lease is left to lapse instead: the next owner fences
+    /// this gateway.
     fn hand_over(&self, pool: &Pool, g: u32, to: &str, what: &str, addresses: &str) {
         self.lock().owned.remove(&g);
         self.enforce();
+        if !self.drained(g, self.cfg.lease / 3) {
+            tracing::warn!(group = %self.cfg.name, "ANA group {g}: not {what}: commands in flight here did not end; the lease lapses and the next owner fences this gateway");
+            return;
+        }
         let oid = self.object(g);
         let _ = self.publish(pool, &oid, &format!("{HANDED_TO}{to}"), addresses);
         let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);

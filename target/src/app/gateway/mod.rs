@@ -392,11 +392,7 @@ impl Group {
             return;
         };
         for s in registry.subsystems() {
-            let busy = s
-                .namespaces()
-                .iter()
-                .any(|ns| lost.contains(&ns.ana_group()) && ns.metrics.in_flight() > 0);
-            if !busy {
+            if !busy(&s.namespaces(), lost) {
                 continue;
             }
             for c in s.live_controllers() {
@@ -405,6 +401,38 @@ impl Group {
                      sends them again through the groups' new owner"
                 ));
             }
+        }
+    }
+}
+
+/// Whether a command is in flight on one of `namespaces` in ANA `groups`.
+fn busy(namespaces: &[Arc<crate::nvme::namespace::Namespace>], groups: &[u32]) -> bool {
+    namespaces
+        .iter()
+        .any(|ns| groups.contains(&ns.ana_group()) && ns.metrics.in_flight() > 0)
+}
+
+impl Group {
+    /// Waits up to `within` until no command is in flight on ANA group
+    /// `g`'s namespaces; whether none is.
+    fn drained(&self, g: u32, within: Duration) -> bool {
+        let until = Instant::now() + within;
+        loop {
+            let Some(registry) = self.registry.upgrade() else {
+                return true;
+            };
+            let any = registry
+                .subsystems()
+                .iter()
+                .any(|s| busy(&s.namespaces(), &[g]));
+            drop(registry);
+            if !any {
+                return true;
+            }
+            if Instant::now() >= until {
+                return false;
+            }
+            std::thread::sleep(WATCHDOG_TICK);
         }
     }
 }

@@ -7,6 +7,12 @@ use crate::engine::poller::Io;
 use crate::nvme::command::{State, Work};
 use rdmablk_common::fabrics::ConnectCmd;
 use rdmablk_common::nvme::Status;
+use std::time::Duration;
+
+/// An I/O command answered this long after it arrived is logged: storage
+/// that stalls (a cluster failing over, a lock changing hands) shows in
+/// the log with the namespace and the time it took.
+const SLOW_COMMAND: Duration = Duration::from_secs(2);
 
 impl Queue {
     /// Hands a finished command's data (for reads) and response to the wire.
@@ -42,6 +48,16 @@ impl Queue {
             *io.answered += 1;
             let bytes = req.data_to_host().max(req.data_to_controller()) as u64;
             let latency = cmd.arrived.elapsed();
+            if latency >= SLOW_COMMAND {
+                tracing::info!(
+                    peer = %self.peer,
+                    cid = cmd.sqe.cid(),
+                    nsid = req.ns.nsid,
+                    op = ?req.op(),
+                    status = %cmd.status,
+                    "I/O command answered after {latency:.1?}"
+                );
+            }
             req.ns
                 .metrics
                 .of(io.poller)
