@@ -69,6 +69,7 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
             .collect(),
         poll_mode: cfg.pollers.mode(),
         undrained: AtomicUsize::new(0),
+        undrained_ops: AtomicUsize::new(0),
     });
     let started = std::time::Instant::now();
     let transports = Transports {
@@ -233,10 +234,21 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
     }
     let undrained = shared.undrained.load(Ordering::Acquire);
     if undrained > 0 {
-        // Their operations may still land: the gateway group's leases are
-        // not handed over (they lapse, and the next owner fences this
-        // gateway first), and no image is closed or flushed under them.
-        return Err(DaemonError::Undrained { queues: undrained });
+        let ops = shared.undrained_ops.load(Ordering::Acquire);
+        if ops > 0 && ops == crate::backend::rbd::ops_on_blocklisted_clients() {
+            // Every operation left is librbd's on a client the cluster
+            // blocklisted: none of them can land, so the stop goes on.
+            tracing::warn!(
+                "{ops} operation(s) of blocklisted cluster connections never ended; they \
+                 cannot land (the cluster refuses those clients): stopping as usual"
+            );
+        } else {
+            // Their operations may still land: the gateway group's leases
+            // are not handed over (they lapse, and the next owner fences
+            // this gateway first), and no image is closed or flushed under
+            // them.
+            return Err(DaemonError::Undrained { queues: undrained });
+        }
     }
     if let Some(g) = &running.lock().expect("running configuration").gateway {
         // Nothing is in flight: the other gateways may take over at once.

@@ -340,6 +340,29 @@ pub fn connect(
     Ok(cluster)
 }
 
+/// Images replaced because the cluster blocklisted their client, while
+/// operations started on them may still be in flight.
+static BLOCKLISTED: Mutex<Vec<Weak<Image>>> = Mutex::new(Vec::new());
+
+/// Counts `image`, whose client the cluster blocklisted, among those whose
+/// operations can no longer land.
+fn retire(image: &Arc<Image>) {
+    let mut list = BLOCKLISTED.lock().unwrap_or_else(PoisonError::into_inner);
+    list.retain(|i| i.strong_count() > 0);
+    list.push(Arc::downgrade(image));
+}
+
+/// Operations in flight on images whose client the cluster blocklisted:
+/// none of them can land any more (the OSDs refuse that client), though
+/// librbd may never end some of them.
+pub fn ops_on_blocklisted_clients() -> usize {
+    let list = BLOCKLISTED.lock().unwrap_or_else(PoisonError::into_inner);
+    list.iter()
+        .filter_map(Weak::upgrade)
+        .map(|i| i.in_flight.load(Ordering::Acquire))
+        .sum()
+}
+
 /// Whether the cluster refused a call because it blocklisted the client
 /// (librados' EBLOCKLISTED): the connection is of no more use.
 pub fn blocklisted(e: &io::Error) -> bool {

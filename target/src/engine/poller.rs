@@ -124,6 +124,8 @@ pub trait Endpoint {
     }
     /// Queues alive.
     fn queues(&self) -> usize;
+    /// Backend operations in flight for the queues' commands.
+    fn backend_ops(&self) -> usize;
     /// Arena buffers the endpoint holds itself (standing receive buffers),
     /// not for commands.
     fn standing_buffers(&self) -> usize {
@@ -180,8 +182,10 @@ pub struct Shared {
     pub pollers: Vec<PollerCounters>,
     /// How the pollers wait for work.
     pub poll_mode: PollMode,
-    /// Queues that stopping pollers left with backend operations in flight.
+    /// Queues that stopping pollers left with backend operations in flight,
+    /// and those operations.
     pub undrained: AtomicUsize,
+    pub undrained_ops: AtomicUsize,
 }
 
 /// A new queue for a poller, from the listener of the transport whose
@@ -375,6 +379,8 @@ impl Poller {
                     SHUTDOWN_GIVE_UP.as_secs()
                 );
                 self.shared.undrained.fetch_add(left, Ordering::AcqRel);
+                let ops = self.endpoints.iter().map(|e| e.backend_ops()).sum();
+                self.shared.undrained_ops.fetch_add(ops, Ordering::AcqRel);
                 // Those operations may still read or fill arena buffers and
                 // complete on the ring: both stay for the process's life.
                 std::mem::forget(self);

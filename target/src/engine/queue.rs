@@ -206,6 +206,11 @@ impl Queue {
         self.backend_ops == 0
     }
 
+    /// Backend operations in flight for the queue's commands.
+    pub fn backend_ops(&self) -> usize {
+        self.backend_ops
+    }
+
     /// The command in `slot`, if live.
     pub fn command(&self, slot: u16) -> Option<&Command> {
         self.cmds.get(slot as usize).and_then(Option::as_ref)

@@ -24,8 +24,10 @@
 //! - **Handing it back**: an owner that is not the group's preferred gateway
 //!   gives the group back once the preferred one has been alive for
 //!   `failback_delay` and reaches again every host the owner serves (or
-//!   lost) that it reached before: it reports the group inaccessible, marks
-//!   the lease object as handed over (no fencing), and unlocks.
+//!   lost) that it reached before: it reports the group inaccessible, waits
+//!   for the group's commands in flight to end (else it lets the lease
+//!   lapse: the next owner fences it), marks the lease object as handed
+//!   over (no fencing), and unlocks.
 //!
 //! - **Following the hosts**: an owner that lost hosts (a partition
 //!   between them), or took a group from a gateway whose hosts it does not

@@ -7,6 +7,7 @@ use super::sys::{
 };
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
+use std::sync::atomic::AtomicUsize;
 use std::sync::{Arc, OnceLock, PoisonError, RwLock, RwLockReadGuard};
 
 /// The shared object loaded; it pulls in librados.
@@ -167,6 +168,7 @@ impl Cluster {
             watch: None,
             closed: RwLock::new(false),
             cluster: self.clone(),
+            in_flight: AtomicUsize::new(0),
         })
     }
 }
@@ -365,6 +367,8 @@ pub struct Image {
     closed: RwLock<bool>,
     /// Dropped after the image: the connection outlives it.
     cluster: Arc<Cluster>,
+    /// Operations started on it and not ended (counted by `ops`).
+    pub(super) in_flight: AtomicUsize,
 }
 
 // SAFETY: librbd's image calls are thread safe (its own locks protect the

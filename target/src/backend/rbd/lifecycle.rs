@@ -5,7 +5,7 @@
 
 use super::ffi::{self, Cluster, Image};
 use super::{
-    blocklisted, cluster, forget_cluster, RbdBackend, RbdNamespace, CLIENT_OPTIONS,
+    blocklisted, cluster, forget_cluster, retire, RbdBackend, RbdNamespace, CLIENT_OPTIONS,
     REQUIRED_OPTIONS,
 };
 use crate::config::RbdImage;
@@ -161,6 +161,7 @@ fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) 
          with a status the host retries"
     );
     forget_cluster(&r.spec, old.cluster());
+    retire(&old);
     drop(n);
     let reopened = open_until_done(ns, changed);
     let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);

@@ -5,6 +5,7 @@ use super::ffi::{Aio, Finish, Image};
 use super::{Health, RbdBackend};
 use crate::backend::{Access, BackendOp, FixedBuf};
 use crate::base::completions::Completions;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 impl RbdBackend {
@@ -94,6 +95,7 @@ impl RbdOp {
         let Some(image) = self.image else {
             return completions.push(token, -libc::ENOTCONN);
         };
+        image.in_flight.fetch_add(1, Ordering::AcqRel);
         let done = Box::new(Done {
             token,
             result: self.result,
@@ -139,7 +141,9 @@ impl Finish for Done {
         // The image goes before the command can complete: its completion
         // may drop the namespace, and the last holder of an image must not
         // be a librbd thread (closing waits for them).
-        drop(self.image.take());
+        if let Some(image) = self.image.take() {
+            image.in_flight.fetch_sub(1, Ordering::AcqRel);
+        }
         let bytes = || i32::try_from(rc).unwrap_or(i32::MAX);
         let res = match self.result {
             _ if rc < 0 => i32::try_from(rc).unwrap_or(-libc::EIO),

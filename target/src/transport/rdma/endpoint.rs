@@ -101,6 +101,10 @@ impl Endpoint for RdmaEndpoint {
         self.conns.iter().flatten().count()
     }
 
+    fn backend_ops(&self) -> usize {
+        self.conns.iter().flatten().map(|c| c.q.backend_ops()).sum()
+    }
+
     fn standing_buffers(&self) -> usize {
         self.devices.iter().map(DeviceRes::recv_buffers).sum()
     }

@@ -88,6 +88,14 @@ impl Endpoint for TcpEndpoint {
         self.queues.iter().flatten().count()
     }
 
+    fn backend_ops(&self) -> usize {
+        self.queues
+            .iter()
+            .flatten()
+            .map(|c| c.q.backend_ops())
+            .sum()
+    }
+
     fn close_all(&mut self, why: &str) {
         for c in self.queues.iter_mut().flatten() {
             c.close(why);
