@@ -14,7 +14,7 @@ use rdmablk_common::nvme::identify::{
 use rdmablk_common::nvme::log::{lid, LogRequest};
 use rdmablk_common::nvme::{admin, feature, property, Sqe, Status, HOST_BEHAVIOR_LEN};
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::{Arc, Mutex, MutexGuard};
 use std::thread::JoinHandle;
 use std::time::{Duration, Instant};
 
@@ -302,6 +302,20 @@ impl Session {
         self.lost.load(Ordering::Acquire)
     }
 
+    /// The admin queue, unless keep-alive found the association gone
+    /// (maybe while the caller waited for the queue): a command there would
+    /// only wait for its deadline and hold the path's commands back.
+    fn live_admin(&self) -> Result<MutexGuard<'_, SyncQueue>, HostError> {
+        let q = self.admin.lock().expect("admin queue");
+        if self.is_lost() {
+            return Err(HostError::Protocol(format!(
+                "{}: keep-alive found the association lost",
+                self.params.addr
+            )));
+        }
+        Ok(q)
+    }
+
     /// Reads the discovery log of the target at `p.addr`.
     pub fn discover(p: &Params) -> Result<Vec<DiscoveryEntry>, HostError> {
         let (mut q, _) = bring_up(p, DISCOVERY_NQN, 0)?;
@@ -328,13 +342,13 @@ impl Session {
 
     /// Active namespace ids.
     pub fn namespaces(&self) -> Result<Vec<u32>, HostError> {
-        let mut q = self.admin.lock().expect("admin queue");
+        let mut q = self.live_admin()?;
         Ok(parse_ns_list(&identify(&mut q, cns::ACTIVE_NS_LIST, 0)?))
     }
 
     /// Identify Namespace.
     pub fn namespace(&self, nsid: u32) -> Result<NamespaceInfo, HostError> {
-        let mut q = self.admin.lock().expect("admin queue");
+        let mut q = self.live_admin()?;
         let id = NamespaceId::parse(&identify(&mut q, cns::NAMESPACE, nsid)?);
         if id.nsze == 0 {
             return Err(HostError::Status {
@@ -354,7 +368,7 @@ impl Session {
     /// The identifiers the controller reports for namespace `nsid` (the
     /// descriptor list, completed by Identify Namespace).
     pub fn namespace_ids(&self, nsid: u32) -> Result<NamespaceIdentifiers, HostError> {
-        let mut q = self.admin.lock().expect("admin queue");
+        let mut q = self.live_admin()?;
         let id = NamespaceId::parse(&identify(&mut q, cns::NAMESPACE, nsid)?);
         let list = identify(&mut q, cns::NS_DESCRIPTORS, nsid)
             .map(|b| NamespaceIdentifiers::parse(&b))
@@ -387,16 +401,7 @@ impl Session {
         if !self.reports_ana() {
             return Ok(AnaState::Optimized);
         }
-        let mut q = self.admin.lock().expect("admin queue");
-        if self.is_lost() {
-            // Keep-alive failed while this read waited for the queue: the
-            // association is gone, and waiting for a deadline again would
-            // only hold the path's commands back.
-            return Err(HostError::Protocol(format!(
-                "{}: keep-alive found the association lost",
-                self.params.addr
-            )));
-        }
+        let mut q = self.live_admin()?;
         let mut id = Sqe::new(admin::IDENTIFY, 0);
         id.set_nsid(nsid);
         id.set_cdw(10, cns::NAMESPACE as u32);

@@ -182,9 +182,9 @@ pub struct Shared {
     pub pollers: Vec<PollerCounters>,
     /// How the pollers wait for work.
     pub poll_mode: PollMode,
-    /// Queues that stopping pollers left with backend operations in flight,
-    /// and those operations.
+    /// Queues that stopping pollers left with backend operations in flight.
     pub undrained: AtomicUsize,
+    /// The backend operations in flight on those queues.
     pub undrained_ops: AtomicUsize,
 }
 

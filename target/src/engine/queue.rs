@@ -203,7 +203,7 @@ impl Queue {
 
     /// Whether no backend operation refers to the queue's commands.
     pub fn idle_backend(&self) -> bool {
-        self.backend_ops == 0
+        self.backend_ops() == 0
     }
 
     /// Backend operations in flight for the queue's commands.

@@ -88,8 +88,9 @@ pub(super) struct PathKeeper {
     /// Generation of the queues handed to the engines on this path.
     generation: u64,
     lost_since: Option<Instant>,
-    /// When the last reconnect started, and when the next is due.
+    /// When the last reconnect started.
     tried: Instant,
+    /// When the next is due after the backoff.
     next_try: Instant,
     backoff: Duration,
     /// Reconnecting stopped: lost for longer than ctrl-loss-tmo.

@@ -48,6 +48,7 @@ pub mod status;
 use crate::backend::rbd::{self, Cluster, Pool};
 use crate::backend::Backend;
 use crate::config::{AnaState, GatewayGroup};
+use crate::nvme::namespace::Namespace;
 use crate::nvme::subsystem::Registry;
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
@@ -405,16 +406,7 @@ impl Group {
             }
         }
     }
-}
 
-/// Whether a command is in flight on one of `namespaces` in ANA `groups`.
-fn busy(namespaces: &[Arc<crate::nvme::namespace::Namespace>], groups: &[u32]) -> bool {
-    namespaces
-        .iter()
-        .any(|ns| groups.contains(&ns.ana_group()) && ns.metrics.in_flight() > 0)
-}
-
-impl Group {
     /// Waits up to `within` until no command is in flight on ANA group
     /// `g`'s namespaces; whether none is.
     fn drained(&self, g: u32, within: Duration) -> bool {
@@ -437,6 +429,13 @@ impl Group {
             std::thread::sleep(WATCHDOG_TICK);
         }
     }
+}
+
+/// Whether a command is in flight on one of `namespaces` in ANA `groups`.
+fn busy(namespaces: &[Arc<Namespace>], groups: &[u32]) -> bool {
+    namespaces
+        .iter()
+        .any(|ns| groups.contains(&ns.ana_group()) && ns.metrics.in_flight() > 0)
 }
 
 /// Ends lapsed ownerships until the group goes.
