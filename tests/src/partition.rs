@@ -278,6 +278,9 @@ pub struct Verdict {
     /// Faults that did not go as they should (a gateway that would not
     /// stop on SIGTERM).
     pub incidents: Vec<String>,
+    /// The slowest operations longer than half the deadline, slowest
+    /// first, each with the schedule it started during.
+    pub slowest: Vec<String>,
 }
 
 impl Verdict {
@@ -301,6 +304,9 @@ impl Verdict {
             s.push_str(&format!(" {} {:.1}s", k.name(), d.as_secs_f64()));
         }
         s.push_str(&format!("\n{}", self.report.summary()));
+        for slow in &self.slowest {
+            s.push_str(&format!("\nslow: {slow}"));
+        }
         s
     }
 
@@ -317,18 +323,51 @@ impl Verdict {
                     .map(|o| o.end.unwrap_or(o.start))
                     .max()
                     .unwrap_or_default();
-                let during = self
-                    .schedules
-                    .iter()
-                    .rev()
-                    .find(|(_, w)| w.first().is_some_and(|w| w.injected <= at))
-                    .map_or("before the first schedule".to_string(), |(s, _)| {
-                        s.to_string()
-                    });
-                format!("anomaly: {a}\n  (showed during schedule {during})")
+                format!(
+                    "anomaly: {a}\n  (showed during schedule {})",
+                    during(&self.schedules, at)
+                )
             })
             .collect()
     }
+}
+
+/// The schedule running (or settling) at `at`.
+fn during(schedules: &[(Schedule, Vec<Window>)], at: Duration) -> String {
+    schedules
+        .iter()
+        .rev()
+        .find(|(_, w)| w.first().is_some_and(|w| w.injected <= at))
+        .map_or("before the first schedule".to_string(), |(s, _)| {
+            s.to_string()
+        })
+}
+
+/// The `SLOWEST` longest operations of `history` past half `deadline`,
+/// each with the schedule it started during.
+fn slowest(
+    history: &history::History,
+    schedules: &[(Schedule, Vec<Window>)],
+    deadline: Duration,
+) -> Vec<String> {
+    const SLOWEST: usize = 5;
+    let mut slow: Vec<_> = history
+        .ops
+        .iter()
+        .filter_map(|o| Some((o.end? - o.start, o)))
+        .filter(|(took, _)| *took > deadline / 2)
+        .collect();
+    slow.sort_by_key(|s| std::cmp::Reverse(s.0));
+    slow.iter()
+        .take(SLOWEST)
+        .map(|(took, o)| {
+            format!(
+                "{:.1}s: {o}\n  (started during schedule {})",
+                took.as_secs_f64(),
+                during(schedules, o.start)
+            )
+        })
+        .collect()
 }
 
 /// The schedules of `RDMABLK_PARTITION_SCHEDULES` seeds (default 3) from
@@ -381,11 +420,13 @@ pub fn run_schedules(
     }
     let report = history::check(&history, opts.deadline);
     let pauses = pauses(&history, &ran, Duration::from_secs(10));
+    let slowest = slowest(&history, &ran, opts.deadline);
     Verdict {
         report,
         schedules: ran,
         pauses,
         incidents: std::mem::take(&mut cluster.incidents),
+        slowest,
     }
 }
 

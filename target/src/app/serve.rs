@@ -235,7 +235,7 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
     let undrained = shared.undrained.load(Ordering::Acquire);
     if undrained > 0 {
         let ops = shared.undrained_ops.load(Ordering::Acquire);
-        if ops > 0 && ops == crate::backend::rbd::ops_on_blocklisted_clients() {
+        if ops > 0 && ops == stranded_ops(&registry) {
             // Every operation left is librbd's on a client the cluster
             // blocklisted: none of them can land, so the stop goes on.
             tracing::warn!(
@@ -261,6 +261,17 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
     tracing::debug!("namespaces flushed and closed in {:?}", t.elapsed());
     tracing::info!("stopped");
     result
+}
+
+/// Operations in flight on every namespace that can no longer land
+/// ([`crate::backend::Backend::stranded_ops`]).
+fn stranded_ops(registry: &Registry) -> usize {
+    registry
+        .subsystems()
+        .iter()
+        .flat_map(|s| s.namespaces().to_vec())
+        .map(|ns| ns.backend.stranded_ops())
+        .sum()
 }
 
 /// How many namespaces are flushed and closed at once at shutdown: an RBD

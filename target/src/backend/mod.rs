@@ -202,4 +202,13 @@ impl Backend {
             Backend::Null => "null".into(),
         }
     }
+
+    /// Operations in flight that can no longer land: an RBD image's on a
+    /// client the cluster blocklisted ([`RbdBackend::stranded_ops`]).
+    pub fn stranded_ops(&self) -> usize {
+        match self {
+            Backend::Rbd(r) => r.stranded_ops(),
+            _ => 0,
+        }
+    }
 }

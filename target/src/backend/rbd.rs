@@ -36,7 +36,7 @@ mod sys;
 use crate::config::RbdImage;
 pub use ffi::{Cluster, Image, Pool};
 pub use objects::Watch;
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
@@ -80,6 +80,9 @@ pub struct RbdBackend {
     closing: Mutex<bool>,
     /// Whether the opening thread was started.
     started: AtomicBool,
+    /// Images replaced because the cluster blocklisted their client, while
+    /// operations started on them may still be in flight.
+    retired: Mutex<Vec<Weak<Image>>>,
 }
 
 /// Shared by a backend's operations and its thread.
@@ -158,6 +161,7 @@ impl RbdBackend {
             health: Arc::default(),
             closing: Mutex::new(false),
             started: AtomicBool::new(false),
+            retired: Mutex::default(),
         })
     }
 
@@ -181,12 +185,38 @@ impl RbdBackend {
     }
 
     /// Has the image opened again on a new connection, as when an
-    /// operation found its client blocklisted; returns the image replaced
-    /// (None while none is open), for [`RbdBackend::replaced`].
-    pub fn reconnect(&self) -> Option<Arc<Image>> {
+    /// operation found its client blocklisted, if its client is one of
+    /// `fenced` (addresses as [`Cluster::addresses`] gives them); returns
+    /// the image replaced, for [`RbdBackend::replaced`]. An image opened
+    /// since on a new client (its operations found out first) is kept.
+    pub fn reconnect_if_fenced(&self, fenced: &BTreeSet<String>) -> Option<Arc<Image>> {
         let old = self.current()?;
+        let address = old.cluster().addresses().ok()?;
+        if !fenced.contains(&address) {
+            return None;
+        }
         self.health.blocklisted(&old);
         Some(old)
+    }
+
+    /// Counts `image`, whose client the cluster blocklisted, among those
+    /// whose operations can no longer land.
+    fn retire(&self, image: &Arc<Image>) {
+        let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired.retain(|i| i.strong_count() > 0);
+        retired.push(Arc::downgrade(image));
+    }
+
+    /// Operations in flight on this namespace's images whose client the
+    /// cluster blocklisted: none of them can land any more (the OSDs refuse
+    /// that client), though librbd may never end some of them.
+    pub fn stranded_ops(&self) -> usize {
+        let retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
+        retired
+            .iter()
+            .filter_map(Weak::upgrade)
+            .map(|i| i.in_flight.load(Ordering::Acquire))
+            .sum()
     }
 
     /// Whether `old` is no longer the namespace's image.
@@ -338,29 +368,6 @@ pub fn connect(
     let cluster = Arc::new(Cluster::connect(&conf, id, &options)?);
     tracing::info!(conf = %conf, client = %id, "connected to the Ceph cluster");
     Ok(cluster)
-}
-
-/// Images replaced because the cluster blocklisted their client, while
-/// operations started on them may still be in flight.
-static BLOCKLISTED: Mutex<Vec<Weak<Image>>> = Mutex::new(Vec::new());
-
-/// Counts `image`, whose client the cluster blocklisted, among those whose
-/// operations can no longer land.
-fn retire(image: &Arc<Image>) {
-    let mut list = BLOCKLISTED.lock().unwrap_or_else(PoisonError::into_inner);
-    list.retain(|i| i.strong_count() > 0);
-    list.push(Arc::downgrade(image));
-}
-
-/// Operations in flight on images whose client the cluster blocklisted:
-/// none of them can land any more (the OSDs refuse that client), though
-/// librbd may never end some of them.
-pub fn ops_on_blocklisted_clients() -> usize {
-    let list = BLOCKLISTED.lock().unwrap_or_else(PoisonError::into_inner);
-    list.iter()
-        .filter_map(Weak::upgrade)
-        .map(|i| i.in_flight.load(Ordering::Acquire))
-        .sum()
 }
 
 /// Whether the cluster refused a call because it blocklisted the client

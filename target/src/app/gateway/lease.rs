@@ -10,6 +10,10 @@ const HANDED_OVER: &str = "handed-over";
 /// The state's prefix when the owner gave the group to one gateway, named
 /// after it (failback, or a gateway reaching hosts the owner lost).
 const HANDED_TO: &str = "handed-to=";
+/// For how many leases a gateway that let a lease lapse (its commands in
+/// flight did not end) stays out of that group: time for another gateway
+/// to take it, fencing this one.
+const LAPSE_FOR: u32 = 2;
 use crate::backend::rbd::Pool;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Instant;
@@ -76,9 +80,10 @@ impl Group {
             }
             match pool.lock_exclusive(&oid, LOCK, me, me, self.cfg.lease, true) {
                 Ok(()) => {
-                    let republish = self.lock().published != addresses;
+                    let republish =
+                        self.lock().published.get(&g).map(String::as_str) != Some(addresses);
                     if republish {
-                        let _ = self.publish(pool, &oid, "held", addresses);
+                        let _ = self.publish(pool, g, "held", addresses);
                     }
                     self.lock().owned.insert(g, started);
                     self.enforce();
@@ -92,7 +97,7 @@ impl Group {
             }
             return;
         }
-        if self.leaving.load(Ordering::Acquire) {
+        if self.leaving.load(Ordering::Acquire) || self.lets_lapse(g) {
             return;
         }
         // Not ours: the preferred gateway tries at once; the others (after
@@ -132,6 +137,21 @@ impl Group {
                 .is_ok()
         {
             self.take(pool, g, &oid, started, addresses);
+        }
+    }
+
+    /// Whether this gateway let group `g`'s lease lapse less than
+    /// [`LAPSE_FOR`] leases ago, its commands in flight not ending: another
+    /// gateway is to take the group, and fence this one.
+    fn lets_lapse(&self, g: u32) -> bool {
+        let mut st = self.lock();
+        match st.lapsing.get(&g) {
+            Some(t) if t.elapsed() < self.cfg.lease * LAPSE_FOR => true,
+            Some(_) => {
+                st.lapsing.remove(&g);
+                false
+            }
+            None => false,
         }
     }
 
@@ -184,7 +204,7 @@ impl Group {
             let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
             return;
         }
-        if let Err(e) = self.publish(pool, oid, "held", addresses) {
+        if let Err(e) = self.publish(pool, g, "held", addresses) {
             tracing::error!(group = %self.cfg.name, "ANA group {g}: cannot publish this gateway: {e}");
             let _ = pool.unlock(oid, LOCK, &self.cfg.gateway);
             return;
@@ -213,18 +233,25 @@ impl Group {
     /// first (a host that sent one again through `to` could see the first
     /// land after newer writes). When they do not within a third of the
     /// lease, the lease is left to lapse instead: the next owner fences
-    /// this gateway.
+    /// this gateway (which stays out of the group for [`LAPSE_FOR`] leases, and
+    /// ends the associations of those commands: the hosts send them again
+    /// through the next owner).
     fn hand_over(&self, pool: &Pool, g: u32, to: &str, what: &str, addresses: &str) {
         self.lock().owned.remove(&g);
         self.enforce();
         if !self.drained(g, self.cfg.lease / 3) {
             tracing::warn!(group = %self.cfg.name, "ANA group {g}: not {what}: commands in flight here did not end; the lease lapses and the next owner fences this gateway");
+            self.lock().lapsing.insert(g, Instant::now());
+            self.end_associations_in_flight(&[g]);
             return;
         }
         let oid = self.object(g);
-        let _ = self.publish(pool, &oid, &format!("{HANDED_TO}{to}"), addresses);
+        let _ = self.publish(pool, g, &format!("{HANDED_TO}{to}"), addresses);
         let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
         tracing::info!(group = %self.cfg.name, "ANA group {g}: {what}; inaccessible here");
+        // Commands left on blocklisted clients never land, and may never
+        // end: their hosts send them again through the new owner.
+        self.end_associations_in_flight(&[g]);
     }
 
     /// Gives group `g` up as the daemon stops: any gateway may take it
@@ -233,16 +260,23 @@ impl Group {
         self.lock().owned.remove(&g);
         self.enforce();
         let oid = self.object(g);
-        let _ = self.publish(pool, &oid, HANDED_OVER, addresses);
+        let _ = self.publish(pool, g, HANDED_OVER, addresses);
         let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
         tracing::info!(group = %self.cfg.name, "ANA group {g}: handed back to the other gateways (this one stops); inaccessible here");
     }
 
-    /// Writes who owns the lease object now.
-    fn publish(&self, pool: &Pool, oid: &str, state: &str, addresses: &str) -> std::io::Result<()> {
+    /// Writes who owns group `g`'s lease object now, in `state`, with this
+    /// gateway's cluster clients: those a gateway taking a lease "held"
+    /// fences.
+    fn publish(&self, pool: &Pool, g: u32, state: &str, addresses: &str) -> std::io::Result<()> {
         let text = format!("{} {state} {addresses}", self.cfg.gateway);
-        pool.set_attr(oid, OWNER_ATTR, text.as_bytes())?;
-        self.lock().published = addresses.to_string();
+        pool.set_attr(&self.object(g), OWNER_ATTR, text.as_bytes())?;
+        let mut st = self.lock();
+        if state == "held" {
+            st.published.insert(g, addresses.to_string());
+        } else {
+            st.published.remove(&g);
+        }
         Ok(())
     }
 }

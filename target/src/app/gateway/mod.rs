@@ -99,10 +99,12 @@ struct State {
     /// The other gateways' heartbeats: (value, when it last moved, since
     /// when it keeps moving).
     peers: BTreeMap<String, (Vec<u8>, Instant, Instant)>,
-    /// This gateway's cluster clients now, and as last published in owned
-    /// lease objects.
+    /// This gateway's cluster clients now, and as last published in each
+    /// lease object it holds.
     addresses: String,
-    published: String,
+    published: BTreeMap<u32, String>,
+    /// Groups whose lease this gateway lets lapse, and since when.
+    lapsing: BTreeMap<u32, Instant>,
     heartbeat: u64,
     /// When this gateway started taking part.
     since: Option<Instant>,
@@ -252,12 +254,14 @@ impl Group {
         }
     }
 
-    /// Opens every RBD image again on a new connection, waiting up to
-    /// [`CLUSTER_TIMEOUT`]: the fence blocklisted every client this gateway
-    /// published, its images' too, and an operation on a blocklisted
-    /// client may never end (librbd's queued behind the exclusive lock).
-    /// So no group is taken again before its images have new clients,
-    /// rather than an idle image finding out with its next I/O.
+    /// Opens every RBD image whose client this gateway published again on
+    /// a new connection, waiting up to [`CLUSTER_TIMEOUT`]: the fence
+    /// blocklisted every client published, and an operation on a
+    /// blocklisted client may never end (librbd's queued behind the
+    /// exclusive lock). So no group is taken again before its images have
+    /// new clients, rather than an idle image finding out with its next
+    /// I/O. An image whose operations found out first, on a new client
+    /// already, stays as it is.
     fn reconnect_images(&self) {
         let Some(registry) = self.registry.upgrade() else {
             return;
@@ -267,10 +271,16 @@ impl Group {
             .iter()
             .flat_map(|s| s.namespaces().to_vec())
             .collect();
+        // What the fence could blocklist: the clients published in the
+        // lease objects held.
+        let fenced: BTreeSet<String> = std::mem::take(&mut self.lock().published)
+            .values()
+            .flat_map(|a| a.split(' ').map(str::to_string))
+            .collect();
         let replacing: Vec<(&rbd::RbdBackend, Arc<rbd::Image>)> = namespaces
             .iter()
             .filter_map(|ns| match &ns.backend {
-                Backend::Rbd(r) => Some((&**r, r.reconnect()?)),
+                Backend::Rbd(r) => Some((&**r, r.reconnect_if_fenced(&fenced)?)),
                 _ => None,
             })
             .collect();
@@ -407,8 +417,8 @@ impl Group {
         }
     }
 
-    /// Waits up to `within` until no command is in flight on ANA group
-    /// `g`'s namespaces; whether none is.
+    /// Waits up to `within` until no command that may still land is in
+    /// flight on ANA group `g`'s namespaces; whether none is.
     fn drained(&self, g: u32, within: Duration) -> bool {
         let until = Instant::now() + within;
         loop {
@@ -418,7 +428,7 @@ impl Group {
             let any = registry
                 .subsystems()
                 .iter()
-                .any(|s| busy(&s.namespaces(), &[g]));
+                .any(|s| may_land(&s.namespaces(), g));
             drop(registry);
             if !any {
                 return true;
@@ -436,6 +446,15 @@ fn busy(namespaces: &[Arc<Namespace>], groups: &[u32]) -> bool {
     namespaces
         .iter()
         .any(|ns| groups.contains(&ns.ana_group()) && ns.metrics.in_flight() > 0)
+}
+
+/// Whether a command that may still land is in flight on one of
+/// `namespaces` in ANA group `g`: not one whose backend operation is on a
+/// blocklisted client.
+fn may_land(namespaces: &[Arc<Namespace>], g: u32) -> bool {
+    namespaces
+        .iter()
+        .any(|ns| ns.ana_group() == g && ns.metrics.in_flight() > ns.backend.stranded_ops() as u64)
 }
 
 /// Ends lapsed ownerships until the group goes.

@@ -5,7 +5,7 @@
 
 use super::ffi::{self, Cluster, Image};
 use super::{
-    blocklisted, cluster, forget_cluster, retire, RbdBackend, RbdNamespace, CLIENT_OPTIONS,
+    blocklisted, cluster, forget_cluster, RbdBackend, RbdNamespace, CLIENT_OPTIONS,
     REQUIRED_OPTIONS,
 };
 use crate::config::RbdImage;
@@ -144,9 +144,10 @@ fn open_until_done(ns: &Weak<dyn RbdNamespace>, changed: &impl Fn()) -> bool {
 /// Replaces `old`, whose client the cluster blocklisted: the shared
 /// connection is forgotten, the image opened again on a new one and put in
 /// its place (I/O meanwhile fails on the old one with a status the host
-/// retries), then the old one is closed once the operations started on it
-/// have ended (librbd ends them with an error, within the client's
-/// operation timeout). False once the namespace is gone.
+/// retries); a thread of its own closes the old one once the operations
+/// started on it have ended (librbd ends them with an error, within the
+/// client's operation timeout), so that this thread is free at once for
+/// what happens to the new one. False once the namespace is gone.
 fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) -> bool {
     let Some(n) = ns.upgrade() else {
         return false;
@@ -161,10 +162,27 @@ fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) 
          with a status the host retries"
     );
     forget_cluster(&r.spec, old.cluster());
-    retire(&old);
+    r.retire(&old);
     drop(n);
-    let reopened = open_until_done(ns, changed);
     let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);
+    let held = old.clone();
+    let closing = std::thread::Builder::new()
+        .name("rbd-retire".into())
+        .spawn(move || close_when_idle(old, &spec, deadline));
+    match closing {
+        Ok(_) => drop(held),
+        Err(e) => {
+            // Closing it here could free what librbd still uses.
+            tracing::error!("no thread to close a blocklisted RBD image ({e}); it is left open");
+            std::mem::forget(held);
+        }
+    }
+    open_until_done(ns, changed)
+}
+
+/// Closes `old`, an image of a blocklisted client, once no operation holds
+/// it any more, or leaves it open past `deadline`.
+fn close_when_idle(old: Arc<Image>, spec: &str, deadline: Instant) {
     while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
         std::thread::sleep(Duration::from_millis(20));
     }
@@ -178,7 +196,6 @@ fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) 
     } else {
         old.close();
     }
-    reopened
 }
 
 /// Grows the namespace to its image's size (a resize seen by the update
