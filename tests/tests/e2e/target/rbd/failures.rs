@@ -123,43 +123,12 @@ fn a_stopped_osd_gives_a_retryable_error_within_the_timeout() {
     stop(t);
 }
 
-/// `ceph -c CONF ARGS...` as client.admin.
-fn ceph(args: &[&str]) -> Ran {
-    let mut c = Command::new("ceph");
-    c.arg("-c").arg(ceph_conf()).args(args);
-    run("ceph", &mut c, TOOL_TIMEOUT)
-}
-
-/// The addresses of the clients watching an image (`rbd status`).
-fn watchers(img: &Image) -> Vec<String> {
-    let out = rbd(&["status", &img.spec(), "--format", "json"]);
-    out.assert_success("rbd status");
-    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("rbd status JSON");
-    v["watchers"]
-        .as_array()
-        .map(|w| {
-            w.iter()
-                .filter_map(|x| x["address"].as_str().map(str::to_string))
-                .collect()
-        })
-        .unwrap_or_default()
-}
-
 /// Removes a cephx client when dropped.
 struct Client(String);
 
 impl Drop for Client {
     fn drop(&mut self) {
         let _ = ceph(&["auth", "del", &format!("client.{}", self.0)]);
-    }
-}
-
-/// Takes a client off the cluster's blocklist when dropped.
-struct Blocklisted(String);
-
-impl Drop for Blocklisted {
-    fn drop(&mut self) {
-        let _ = ceph(&["osd", "blocklist", "rm", &self.0]);
     }
 }
 

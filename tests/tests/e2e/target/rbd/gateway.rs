@@ -286,3 +286,93 @@ fn a_frozen_owner_is_fenced_and_none_of_its_delayed_writes_lands() {
         "data written through gw-b was overwritten after gw-a ran again"
     );
 }
+
+/// The clients a gateway publishes in the lease object of group `g` of
+/// gateway group `group` (`rdmablk.owner`: `GATEWAY STATE ADDRESS...`).
+fn published(group: &str, g: u32) -> Vec<String> {
+    let out = rados(&[
+        "getxattr",
+        &format!("rdmablk.gwgroup.{group}.ana.{g}"),
+        "rdmablk.owner",
+    ]);
+    out.assert_success("rados getxattr");
+    out.stdout
+        .split_whitespace()
+        .skip(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// A gateway holding two ANA groups whose images get a new cluster client
+/// (the cluster blocklisted the old one) publishes the new client in both
+/// lease objects: what a gateway that takes either group over fences. (A
+/// republish used to reach one group only: a failover of the other would
+/// have fenced the old client and left the new one writing.)
+#[test]
+#[ignore = "needs a Ceph cluster: scripts/ceph-dev.sh up, RDMABLK_CEPH_CONF"]
+fn a_new_image_client_is_published_in_every_lease_held() {
+    let _machine = crate::alone();
+    let (one, two) = (
+        Image::create("pub1", 64 * MIB),
+        Image::create("pub2", 64 * MIB),
+    );
+    let group = format!("publish-{}", std::process::id());
+    let a = gateway(&group, 'a', &one, &two);
+    let b = gateway(&group, 'b', &one, &two);
+    let settle = Duration::from_secs(4 * LEASE_SECS);
+    for d in [&a, &b] {
+        wait_active(&d.t);
+    }
+    wait_owner(&[&a.t, &b.t], Some(1), 2, settle);
+    // gw-b stops: gw-a holds both groups, and alone has the images open.
+    stop(b.t);
+    wait_owner(&[&a.t], Some(0), 2, settle);
+    wait_owner(&[&a.t], Some(0), 1, settle);
+    let old = watchers(&one);
+    assert_eq!(old.len(), 1, "gw-a alone watches the image: {old:?}");
+    for g in [1, 2] {
+        assert!(
+            published(&group, g).contains(&old[0]),
+            "group {g} lists gw-a's image client {}: {:?}",
+            old[0],
+            published(&group, g)
+        );
+    }
+
+    ceph(&["osd", "blocklist", "add", &old[0]]).assert_success("ceph osd blocklist add");
+    let _unlist = Blocklisted(old[0].clone());
+    let start = Instant::now();
+    let new = loop {
+        let now = watchers(&one);
+        if now.len() == 1 && now != old {
+            break now[0].clone();
+        }
+        assert!(
+            start.elapsed() < Duration::from_secs(30),
+            "gw-a did not open its image on a new client: {now:?}\n{}",
+            a.t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    };
+    let start = Instant::now();
+    loop {
+        let lists = [published(&group, 1), published(&group, 2)];
+        if lists
+            .iter()
+            .all(|l| l.contains(&new) && !l.contains(&old[0]))
+        {
+            break;
+        }
+        assert!(
+            start.elapsed() < settle,
+            "gw-a's new image client {new} not published in both lease objects: {lists:?}\n{}",
+            a.t.log_tail()
+        );
+        std::thread::sleep(Duration::from_millis(200));
+    }
+    eprintln!(
+        "gateway group: new image client published in both leases {:?} after it appeared",
+        start.elapsed()
+    );
+    stop(a.t);
+}

@@ -61,6 +61,44 @@ fn rbd(args: &[&str]) -> Ran {
     run("rbd", &mut c, TOOL_TIMEOUT)
 }
 
+/// `ceph -c CONF ARGS...` as client.admin.
+fn ceph(args: &[&str]) -> Ran {
+    let mut c = Command::new("ceph");
+    c.arg("-c").arg(ceph_conf()).args(args);
+    run("ceph", &mut c, TOOL_TIMEOUT)
+}
+
+/// The addresses of the clients watching an image (`rbd status`).
+fn watchers(img: &Image) -> Vec<String> {
+    let out = rbd(&["status", &img.spec(), "--format", "json"]);
+    out.assert_success("rbd status");
+    let v: serde_json::Value = serde_json::from_str(&out.stdout).expect("rbd status JSON");
+    v["watchers"]
+        .as_array()
+        .map(|w| {
+            w.iter()
+                .filter_map(|x| x["address"].as_str().map(str::to_string))
+                .collect()
+        })
+        .unwrap_or_default()
+}
+
+/// `rados -c CONF -p rbd ARGS...` as client.admin.
+fn rados(args: &[&str]) -> Ran {
+    let mut c = Command::new("rados");
+    c.arg("-c").arg(ceph_conf()).args(["-p", "rbd"]).args(args);
+    run("rados", &mut c, TOOL_TIMEOUT)
+}
+
+/// Takes a client off the cluster's blocklist when dropped.
+struct Blocklisted(String);
+
+impl Drop for Blocklisted {
+    fn drop(&mut self) {
+        let _ = ceph(&["osd", "blocklist", "rm", &self.0]);
+    }
+}
+
 /// An image made for one test (layering only: without exclusive-lock, two
 /// gateways write it without passing a lock back and forth), removed after.
 struct Image {
