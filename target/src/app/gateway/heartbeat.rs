@@ -4,6 +4,7 @@
 
 use super::{hosts, Group, HEARTBEAT_ATTR, STOPPED};
 use crate::backend::rbd::Pool;
+use std::sync::Arc;
 use std::time::Instant;
 
 impl Group {
@@ -16,8 +17,9 @@ impl Group {
         format!("{HEARTBEAT_ATTR}{}", self.cfg.gateway)
     }
 
-    /// One round of the group: heartbeat, peers, this gateway's clients.
-    pub(super) fn round(&self, pool: &Pool) -> std::io::Result<()> {
+    /// One round of the group: heartbeat, peers, this gateway's clients,
+    /// silent peers fenced.
+    pub(super) fn round(self: &Arc<Self>, pool: &Pool) -> std::io::Result<()> {
         let hosts = self.hosts_here();
         let beat = {
             let mut st = self.lock();
@@ -27,10 +29,14 @@ impl Group {
             beat
         };
         let addresses = self.addresses(pool.cluster());
-        self.lock().addresses = addresses;
+        self.lock().addresses.clone_from(&addresses);
         let members = self.members_object();
+        self.publish_clients(pool, &members, &addresses)?;
         pool.set_attr(&members, &self.heartbeat_attr(), &beat)?;
-        self.watch_peers(&pool.get_attrs(&members)?);
+        let attrs = pool.get_attrs(&members)?;
+        self.watch_peers(&attrs);
+        let read_before = self.lock().read_at.replace(Instant::now());
+        self.fence_silent_peers(pool.cluster(), &attrs, read_before);
         self.enforce();
         Ok(())
     }

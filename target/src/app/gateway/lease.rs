@@ -2,7 +2,7 @@
 //! owner unless it handed the group over), handing it back, and what the
 //! lease object says of its owner.
 
-use super::{hosts, records, Group, FENCE_FOR, LOCK, OWNER_ATTR};
+use super::{fence, hosts, records, Group, LOCK, OWNER_ATTR};
 
 /// The lease object's state once its owner stopped: any gateway may take
 /// the group, the preferred one first.
@@ -165,26 +165,12 @@ impl Group {
         // Every client the previous owner published that is not one of this
         // gateway's own (an earlier process under the same name is fenced
         // too: it may be frozen, not dead).
-        let mine: Vec<&str> = addresses.split(' ').collect();
-        let clients: Vec<&str> = words
-            .filter(|a| !a.is_empty() && !mine.contains(a))
-            .collect();
+        let rest: Vec<&str> = words.collect();
+        let rest = rest.join(" ");
+        let clients = fence::others(&rest, addresses);
         let handed = state == HANDED_OVER || state.starts_with(HANDED_TO);
         if !handed && !clients.is_empty() {
-            // All at once: each waits for the monitors' next OSD map.
-            let results: Vec<std::io::Result<()>> = std::thread::scope(|s| {
-                let calls: Vec<_> = clients
-                    .iter()
-                    .map(|a| s.spawn(move || pool.cluster().blocklist(a, FENCE_FOR)))
-                    .collect();
-                calls
-                    .into_iter()
-                    .map(|c| {
-                        c.join()
-                            .unwrap_or_else(|_| Err(std::io::Error::other("panicked")))
-                    })
-                    .collect()
-            });
+            let results = fence::blocklist_all(pool.cluster(), &clients);
             for (a, r) in clients.iter().zip(results) {
                 if let Err(e) = r {
                     // Without the fence the group is not served: the lease

@@ -39,6 +39,7 @@
 //! lease), `records` (the shared reservations) and `status` (what reports
 //! show).
 
+mod fence;
 mod heartbeat;
 mod hosts;
 mod lease;
@@ -66,6 +67,10 @@ const OWNER_ATTR: &str = "rdmablk.owner";
 const HEARTBEAT_ATTR: &str = "rdmablk.gateway.";
 /// The heartbeat of a gateway that stopped.
 const STOPPED: &[u8] = b"stopped";
+/// The prefix of a gateway's attribute on the members object naming its
+/// cluster clients (`ADDRESS ADDRESS...`; empty once it stopped): fenced
+/// when its heartbeat stands still for a lease (`fence`).
+const CLIENTS_ATTR: &str = "rdmablk.clients.";
 /// How long a fenced client stays blocklisted.
 const FENCE_FOR: Duration = Duration::from_secs(3600);
 /// How long the group's cluster operations may take: blocklisting waits for
@@ -105,6 +110,13 @@ struct State {
     published: BTreeMap<u32, String>,
     /// Groups whose lease this gateway lets lapse, and since when.
     lapsing: BTreeMap<u32, Instant>,
+    /// This gateway's clients as last published on the members object
+    /// (None before its first round).
+    clients: Option<String>,
+    /// When this gateway last read the members object.
+    read_at: Option<Instant>,
+    /// The clients fenced for each peer found silent.
+    fenced_peers: BTreeMap<String, String>,
     heartbeat: u64,
     /// When this gateway started taking part.
     since: Option<Instant>,
@@ -248,8 +260,11 @@ impl Group {
                 let _ = t.join();
             }
             if !fenced.load(Ordering::Acquire) {
-                // The others need not wait a lease to see this gateway gone.
-                let _ = pool.set_attr(&self.members_object(), &self.heartbeat_attr(), STOPPED);
+                // The others need not wait a lease to see this gateway gone,
+                // nor fence its clients (its images are closed next).
+                let members = self.members_object();
+                let _ = pool.set_attr(&members, &self.heartbeat_attr(), STOPPED);
+                let _ = pool.set_attr(&members, &self.clients_attr(), b"");
             }
         }
     }
@@ -272,11 +287,16 @@ impl Group {
             .flat_map(|s| s.namespaces().to_vec())
             .collect();
         // What the fence could blocklist: the clients published in the
-        // lease objects held.
-        let fenced: BTreeSet<String> = std::mem::take(&mut self.lock().published)
-            .values()
-            .flat_map(|a| a.split(' ').map(str::to_string))
-            .collect();
+        // lease objects held and on the members object.
+        let fenced: BTreeSet<String> = {
+            let mut st = self.lock();
+            let leases = std::mem::take(&mut st.published);
+            leases
+                .values()
+                .chain(st.clients.as_ref())
+                .flat_map(|a| a.split(' ').map(str::to_string))
+                .collect()
+        };
         let replacing: Vec<(&rbd::RbdBackend, Arc<rbd::Image>)> = namespaces
             .iter()
             .filter_map(|ns| match &ns.backend {

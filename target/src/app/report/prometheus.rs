@@ -422,7 +422,7 @@ fn gateway_group(out: &mut String, g: &GroupStatus) {
         ),
         (
             "rdmablk_gateway_fenced_clients_total",
-            "Cluster clients of other gateways this gateway blocklisted.",
+            "Cluster clients of other gateways (or of an earlier process of this one) this gateway blocklisted.",
             g.fenced,
         ),
     ] {
