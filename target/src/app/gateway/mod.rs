@@ -34,10 +34,15 @@
 //!   reach, hands its groups to a gateway that reaches one of those and
 //!   every host it still serves (`hosts`).
 //!
-//! Here the group's thread and watchdog; `heartbeat` (the gateways' signs
-//! of life), `hosts` (which hosts each reaches), `lease` (one ANA group's
-//! lease), `records` (the shared reservations) and `status` (what reports
-//! show).
+//! - **Fencing the silent**: a gateway whose heartbeat stood still for a
+//!   lease has its published clients blocklisted by the others, owner or
+//!   not (`fence`): a dead gateway's image watches would hold up every
+//!   handover of an image's exclusive lock.
+//!
+//! Here the group's thread and watchdog; `fence` (blocklisting a gone
+//! gateway's clients), `heartbeat` (the gateways' signs of life), `hosts`
+//! (which hosts each reaches), `lease` (one ANA group's lease), `records`
+//! (the shared reservations) and `status` (what reports show).
 
 mod fence;
 mod heartbeat;
