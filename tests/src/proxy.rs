@@ -8,7 +8,10 @@
 //! - [`Proxy::interrupting`]: every Nth successful response on an I/O queue
 //!   becomes Command Interrupted with DNR clear and CRD 1, a status a host
 //!   retries after CRDT1 (the command did run: reads and writes are
-//!   idempotent).
+//!   idempotent);
+//! - [`Proxy::interrupting_then_closing`]: the same, and the connection is
+//!   closed right after the first such response, while the host waits to
+//!   retry.
 //!
 //! Host-to-target bytes pass through untouched (the ICReq and Connect are
 //! read on the way); target-to-host PDUs are decoded and re-framed.
@@ -40,7 +43,12 @@ struct Negotiated {
 #[derive(Clone, Copy)]
 enum Rewrite {
     FoldCompletions,
-    Interrupt { every: u64 },
+    /// Every `every`th successful I/O response interrupted, the connection
+    /// closed after the first when `close`.
+    Interrupt {
+        every: u64,
+        close: bool,
+    },
 }
 
 /// A running proxy; it stops with the test process.
@@ -58,7 +66,19 @@ impl Proxy {
     /// Every `every`th successful I/O response turned into Command
     /// Interrupted (DNR clear, CRD 1).
     pub fn interrupting(target_port: u16, every: u64) -> Proxy {
-        Proxy::start(target_port, Rewrite::Interrupt { every })
+        Proxy::start(
+            target_port,
+            Rewrite::Interrupt {
+                every,
+                close: false,
+            },
+        )
+    }
+
+    /// As [`Proxy::interrupting`], the first interrupted response followed
+    /// by the end of its connection (as a target that stops would).
+    pub fn interrupting_then_closing(target_port: u16, every: u64) -> Proxy {
+        Proxy::start(target_port, Rewrite::Interrupt { every, close: true })
     }
 
     /// Listens on a free loopback port and forwards each connection to the
@@ -183,6 +203,7 @@ fn to_host(
             };
             let raw: Vec<u8> = rx.drain(..len).collect();
             let mut out = Vec::new();
+            let mut close = false;
             match header {
                 Header::IcResp { .. } => {
                     handshake_done = true;
@@ -204,12 +225,18 @@ fn to_host(
                         });
                     let io_queue = neg.qid.is_some_and(|q| q > 0);
                     let interrupt = match rewrite {
-                        Rewrite::Interrupt { every } if io_queue && cqe.status().is_success() => {
+                        Rewrite::Interrupt { every, .. }
+                            if io_queue && cqe.status().is_success() =>
+                        {
                             responses += 1;
                             responses.is_multiple_of(every)
                         }
                         _ => false,
                     };
+                    // Only the first one ends its connection.
+                    close = interrupt
+                        && matches!(rewrite, Rewrite::Interrupt { close: true, .. })
+                        && changed.load(Ordering::Relaxed) == 0;
                     if let Some((t, d, r)) = held.take() {
                         if folds {
                             let fl = flags::LAST_PDU | flags::SUCCESS;
@@ -239,6 +266,11 @@ fn to_host(
                 }
             }
             if host.write_all(&out).is_err() {
+                return;
+            }
+            if close {
+                let _ = tgt.shutdown(Shutdown::Both);
+                let _ = host.shutdown(Shutdown::Both);
                 return;
             }
         }

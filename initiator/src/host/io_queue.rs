@@ -188,13 +188,15 @@ impl IoQueue {
         }
     }
 
-    /// Whether completions wait to be taken.
+    /// Whether completions wait to be taken (a failed queue's commands
+    /// waiting for their retry among them).
     pub fn has_done(&self) -> bool {
         let link = match &self.link {
             Link::Tcp(q) => q.has_done(),
             Link::Rdma(q) => q.has_done(),
         };
-        link || !self.failed_waiting.is_empty()
+        let failed_waiting = self.failed().is_some() && !self.waiting.is_empty();
+        link || failed_waiting || !self.failed_waiting.is_empty()
     }
 
     /// Socket sends made (NVMe/TCP; an NVMe/RDMA queue posts a SEND per
@@ -252,6 +254,11 @@ impl IoQueue {
     /// (the front-end then resubmits on a new queue) or the status is a path
     /// status (another path takes it).
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
+        if self.failed().is_some() {
+            // The link failed on its own (the target closed the
+            // connection): no retry can be sent on it any more.
+            self.fail_waiting();
+        }
         out.append(&mut self.failed_waiting);
         match &mut self.link {
             Link::Tcp(q) => q.take_done(&mut self.done),
@@ -368,6 +375,13 @@ impl IoQueue {
             Link::Tcp(q) => q.fail(why),
             Link::Rdma(q) => q.fail(why),
         }
+        self.fail_waiting();
+    }
+
+    /// Completes every command waiting for its retry with a transient
+    /// transport error: the queue failed, another path or queue takes
+    /// them.
+    fn fail_waiting(&mut self) {
         for (_, c) in self.waiting.drain(..) {
             let cqe = Cqe {
                 cid: c.sqe.cid(),

@@ -274,6 +274,42 @@ fn retryable_statuses_are_retried() {
     assert!(proxy.changed() > 0, "the proxy interrupted responses");
 }
 
+/// A command waiting for its retry delay (Command Interrupted, CRD 1) on
+/// a queue whose connection then closes (the target went away) is sent
+/// again on the other path: bench --verify over two paths, one through a
+/// proxy that closes the connection right after the first interrupted
+/// response, ends on time without an error. (The waiting command used to
+/// stay with the dead queue, and its I/O never completed.)
+#[test]
+fn a_command_waiting_to_retry_on_a_dying_queue_goes_to_another_path() {
+    let _machine = crate::alone();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let proxy = rdmablk_tests::proxy::Proxy::interrupting_then_closing(t.port(), 200);
+    let direct = format!("tcp://127.0.0.1:{}", t.port());
+    let args = [
+        "--path",
+        &direct,
+        "--verify",
+        "--rw",
+        "randrw",
+        "--qd",
+        "8",
+        "--bs",
+        "4k",
+        "--runtime",
+        "3s",
+        "--json",
+    ];
+    let r = bench(proxy.port(), DEFAULT_NQN, &args);
+    check_bench(
+        &r,
+        4096.0,
+        &["read", "write"],
+        "a path closing after interrupted responses",
+    );
+    assert!(proxy.changed() > 0, "the proxy interrupted responses");
+}
+
 // ---------------------------------------------------------------- refused connects
 
 /// `rdmablk connect` to something that refuses: exits non-zero within
