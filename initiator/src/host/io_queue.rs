@@ -136,8 +136,6 @@ pub struct IoQueue {
     crdt: [u16; 3],
     /// Scratch for completions of the link.
     done: Vec<Done>,
-    /// Commands that waited for a retry when the queue failed.
-    failed_waiting: Vec<Done>,
 }
 
 // SAFETY: the raw buffer pointers point into the engine's arena (see
@@ -154,7 +152,6 @@ impl IoQueue {
             waiting: Vec::new(),
             crdt,
             done: Vec::new(),
-            failed_waiting: Vec::new(),
         }
     }
 
@@ -195,8 +192,7 @@ impl IoQueue {
             Link::Tcp(q) => q.has_done(),
             Link::Rdma(q) => q.has_done(),
         };
-        let failed_waiting = self.failed().is_some() && !self.waiting.is_empty();
-        link || failed_waiting || !self.failed_waiting.is_empty()
+        link || (self.failed().is_some() && !self.waiting.is_empty())
     }
 
     /// Socket sends made (NVMe/TCP; an NVMe/RDMA queue posts a SEND per
@@ -214,7 +210,7 @@ impl IoQueue {
             Link::Tcp(q) => q.idle(),
             Link::Rdma(q) => q.idle(),
         };
-        link && self.waiting.is_empty() && self.failed_waiting.is_empty()
+        link && self.waiting.is_empty()
     }
 
     /// Submits `cmd`. Returns false when no slot is free.
@@ -255,11 +251,19 @@ impl IoQueue {
     /// status (another path takes it).
     pub fn take_done(&mut self, out: &mut Vec<Done>) {
         if self.failed().is_some() {
-            // The link failed on its own (the target closed the
-            // connection): no retry can be sent on it any more.
-            self.fail_waiting();
+            // No retry can be sent on a failed link (failed by `fail`, or on
+            // its own when the target closed the connection): the commands
+            // waiting for one complete with a transient transport error,
+            // and another path or queue takes them.
+            out.extend(self.waiting.drain(..).map(|(_, c)| Done {
+                tag: c.tag,
+                cqe: Cqe {
+                    cid: c.sqe.cid(),
+                    status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
+                    ..Default::default()
+                },
+            }));
         }
-        out.append(&mut self.failed_waiting);
         match &mut self.link {
             Link::Tcp(q) => q.take_done(&mut self.done),
             Link::Rdma(q) => q.take_done(&mut self.done),
@@ -369,26 +373,12 @@ impl IoQueue {
     }
 
     /// Ends the queue: every command in flight completes with an error, and
-    /// so does every command waiting for its retry.
+    /// so does every command waiting for its retry (at the next
+    /// [`IoQueue::take_done`]).
     pub fn fail(&mut self, why: String) {
         match &mut self.link {
             Link::Tcp(q) => q.fail(why),
             Link::Rdma(q) => q.fail(why),
-        }
-        self.fail_waiting();
-    }
-
-    /// Completes every command waiting for its retry with a transient
-    /// transport error: the queue failed, another path or queue takes
-    /// them.
-    fn fail_waiting(&mut self) {
-        for (_, c) in self.waiting.drain(..) {
-            let cqe = Cqe {
-                cid: c.sqe.cid(),
-                status: Status::TRANSIENT_TRANSPORT_ERROR.to_field(0),
-                ..Default::default()
-            };
-            self.failed_waiting.push(Done { tag: c.tag, cqe });
         }
     }
 }

@@ -110,10 +110,7 @@ impl Group {
             }
         }
         for (p, clients) in silent {
-            let clients = others(&clients, "")
-                .into_iter()
-                .map(str::to_string)
-                .collect();
+            let clients = clients.split_whitespace().map(str::to_string).collect();
             self.fence_in_background(cluster, &format!("{p} (silent for a lease)"), clients);
         }
     }

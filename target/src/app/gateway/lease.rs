@@ -160,14 +160,12 @@ impl Group {
     fn take(&self, pool: &Pool, g: u32, oid: &str, started: Instant, addresses: &str) {
         let previous = pool.get_attr(oid, OWNER_ATTR).ok().flatten();
         let previous = previous.map(|p| String::from_utf8_lossy(&p).into_owned());
-        let mut words = previous.as_deref().unwrap_or_default().split(' ');
+        let mut words = previous.as_deref().unwrap_or_default().splitn(3, ' ');
         let (owner, state) = (words.next().unwrap_or(""), words.next().unwrap_or(""));
         // Every client the previous owner published that is not one of this
         // gateway's own (an earlier process under the same name is fenced
         // too: it may be frozen, not dead).
-        let rest: Vec<&str> = words.collect();
-        let rest = rest.join(" ");
-        let clients = fence::others(&rest, addresses);
+        let clients = fence::others(words.next().unwrap_or(""), addresses);
         let handed = state == HANDED_OVER || state.starts_with(HANDED_TO);
         if !handed && !clients.is_empty() {
             let results = fence::blocklist_all(pool.cluster(), &clients);
@@ -225,18 +223,16 @@ impl Group {
     fn hand_over(&self, pool: &Pool, g: u32, to: &str, what: &str, addresses: &str) {
         self.lock().owned.remove(&g);
         self.enforce();
-        if !self.drained(g, self.cfg.lease / 3) {
+        if self.drained(g, self.cfg.lease / 3) {
+            let _ = self.publish(pool, g, &format!("{HANDED_TO}{to}"), addresses);
+            let _ = pool.unlock(&self.object(g), LOCK, &self.cfg.gateway);
+            tracing::info!(group = %self.cfg.name, "ANA group {g}: {what}; inaccessible here");
+        } else {
             tracing::warn!(group = %self.cfg.name, "ANA group {g}: not {what}: commands in flight here did not end; the lease lapses and the next owner fences this gateway");
             self.lock().lapsing.insert(g, Instant::now());
-            self.end_associations_in_flight(&[g]);
-            return;
         }
-        let oid = self.object(g);
-        let _ = self.publish(pool, g, &format!("{HANDED_TO}{to}"), addresses);
-        let _ = pool.unlock(&oid, LOCK, &self.cfg.gateway);
-        tracing::info!(group = %self.cfg.name, "ANA group {g}: {what}; inaccessible here");
-        // Commands left on blocklisted clients never land, and may never
-        // end: their hosts send them again through the new owner.
+        // Commands still here (on blocklisted clients once drained) may
+        // never end: their hosts send them again through the next owner.
         self.end_associations_in_flight(&[g]);
     }
 

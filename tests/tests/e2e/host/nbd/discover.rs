@@ -252,7 +252,14 @@ fn retryable_statuses_are_retried() {
     let _machine = crate::alone();
     let t = Target::start(&["--memory", "64MiB"]);
     let proxy = rdmablk_tests::proxy::Proxy::interrupting(t.port(), 50);
-    let args = [
+    verify_through(&proxy, &[], "2s", "every 50th response interrupted");
+}
+
+/// `bench --verify` (random reads and writes, 4 KiB, QD 8) for `runtime`
+/// through `proxy`, with `extra` arguments: no error, and the proxy changed
+/// responses.
+fn verify_through(proxy: &rdmablk_tests::proxy::Proxy, extra: &[&str], runtime: &str, what: &str) {
+    let common = [
         "--verify",
         "--rw",
         "randrw",
@@ -261,16 +268,12 @@ fn retryable_statuses_are_retried() {
         "--bs",
         "4k",
         "--runtime",
-        "2s",
+        runtime,
         "--json",
     ];
+    let args: Vec<&str> = extra.iter().copied().chain(common).collect();
     let r = bench(proxy.port(), DEFAULT_NQN, &args);
-    check_bench(
-        &r,
-        4096.0,
-        &["read", "write"],
-        "every 50th response interrupted",
-    );
+    check_bench(&r, 4096.0, &["read", "write"], what);
     assert!(proxy.changed() > 0, "the proxy interrupted responses");
 }
 
@@ -286,28 +289,12 @@ fn a_command_waiting_to_retry_on_a_dying_queue_goes_to_another_path() {
     let t = Target::start(&["--memory", "64MiB"]);
     let proxy = rdmablk_tests::proxy::Proxy::interrupting_then_closing(t.port(), 200);
     let direct = format!("tcp://127.0.0.1:{}", t.port());
-    let args = [
-        "--path",
-        &direct,
-        "--verify",
-        "--rw",
-        "randrw",
-        "--qd",
-        "8",
-        "--bs",
-        "4k",
-        "--runtime",
+    verify_through(
+        &proxy,
+        &["--path", &direct],
         "3s",
-        "--json",
-    ];
-    let r = bench(proxy.port(), DEFAULT_NQN, &args);
-    check_bench(
-        &r,
-        4096.0,
-        &["read", "write"],
         "a path closing after interrupted responses",
     );
-    assert!(proxy.changed() > 0, "the proxy interrupted responses");
 }
 
 // ---------------------------------------------------------------- refused connects
