@@ -10,8 +10,7 @@
 //!   retries after CRDT1 (the command did run: reads and writes are
 //!   idempotent);
 //! - [`Proxy::interrupting_then_closing`]: the same, and the connection is
-//!   closed right after the first such response, while the host waits to
-//!   retry.
+//!   closed right after each such response, while the host waits to retry.
 //!
 //! Host-to-target bytes pass through untouched (the ICReq and Connect are
 //! read on the way); target-to-host PDUs are decoded and re-framed.
@@ -44,7 +43,7 @@ struct Negotiated {
 enum Rewrite {
     FoldCompletions,
     /// Every `every`th successful I/O response interrupted, the connection
-    /// closed after the first when `close`.
+    /// closed after it when `close`.
     Interrupt {
         every: u64,
         close: bool,
@@ -75,8 +74,9 @@ impl Proxy {
         )
     }
 
-    /// As [`Proxy::interrupting`], the first interrupted response followed
-    /// by the end of its connection (as a target that stops would).
+    /// As [`Proxy::interrupting`], each interrupted response followed by
+    /// the end of its connection (as a target that stops would): with a
+    /// host that reconnects at once, a path that keeps coming and going.
     pub fn interrupting_then_closing(target_port: u16, every: u64) -> Proxy {
         Proxy::start(target_port, Rewrite::Interrupt { every, close: true })
     }
@@ -233,10 +233,7 @@ fn to_host(
                         }
                         _ => false,
                     };
-                    // Only the first one ends its connection.
-                    close = interrupt
-                        && matches!(rewrite, Rewrite::Interrupt { close: true, .. })
-                        && changed.load(Ordering::Relaxed) == 0;
+                    close = interrupt && matches!(rewrite, Rewrite::Interrupt { close: true, .. });
                     if let Some((t, d, r)) = held.take() {
                         if folds {
                             let fl = flags::LAST_PDU | flags::SUCCESS;

@@ -236,13 +236,16 @@ impl TcpQueue {
         self.stream.busy()
     }
 
-    /// Ends the queue: every command in flight completes with an error.
+    /// Ends the queue: every command in flight completes with an error,
+    /// once no operation in the ring points into their buffers. Called
+    /// again on a failed queue (a send that ends in an error after the
+    /// receive saw the close), it settles what that operation held back.
     pub fn fail(&mut self, why: String) {
         if self.slots.set_failed(why) {
             self.stream.shutdown();
             self.stream.inbound.abandon_placement();
-            self.settle_failed();
         }
+        self.settle_failed();
     }
 
     /// On a failed queue, completes every command once nothing in flight

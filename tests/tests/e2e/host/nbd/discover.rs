@@ -280,9 +280,12 @@ fn verify_through(proxy: &rdmablk_tests::proxy::Proxy, extra: &[&str], runtime: 
 /// A command waiting for its retry delay (Command Interrupted, CRD 1) on
 /// a queue whose connection then closes (the target went away) is sent
 /// again on the other path: bench --verify over two paths, one through a
-/// proxy that closes the connection right after the first interrupted
-/// response, ends on time without an error. (The waiting command used to
-/// stay with the dead queue, and its I/O never completed.)
+/// proxy that closes the connection right after each interrupted response
+/// (every 200th: the path comes and goes some 30 times in 3 s), ends on
+/// time without an error. Two ways commands were lost with a dead queue:
+/// the waiting command stayed with it; and when the failed send ended
+/// after the receive saw the close, the queue's commands were never
+/// completed, so the queue was replaced with them in it.
 #[test]
 fn a_command_waiting_to_retry_on_a_dying_queue_goes_to_another_path() {
     let _machine = crate::alone();
