@@ -2,12 +2,23 @@
 //! waiting for their Connect, and associations per host NQN. Each unit is a
 //! [`Permit`] that gives itself back when dropped, so no exit path can leak
 //! one; refusals are logged at most once per second.
+//!
+//! Connections that say nothing cannot keep a host that speaks out: when
+//! the pending places are full, a new connection takes the place of the
+//! oldest one that has stayed [`Silent`] (no ICReq) for longer than
+//! [`SILENT_GRACE`] since its accept, which is hung up; only with none is
+//! the newcomer refused. However many such connections a flood opens, a
+//! host that sends its ICReq promptly gets in.
 
 use crate::config::Limits;
-use std::collections::HashMap;
+use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
-use std::time::Instant;
+use std::sync::{Arc, Mutex, Weak};
+use std::time::{Duration, Instant};
+
+/// How long a new connection may take to speak before a newcomer may push
+/// it out of a full set of pending places: a host sends its ICReq at once.
+pub const SILENT_GRACE: Duration = Duration::from_millis(100);
 
 /// A count shared by threads, with a limit checked when it grows.
 #[derive(Debug, Default)]
@@ -100,6 +111,37 @@ impl LogThrottle {
 /// Host NQNs remembered with no association before the map is pruned.
 const IDLE_HOSTS: usize = 1024;
 
+/// How [`Admission::new_connection`] ends a silent connection (its poller
+/// then sees it closed and frees it).
+pub type HangUp = Box<dyn FnOnce() + Send>;
+
+/// What a silent connection and the book of them share.
+struct SilentState {
+    since: Instant,
+    hang_up: Mutex<Option<HangUp>>,
+}
+
+impl SilentState {
+    /// Hangs the connection up, unless it spoke or went meanwhile; whether
+    /// it did.
+    fn push_out(&self) -> bool {
+        let mut armed = self.hang_up.lock().expect("silent lock");
+        armed.take().map(|h| h()).is_some()
+    }
+}
+
+/// The mark of a pending connection that has not spoken yet: a newcomer
+/// may push it out (see the module doc). Dropping it (the connection spoke,
+/// or went) disarms its hang-up, under the lock the hang-up runs under:
+/// drop it before what the hang-up ends (a socket's descriptor).
+pub struct Silent(Arc<SilentState>);
+
+impl Drop for Silent {
+    fn drop(&mut self) {
+        self.0.hang_up.lock().expect("silent lock").take();
+    }
+}
+
 /// The daemon-wide counts and their limits.
 pub struct Admission {
     pub limits: Limits,
@@ -107,6 +149,8 @@ pub struct Admission {
     pending: Arc<Gauge>,
     handshakes: Arc<Gauge>,
     hosts: Mutex<HashMap<String, Arc<Gauge>>>,
+    /// Pending connections that have not spoken, in accept order.
+    silent: Mutex<VecDeque<Weak<SilentState>>>,
     /// Refusals of connections and Connects for lack of resources.
     pub refusals: LogThrottle,
 }
@@ -119,11 +163,72 @@ impl Admission {
             pending: Arc::default(),
             handshakes: Arc::default(),
             hosts: Mutex::default(),
+            silent: Mutex::default(),
             refusals: LogThrottle::default(),
         }
     }
 
-    /// A new connection, held until its Connect; `None` (logged) when
+    /// A place for a new connection until its Connect, and its [`Silent`]
+    /// mark, to drop once it speaks; when `pending_connections` are
+    /// waiting, the place of the oldest one silent for over
+    /// [`SILENT_GRACE`], which is ended with its `hang_up`; `None` (logged)
+    /// when none is.
+    pub fn new_connection(
+        &self,
+        peer: &dyn std::fmt::Display,
+        hang_up: HangUp,
+    ) -> Option<(Permit, Silent)> {
+        let limit = self.limits.pending_connections;
+        let place = self.pending.take(limit).or_else(|| {
+            // The pushed-out connection gives its place back once its
+            // poller sees it closed: meanwhile the newcomer's is one over
+            // the limit, and the places stay below twice the limit.
+            (self.push_out_silent() && self.pending.try_add(1, 2 * limit))
+                .then(|| Permit(self.pending.clone()))
+        });
+        let place = self.refused_if_none(
+            place,
+            peer,
+            limit,
+            "too many connections waiting for their Connect, none of them silent \
+             (limits.pending_connections)",
+        )?;
+        let silent = Arc::new(SilentState {
+            since: Instant::now(),
+            hang_up: Mutex::new(Some(hang_up)),
+        });
+        let mut book = self.silent.lock().expect("silent lock");
+        if book.len() >= 2 * limit {
+            book.retain(|w| w.strong_count() > 0);
+        }
+        book.push_back(Arc::downgrade(&silent));
+        Some((place, Silent(silent)))
+    }
+
+    /// Hangs up the oldest connection silent for over [`SILENT_GRACE`];
+    /// whether there was one.
+    fn push_out_silent(&self) -> bool {
+        let mut book = self.silent.lock().expect("silent lock");
+        let now = Instant::now();
+        while let Some(w) = book.front() {
+            let Some(s) = w.upgrade() else {
+                book.pop_front();
+                continue;
+            };
+            if now.duration_since(s.since) <= SILENT_GRACE {
+                return false; // the others came later
+            }
+            book.pop_front();
+            if s.push_out() {
+                tracing::debug!("a connection silent since its accept was closed for a new one");
+                return true;
+            }
+        }
+        false
+    }
+
+    /// A place among connections waiting for their Connect, for one that
+    /// already spoke (a Disconnect put it back there); `None` (logged) when
     /// `pending_connections` are already waiting.
     pub fn pending_connection(&self, peer: &dyn std::fmt::Display) -> Option<Permit> {
         let p = self.pending.take(self.limits.pending_connections);
@@ -213,6 +318,40 @@ mod tests {
         let _b = adm.association("nqn.b").unwrap();
         drop(a);
         assert!(adm.association("nqn.a").is_some());
+    }
+
+    /// A hang-up that counts itself.
+    fn counting(n: &Arc<AtomicUsize>) -> HangUp {
+        let n = n.clone();
+        Box::new(move || {
+            n.fetch_add(1, Ordering::SeqCst);
+        })
+    }
+
+    #[test]
+    fn a_new_connection_pushes_out_the_oldest_silent_one_past_its_grace() {
+        let adm = Admission::new(Limits {
+            pending_connections: 2,
+            ..Limits::default()
+        });
+        let hung = Arc::new(AtomicUsize::new(0));
+        let (_a, a_silent) = adm.new_connection(&"a", counting(&hung)).unwrap();
+        let (_b, b_silent) = adm.new_connection(&"b", counting(&hung)).unwrap();
+        assert!(
+            adm.new_connection(&"c", counting(&hung)).is_none(),
+            "within their grace, the silent keep their places"
+        );
+        std::thread::sleep(SILENT_GRACE + Duration::from_millis(20));
+        drop(a_silent); // a spoke: it keeps its place
+        let c = adm.new_connection(&"c", counting(&hung));
+        assert!(c.is_some(), "b, silent past its grace, made room");
+        assert_eq!(hung.load(Ordering::SeqCst), 1, "b was hung up, once");
+        drop(b_silent);
+        assert!(
+            adm.new_connection(&"d", counting(&hung)).is_none(),
+            "c is within its grace and a spoke: nobody to push out"
+        );
+        assert_eq!(hung.load(Ordering::SeqCst), 1);
     }
 
     #[test]

@@ -146,6 +146,8 @@ pub struct Queue {
     /// Command slots: twice the queue's depth at most, as a response's
     /// send may complete here after the host already reused its entry.
     cmds: Vec<Option<Command>>,
+    /// Slots of `cmds` in use.
+    in_slots: usize,
     /// Held Asynchronous Event Requests, and the controller generation
     /// they were held in (a reset aborts them).
     held_aers: Vec<(Sqe, u32)>,
@@ -179,6 +181,7 @@ impl Queue {
             qid,
             since: Instant::now(),
             cmds: Vec::new(),
+            in_slots: 0,
             held_aers: Vec::new(),
             sq_head: 0,
             awaiting_buffer: VecDeque::new(),
@@ -198,7 +201,13 @@ impl Queue {
 
     /// Commands in progress (held AERs excluded).
     pub fn busy(&self) -> usize {
-        self.cmds.iter().filter(|c| c.is_some()).count()
+        self.in_slots
+    }
+
+    /// Whether the queue has nothing to do until its wire brings
+    /// something: no command in progress, no refusal unsent.
+    pub fn quiet(&self) -> bool {
+        self.in_slots == 0 && self.unslotted == 0
     }
 
     /// Whether no backend operation refers to the queue's commands.

@@ -167,6 +167,15 @@ impl Stream {
         self.inbound.busy_in_place()
     }
 
+    /// Whether the stream waits only for its peer: a receive in flight,
+    /// nothing received left to handle, nothing queued that no send in
+    /// flight carries.
+    pub fn quiet(&self) -> bool {
+        self.receiving()
+            && self.inbound.pending().is_empty()
+            && (self.sending() || self.outbound.is_empty())
+    }
+
     /// Whether a receive or a send is in flight.
     pub fn busy(&self) -> bool {
         self.receiving() || self.sending()

@@ -155,6 +155,7 @@ impl Queue {
     /// Frees a slot and what its command holds.
     pub(super) fn free(&mut self, slot: u16, io: &mut Io) {
         if let Some(mut c) = self.cmds.get_mut(slot as usize).and_then(Option::take) {
+            self.in_slots -= 1;
             tracing::trace!(peer = %self.peer, cid = c.sqe.cid(), from = ?c.state, "command free");
             self.bind.release(&mut c, io);
         }
@@ -166,6 +167,7 @@ impl Queue {
         for mut c in self.cmds.iter_mut().filter_map(Option::take) {
             self.bind.release(&mut c, io);
         }
+        self.in_slots = 0;
         end_association(self.bind.assoc.take(), io.stopping);
     }
 }

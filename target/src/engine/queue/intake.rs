@@ -173,6 +173,7 @@ impl Queue {
             }
         }
         self.cmds[slot as usize] = Some(cmd);
+        self.in_slots += 1;
         self.advance(slot, io, w);
         Intake::Taken
     }

@@ -92,6 +92,12 @@ impl<P: QueuePair> RdmaQueue<P> {
         }
     }
 
+    /// Whether the queue waits only for its host (the poller need not pump
+    /// it until an event: `engine::ready`): live, with nothing in progress.
+    pub(super) fn quiet(&self) -> bool {
+        self.w.phase == Phase::Live && self.q.quiet()
+    }
+
     /// Lets the queue move on (arena space freed, a drain).
     pub(super) fn pump(&mut self, io: &mut Io) {
         if self.w.phase == Phase::Closing {

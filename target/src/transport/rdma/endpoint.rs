@@ -10,6 +10,7 @@ use super::{Phase, RECV_BIT};
 use crate::engine::binding::Binding;
 use crate::engine::poller::{Endpoint, Io, Token};
 use crate::engine::queue::{self, Queue};
+use crate::engine::ready::Ready;
 use crate::nvme::port::Arrival;
 use rdmablk_common::nvme::{Sqe, SQE_LEN};
 use rdmablk_common::rdma::private_data::{encode_reject, ConnectReply, RejectStatus};
@@ -37,6 +38,10 @@ pub(super) struct RdmaEndpoint {
     cm_armed: bool,
     devices: Vec<DeviceRes>,
     conns: Vec<Option<Box<RdmaQueue<CmId>>>>,
+    /// The queues the next pump looks at.
+    ready: Ready,
+    /// Scratch: this pump's.
+    round: Vec<u32>,
     /// Queue of each (device, QP number): QP numbers are per device.
     by_qp: HashMap<(usize, u32), usize>,
     completions: Vec<Completion>,
@@ -71,6 +76,7 @@ impl Endpoint for RdmaEndpoint {
     }
 
     fn on_backend(&mut self, queue: u32, slot: u16, res: i32, io: &mut Io) {
+        self.ready.mark(queue);
         let conn = self.conns.get_mut(queue as usize).and_then(Option::as_mut);
         if let Some(c) = conn {
             c.q.on_backend(slot, res, io, &mut c.w);
@@ -81,6 +87,7 @@ impl Endpoint for RdmaEndpoint {
         for c in self.conns.iter_mut().flatten() {
             c.on_tick(io);
         }
+        self.ready.mark_all();
     }
 
     fn pump(&mut self, io: &mut Io) -> usize {
@@ -113,6 +120,7 @@ impl Endpoint for RdmaEndpoint {
         for c in self.conns.iter_mut().flatten() {
             c.close(why);
         }
+        self.ready.mark_all();
     }
 }
 
@@ -125,6 +133,8 @@ impl RdmaEndpoint {
             cm_armed: false,
             devices: Vec::new(),
             conns: Vec::new(),
+            ready: Ready::default(),
+            round: Vec::new(),
             by_qp: HashMap::new(),
             completions: Vec::new(),
         }
@@ -240,6 +250,7 @@ impl RdmaEndpoint {
             qp_num,
             send_wr,
         }));
+        self.ready.mark(idx as u32);
         Ok(())
     }
 
@@ -288,6 +299,7 @@ impl RdmaEndpoint {
             else {
                 continue;
             };
+            self.ready.mark(ev.context as u32);
             match ev.kind {
                 CmEventKind::Established => {
                     if conn.w.phase == Phase::Accepting {
@@ -360,11 +372,13 @@ impl RdmaEndpoint {
             }
             return;
         }
-        let conn = self
-            .by_qp
-            .get(&(dev, wc.qp_num))
-            .and_then(|&i| self.conns[i].as_mut());
-        let Some(conn) = conn else { return };
+        let Some(&i) = self.by_qp.get(&(dev, wc.qp_num)) else {
+            return;
+        };
+        self.ready.mark(i as u32);
+        let Some(conn) = self.conns[i].as_mut() else {
+            return;
+        };
         if conn.w.phase == Phase::Closing {
             return;
         }
@@ -387,6 +401,7 @@ impl RdmaEndpoint {
         };
         if conn.qp_num == wc.qp_num {
             conn.on_send_done(kind, slot, wc, io);
+            self.ready.mark(idx as u32);
         }
     }
 
@@ -395,8 +410,15 @@ impl RdmaEndpoint {
     fn pump_queues(&mut self, io: &mut Io) -> usize {
         let mut done = Vec::new();
         let mut freed = 0;
-        for (i, slot) in self.conns.iter_mut().enumerate() {
-            let Some(conn) = slot else { continue };
+        if io.stopping {
+            self.ready.mark_all();
+        }
+        self.ready.take(self.conns.len(), &mut self.round);
+        for &idx in &self.round {
+            let i = idx as usize;
+            let Some(conn) = &mut self.conns[i] else {
+                continue;
+            };
             conn.pump(io);
             if conn.q.can_free(&conn.w) {
                 done.push((i, false));
@@ -405,6 +427,9 @@ impl RdmaEndpoint {
                 && conn.w.since.elapsed() > FLUSH_TIMEOUT
             {
                 done.push((i, true));
+            }
+            if !conn.quiet() {
+                self.ready.mark(idx);
             }
         }
         for (i, forced) in done {

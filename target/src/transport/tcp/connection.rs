@@ -4,6 +4,7 @@
 use super::listener::Accepted;
 use super::wire::TcpWire;
 use super::{Phase, NO_SLOT, RECV, SEND};
+use crate::base::admission::Silent;
 use crate::engine::binding::Binding;
 use crate::engine::poller::{Io, Token};
 use crate::engine::queue::{Queue, Wire};
@@ -20,6 +21,10 @@ const CANCEL_GRACE: Duration = Duration::from_secs(2);
 
 /// One NVMe/TCP connection: one queue (admin or I/O) of a controller.
 pub(super) struct TcpQueue {
+    /// Until its ICReq: a newcomer may push it out (`base::admission`).
+    /// Before `w`: dropped first, so that its hang-up never names a closed
+    /// descriptor.
+    pub(super) silent: Option<Silent>,
     pub(super) q: Queue,
     pub(super) w: TcpWire,
 }
@@ -28,6 +33,8 @@ impl TcpQueue {
     /// A new connection, holding one of the places of connections waiting
     /// for their Connect.
     pub(super) fn new(c: Accepted, ep: u8, idx: u32) -> std::io::Result<Self> {
+        // Before the socket moves: a failure drops `c` (its `silent` first).
+        let inbound = TcpWire::inbound()?;
         let _ = c.sock.set_nodelay(true);
         let (records, tls) = c.tls.map_or((None, None), |(r, p)| (r, Some(p)));
         let arrival = Arrival {
@@ -36,8 +43,9 @@ impl TcpQueue {
             tls,
         };
         Ok(TcpQueue {
+            silent: c.silent,
             q: Queue::new(Binding::new(c.pending), c.peer.to_string(), ep, idx, 0),
-            w: TcpWire::new(c.sock, records, arrival, ep, idx)?,
+            w: TcpWire::new(c.sock, inbound, records, arrival, ep, idx),
         })
     }
 
@@ -98,6 +106,15 @@ impl TcpQueue {
         }
         // The target's shutdown closes a connection once its stream is drained.
         self.q.close_when_done(&mut self.w, io.stopping && drained);
+    }
+
+    /// Whether the connection waits only for its host (the poller need not
+    /// pump it until an event: `engine::ready`): in its handshake or live,
+    /// its stream and its queue quiet.
+    pub(super) fn quiet(&self) -> bool {
+        matches!(self.w.phase, Phase::Handshake | Phase::Live)
+            && self.w.stream.quiet()
+            && self.q.quiet()
     }
 
     pub(super) fn on_recv(&mut self, res: i32) {

@@ -5,12 +5,17 @@ use super::listener::Accepted;
 use super::RECV;
 use crate::engine::poller::{Endpoint, Io};
 use crate::engine::queue;
+use crate::engine::ready::Ready;
 use std::any::Any;
 
 /// The NVMe/TCP connections of one poller.
 pub(super) struct TcpEndpoint {
     ep: u8,
     queues: Vec<Option<Box<TcpQueue>>>,
+    /// The queues the next pump looks at.
+    ready: Ready,
+    /// Scratch: this pump's.
+    round: Vec<u32>,
 }
 
 impl TcpEndpoint {
@@ -18,10 +23,14 @@ impl TcpEndpoint {
         TcpEndpoint {
             ep,
             queues: Vec::new(),
+            ready: Ready::default(),
+            round: Vec::new(),
         }
     }
 
+    /// Queue `idx`, which had an event: it is pumped next.
     fn queue(&mut self, idx: u32) -> Option<&mut TcpQueue> {
+        self.ready.mark(idx);
         self.queues
             .get_mut(idx as usize)
             .and_then(|q| q.as_deref_mut())
@@ -41,6 +50,7 @@ impl Endpoint for TcpEndpoint {
             Ok(q) => {
                 tracing::debug!(peer = %q.q.peer, "connection accepted");
                 self.queues[idx] = Some(Box::new(q));
+                self.ready.mark(idx as u32);
                 true
             }
             Err(e) => {
@@ -68,17 +78,25 @@ impl Endpoint for TcpEndpoint {
         for c in self.queues.iter_mut().flatten() {
             c.on_tick(io);
         }
+        self.ready.mark_all();
     }
 
     fn pump(&mut self, io: &mut Io) -> usize {
+        if io.stopping {
+            self.ready.mark_all();
+        }
+        self.ready.take(self.queues.len(), &mut self.round);
         let mut freed = 0;
-        for slot in self.queues.iter_mut() {
+        for &idx in &self.round {
+            let slot = &mut self.queues[idx as usize];
             let Some(c) = slot else { continue };
             c.pump(io);
             if c.q.can_free(&c.w) {
                 c.q.teardown(io);
                 *slot = None;
                 freed += 1;
+            } else if !c.quiet() {
+                self.ready.mark(idx);
             }
         }
         freed
@@ -100,5 +118,6 @@ impl Endpoint for TcpEndpoint {
         for c in self.queues.iter_mut().flatten() {
             c.close(why);
         }
+        self.ready.mark_all();
     }
 }

@@ -3,24 +3,30 @@
 //! own (off the pollers, as DH-HMAC-CHAP's DH does), within
 //! `limits.handshake_timeout`, at most `limits.tls_handshakes` at once.
 
-use crate::base::admission::Permit;
+use crate::base::admission::{HangUp, Permit, Silent};
 use crate::config::ListenerTls;
 use crate::nvme::port::TlsPeer;
 use crate::nvme::subsystem::Registry;
 use crate::service::ana::AnaStates;
 use crate::transport::Listen;
+use nix::sys::socket::Shutdown;
 use rdmablk_common::fabrics::DISCOVERY_NQN;
 use rdmablk_common::tcp::stream::Records;
 use rdmablk_common::tls::handshake::{self, HandshakeError};
 use rdmablk_common::tls::key::{Identity, TlsPsk};
 use rdmablk_common::tls::{ktls, Engine, Session};
 use std::net::{SocketAddr, TcpListener, TcpStream};
+use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// A connection accepted, on its way to a poller.
 pub(super) struct Accepted {
+    /// Until it speaks (its ICReq, or a TLS handshake done: a flood cannot
+    /// do one without a key), a newcomer may push it out. Before `sock`:
+    /// dropped first, so that its hang-up never names a closed descriptor.
+    pub(super) silent: Option<Silent>,
     pub(super) sock: TcpStream,
     pub(super) peer: SocketAddr,
     /// Its place among connections waiting for their Connect.
@@ -45,11 +51,20 @@ pub(super) fn accept_loop(listener: TcpListener, l: Listen) {
         }
         match accepted {
             Ok((sock, peer)) => {
-                // Past limits.pending_connections the socket is closed at once.
-                let Some(pending) = l.registry.admission.pending_connection(&peer) else {
+                // The descriptor is open while the hang-up is armed: the
+                // connection disarms it before closing it (`Silent`).
+                let fd = sock.as_raw_fd();
+                let hang_up: HangUp = Box::new(move || {
+                    let _ = nix::sys::socket::shutdown(fd, Shutdown::Both);
+                });
+                // Past limits.pending_connections, it takes the place of one
+                // that has been silent; with none, the socket is closed at once.
+                let admission = &l.registry.admission;
+                let Some((pending, silent)) = admission.new_connection(&peer, hang_up) else {
                     continue;
                 };
                 let conn = Accepted {
+                    silent: Some(silent),
                     sock,
                     peer,
                     pending,
@@ -168,6 +183,7 @@ fn secure(
     };
     tracing::debug!(peer = %conn.peer, identity = %shown, cipher = peer.cipher, kernel = peer.kernel, "TLS handshake done");
     conn.tls = Some((records, Arc::new(peer)));
+    conn.silent = None;
     Ok(conn)
 }
 

@@ -136,6 +136,8 @@ impl TcpQueue {
                 };
                 self.w.push_pdu(&resp, None);
                 self.w.phase = Phase::Live;
+                self.silent = None; // it spoke: a newcomer cannot push it out
+
                 tracing::debug!(peer = %self.q.peer, ?digests, hpda, "NVMe/TCP connection initialized");
                 Ok(Flow::Consumed)
             }

@@ -181,16 +181,9 @@ impl Wire for TcpWire {
 }
 
 impl TcpWire {
-    /// The wire of connection `idx` of endpoint `ep` on `sock` (reached
-    /// through `arrival`), waiting for its ICReq.
-    pub(super) fn new(
-        sock: TcpStream,
-        tls: Option<Box<Records>>,
-        arrival: Arrival,
-        ep: u8,
-        idx: u32,
-    ) -> std::io::Result<TcpWire> {
-        let inbound = Inbound::new(
+    /// The receive side of a new connection's wire.
+    pub(super) fn inbound() -> std::io::Result<Inbound> {
+        Inbound::new(
             Role::Controller,
             InboundLimits {
                 buffer: RX_BUF,
@@ -198,8 +191,20 @@ impl TcpWire {
                 max_other: MAX_CAPSULE_PDU,
                 direct_min: DIRECT_MIN,
             },
-        )?;
-        Ok(TcpWire {
+        )
+    }
+
+    /// The wire of connection `idx` of endpoint `ep` on `sock` (reached
+    /// through `arrival`), receiving into `inbound`, waiting for its ICReq.
+    pub(super) fn new(
+        sock: TcpStream,
+        inbound: Inbound,
+        tls: Option<Box<Records>>,
+        arrival: Arrival,
+        ep: u8,
+        idx: u32,
+    ) -> TcpWire {
+        TcpWire {
             stream: Stream::with_tls(sock, inbound, tls),
             arrival,
             ep,
@@ -211,7 +216,7 @@ impl TcpWire {
             sent_slots: Vec::new(),
             sends: SendWatch::default(),
             cancelled: false,
-        })
+        }
     }
 
     /// Queues a PDU without data; `token` comes back once it is sent.

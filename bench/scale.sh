@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# rdmablk-target at scale, as a storage node behind a hypervisor farm sees
+# it. Prints a table; nothing here passes or fails (the suite's reduced
+# versions do: tests/tests/e2e/target/scale.rs).
+#
+#   bench/scale.sh hosts [HOSTS] [ROUNDS] [SECONDS]   (default 1000 hosts, 5 rounds of 5 s)
+#   TARGET=path/to/rdmablk-target bench/scale.sh ...  (another build, e.g. before a change)
+#
+# hosts: two targets with one poller each, both pinned to core 0 (only one
+# is busy at a time): one alone, one holding HOSTS idle hosts (distinct
+# host NQNs, each an admin queue and one I/O queue, keep-alives only:
+# hold_queues). `rdmablk bench` (core 1) runs 4 KiB random reads at QD 1
+# and QD 32 against each, in interleaved rounds; the table has the medians
+# and the ratio crowded/alone (what idle hosts cost a busy one), and the
+# target's memory and descriptors per idle controller.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+. bench/lib.sh
+mode=${1:-hosts}
+target=${TARGET:-build/release/rdmablk-target}
+host=build/release/rdmablk
+hold=build/release/hold_queues
+[ -x "$target" ] && [ -x "$host" ] && [ -x "$hold" ] ||
+  cargo build --release --quiet -p rdmablk-target -p rdmablk -p rdmablk-tests --bins
+nqn=nqn.2026-11.io.rdmablk:scale
+pids=()
+cleanup_all() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; cleanup; }
+trap cleanup_all EXIT
+
+# start_target NAME: a one-poller target with a 256 MiB memory namespace on
+# core 0; sets $port.
+start_target() {
+  port=$(free_port)
+  printf '[pollers]\ncount = 1\n\n[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:%s"\n\n[[subsystem]]\nnqn = "%s"\nallow_any_host = true\n\n[[subsystem.namespace]]\nbackend = "memory"\nsize = "256MiB"\n' \
+    "$port" "$nqn" > "$work/$1.toml"
+  taskset -c 0 "$target" --config "$work/$1.toml" 2> "$work/$1.log" &
+  pids+=($!)
+  for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && return; sleep 0.1; done
+  echo "target $1 did not start:" >&2; tail -5 "$work/$1.log" >&2; exit 1
+}
+
+# status_of PID KEY: a field of /proc/PID/status (kB for memory).
+status_of() { awk -v k="$2:" '$1 == k { print $2 }' "/proc/$1/status"; }
+fds_of() { ls "/proc/$1/fd" | wc -l; }
+
+# bench_once PORT QD: prints "IOPS CPU_US_PER_IO" of the host.
+bench_once() {
+  taskset -c 1 "$host" bench -t tcp -a 127.0.0.1 -s "$1" -n "$nqn" \
+    --rw randread --bs 4k --qd "$2" --runtime "${secs}s" --json > "$work/bench.json" 2> "$work/bench.err" ||
+    { echo "bench failed:" >&2; tail -3 "$work/bench.err" >&2; exit 1; }
+  python3 -c 'import json, sys; r = json.load(open(sys.argv[1])); print(r["iops"], r["cpu_us_per_io"])' "$work/bench.json"
+}
+
+hosts() {
+  local n=${1:-1000} rounds=${2:-5}
+  secs=${3:-5}
+  start_target alone; local alone=$port apid=${pids[-1]}
+  start_target crowded; local crowded=$port cpid=${pids[-1]}
+  local rss0 fd0
+  rss0=$(status_of "$cpid" VmRSS); fd0=$(fds_of "$cpid")
+  taskset -c 1 "$hold" "127.0.0.1:$crowded" "$nqn" --count "$n" --io-queues 1 --kato 30s \
+    --hostnqn-prefix nqn.2026-11.io.rdmablk:idle > "$work/hold.out" 2> "$work/hold.err" &
+  pids+=($!)
+  local started=$SECONDS
+  until grep -q '^holding' "$work/hold.out"; do
+    if ! kill -0 "${pids[-1]}" 2>/dev/null; then echo "hold_queues failed:" >&2; cat "$work/hold.err" >&2; exit 1; fi
+    sleep 0.2
+  done
+  local took=$((SECONDS - started))
+  sleep 1
+  local rss1 fd1 threads
+  rss1=$(status_of "$cpid" VmRSS); fd1=$(fds_of "$cpid"); threads=$(status_of "$cpid" Threads)
+  echo "$n idle hosts connected in ${took}s: target +$(( (rss1 - rss0) / 1024 )) MiB resident" \
+    "($(( (rss1 - rss0) * 1024 / n )) B per controller), +$((fd1 - fd0)) descriptors" \
+    "($(python3 -c "print(f'{($fd1 - $fd0) / $n:.1f}')") per controller), $threads threads"
+  for qd in 1 32; do
+    : > "$work/alone"; : > "$work/crowded"
+    for round in $(seq "$rounds"); do
+      if [ $((round % 2)) -eq 1 ]; then
+        bench_once "$alone" "$qd" >> "$work/alone"; bench_once "$crowded" "$qd" >> "$work/crowded"
+      else
+        bench_once "$crowded" "$qd" >> "$work/crowded"; bench_once "$alone" "$qd" >> "$work/alone"
+      fi
+    done
+    python3 - "$work/alone" "$work/crowded" "$n" "$qd" <<'EOF'
+import statistics, sys
+def load(p):
+    rows = [tuple(map(float, l.split())) for l in open(p) if l.strip()]
+    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+(ai, ac), (ci, cc) = load(sys.argv[1]), load(sys.argv[2])
+print(f"randread 4k QD{sys.argv[4]:>2}: alone {ai:,.0f} IOPS | with {sys.argv[3]} idle hosts {ci:,.0f} IOPS"
+      f" | crowded/alone {ci/ai:.2f}x (host CPU/IO {ac:.1f} vs {cc:.1f} us)")
+EOF
+  done
+  kill "$apid" "$cpid" 2>/dev/null || true
+}
+
+case $mode in
+  hosts) shift; hosts "$@" ;;
+  *) echo "usage: $0 hosts [HOSTS] [ROUNDS] [SECONDS]" >&2; exit 2 ;;
+esac
