@@ -38,6 +38,14 @@ pub fn thread_cpu() -> Duration {
 /// Raises the soft open files limit to the hard one (every connection is a
 /// descriptor); the limits before and after when it moved.
 pub fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
+    raise_open_files_limit_to(0)
+}
+
+/// Raises the soft open files limit to the hard one, and both to `needed`
+/// when the hard one is lower (which takes CAP_SYS_RESOURCE); the soft
+/// limits before and after when it moved. An error when the limit stays
+/// below `needed`.
+pub fn raise_open_files_limit_to(needed: u64) -> std::io::Result<Option<(u64, u64)>> {
     let mut lim = libc::rlimit {
         rlim_cur: 0,
         rlim_max: 0,
@@ -46,16 +54,18 @@ pub fn raise_open_files_limit() -> std::io::Result<Option<(u64, u64)>> {
     if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    if lim.rlim_cur >= lim.rlim_max {
+    let before = lim.rlim_cur;
+    let want = lim.rlim_max.max(needed);
+    if before >= want {
         return Ok(None);
     }
-    let before = lim.rlim_cur;
-    lim.rlim_cur = lim.rlim_max;
+    lim.rlim_cur = want;
+    lim.rlim_max = want;
     // SAFETY: a valid rlimit, read above.
     if unsafe { libc::setrlimit(libc::RLIMIT_NOFILE, &lim) } != 0 {
         return Err(std::io::Error::last_os_error());
     }
-    Ok(Some((before, lim.rlim_max)))
+    Ok(Some((before, want)))
 }
 
 #[cfg(test)]

@@ -46,7 +46,7 @@ pub fn serve(cfg: Config, embedded: bool, daemon: Daemon) -> Result<(), DaemonEr
             source,
         })?;
 
-    raise_open_files_limit();
+    raise_open_files_limit(&cfg)?;
     let ports: Vec<Port> = cfg.listeners.iter().map(transport::port).collect();
     if cfg.gateway_group.is_some() {
         // Nothing is usable here until this gateway owns it.
@@ -320,13 +320,35 @@ fn close_namespaces(registry: &Registry) -> Result<(), DaemonError> {
     result
 }
 
-/// Raises the soft limit of open files to the hard one: every connection is
-/// a descriptor, and `limits.connections` should be what binds, not the
-/// default soft limit of 1024.
-fn raise_open_files_limit() {
-    match rdmablk_common::usage::raise_open_files_limit() {
-        Ok(Some((soft, hard))) => tracing::debug!("open files limit raised from {soft} to {hard}"),
-        Ok(None) => {}
-        Err(e) => tracing::warn!("cannot raise the open files limit: {e}"),
+/// Descriptors beside connections and namespaces: each poller's ring,
+/// eventfd and RDMA channels, listeners, the metrics and control sockets,
+/// log and state files, the cluster's sockets.
+const OTHER_FILES: u64 = 256;
+const FILES_PER_POLLER: u64 = 8;
+
+/// Descriptors the configuration may need at once: every connection
+/// (`limits.connections` connected, twice `limits.pending_connections`
+/// waiting: a silent one pushed out gives its place back once its poller
+/// closes it), each namespace's file or device, and the rest.
+fn open_files_needed(cfg: &Config) -> u64 {
+    let namespaces: usize = cfg.subsystems.iter().map(|s| s.namespaces.len()).sum();
+    let l = &cfg.limits;
+    (l.connections + 2 * l.pending_connections + namespaces) as u64
+        + FILES_PER_POLLER * cfg.pollers.count as u64
+        + OTHER_FILES
+}
+
+/// Raises the limit of open files to what the configuration needs (the
+/// hard limit at least: `limits.connections` should be what binds, not
+/// the default soft limit of 1024); an error when it cannot.
+fn raise_open_files_limit(cfg: &Config) -> Result<(), DaemonError> {
+    let needed = open_files_needed(cfg);
+    match rdmablk_common::usage::raise_open_files_limit_to(needed) {
+        Ok(Some((soft, now))) => {
+            tracing::debug!(needed, "open files limit raised from {soft} to {now}");
+            Ok(())
+        }
+        Ok(None) => Ok(()),
+        Err(source) => Err(DaemonError::OpenFiles { needed, source }),
     }
 }

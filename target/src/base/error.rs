@@ -30,6 +30,14 @@ pub enum DaemonError {
         what: &'static str,
         source: io::Error,
     },
+    /// The open files limit is below what the configuration needs.
+    #[error(
+        "the configuration needs {needed} open files (limits.connections, twice \
+         limits.pending_connections, the namespaces, the pollers): the limit cannot be raised \
+         to that ({source}); raise the hard limit (LimitNOFILE= in the unit, ulimit -Hn) or \
+         lower [limits]"
+    )]
+    OpenFiles { needed: u64, source: io::Error },
     /// Signal handling failed.
     #[error("{what}: {source}")]
     Signals {

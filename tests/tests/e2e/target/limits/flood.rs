@@ -48,19 +48,34 @@ fn start_connect(addr: SocketAddr) -> io::Result<TcpStream> {
     Ok(sock)
 }
 
+/// What a connection of a flood sends once connected.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Greeting {
+    Nothing,
+    IcReq,
+    /// Half an ICReq, and nothing more.
+    HalfIcReq,
+}
+
 /// One connection of the flood.
 struct FloodConn {
     sock: TcpStream,
-    /// Sends an ICReq once connected (the others send nothing).
+    /// Sends an ICReq once connected (the others send nothing, or half of one).
     icreq: bool,
+    greeting: Greeting,
     /// Connected (and the ICReq, if any, sent) or failed: nothing left to do.
     done: bool,
 }
 
-/// Opens `n` connections as fast as it can, every other one sending an
-/// ICReq once connected; returns once all are connected or failed (or at
-/// `deadline`), with how many failed to connect.
-fn flood(addr: SocketAddr, n: usize, deadline: Instant) -> (Vec<FloodConn>, usize) {
+/// Opens `n` connections as fast as it can, connection `i` sending
+/// `greeting(i)` once connected; returns once all are connected or failed
+/// (or at `deadline`), with how many failed to connect.
+fn flood(
+    addr: SocketAddr,
+    n: usize,
+    deadline: Instant,
+    greeting: impl Fn(usize) -> Greeting,
+) -> (Vec<FloodConn>, usize) {
     let icreq = encode(
         &Header::IcReq {
             pfv: 0,
@@ -76,7 +91,8 @@ fn flood(addr: SocketAddr, n: usize, deadline: Instant) -> (Vec<FloodConn>, usiz
     let mut conns: Vec<FloodConn> = (0..n)
         .map(|i| FloodConn {
             sock: start_connect(addr).or_panic(format_args!("flood connection #{i}")),
-            icreq: i % 2 == 0,
+            icreq: greeting(i) == Greeting::IcReq,
+            greeting: greeting(i),
             done: false,
         })
         .collect();
@@ -104,12 +120,11 @@ fn flood(addr: SocketAddr, n: usize, deadline: Instant) -> (Vec<FloodConn>, usiz
             }
             let c = &mut conns[i];
             c.done = true;
-            match c.sock.take_error() {
-                Ok(None) if c.icreq => {
-                    // The target may have closed it already: no matter.
-                    let _ = (&c.sock).write(&icreq);
-                }
-                Ok(None) => {}
+            // The target may have closed it already: no matter.
+            match (c.sock.take_error(), c.greeting) {
+                (Ok(None), Greeting::IcReq) => drop((&c.sock).write(&icreq)),
+                (Ok(None), Greeting::HalfIcReq) => drop((&c.sock).write(&icreq[..icreq.len() / 2])),
+                (Ok(None), Greeting::Nothing) => {}
                 _ => failed += 1,
             }
         }
@@ -198,7 +213,16 @@ fn connection_flood_leaves_no_trace() {
 
     let (attacked, peak, (hold, flood_end)) = under_attack(&mut victim, what, &stats, || {
         let start = Instant::now();
-        let (conns, failed) = flood(t.addr(), FLOOD, start + Duration::from_secs(15));
+        let every_other = |i: usize| match i % 2 {
+            0 => Greeting::IcReq,
+            _ => Greeting::Nothing,
+        };
+        let (conns, failed) = flood(
+            t.addr(),
+            FLOOD,
+            start + Duration::from_secs(15),
+            every_other,
+        );
         let connected = Instant::now();
         let unfinished = conns.iter().filter(|c| !c.done).count();
         assert_eq!(
@@ -293,4 +317,70 @@ fn connection_flood_leaves_no_trace() {
         "after the flood",
         |s| s.connections == 2 && s.queues_connected == 2 && s.buffers == 0,
     );
+}
+
+/// A flood of connections that say nothing (3,000) or half an ICReq (500)
+/// holds every pending place (`limits.pending_connections`, 512 by
+/// default) until its handshake deadline; a host that connects among them
+/// and speaks at once still gets its controller and does I/O, 20 times in
+/// 20, each of its queues taking the place of a connection silent for
+/// longer than the target's grace (`base::admission`). (Its new connection
+/// used to be reset at once, 3 times in 4.)
+#[test]
+fn a_host_that_speaks_gets_in_through_a_flood_of_silent_connections() {
+    const SILENT: usize = 3000;
+    const HALF_ICREQ: usize = 500;
+    const RUNS: usize = 20;
+    let setup = Setup::new();
+    let what = "silent flood";
+    let dir = TempDir::new("limits-silent");
+    let t = setup.target(&config(2, ""), &dir.join("stats.json"));
+    let start = Instant::now();
+    let greeting = |i: usize| match i < HALF_ICREQ {
+        true => Greeting::HalfIcReq,
+        false => Greeting::Nothing,
+    };
+    let (conns, failed) = flood(
+        t.addr(),
+        SILENT + HALF_ICREQ,
+        start + Duration::from_secs(8),
+        greeting,
+    );
+    println!(
+        "{what}: {} connections opened in {:.1?} ({failed} failed to connect): {:?}",
+        conns.len(),
+        start.elapsed(),
+        flood_view(&conns)
+    );
+    // Every place is now held by a connection older than the grace.
+    std::thread::sleep(Duration::from_millis(300));
+    let mut rng = Rng::new(0x5173);
+    for run in 1..=RUNS {
+        let host = format!("nqn.2026-11.io.rdmablk:among-the-silent-{run}");
+        let began = Instant::now();
+        let mut ctrl = Controller::open(t.addr(), SUBNQN, &host, &quiet())
+            .or_panic(format_args!("{what}: run {run}: the host's controller"));
+        let identify = ctrl.admin().identify(cns::NAMESPACE, NSID);
+        let bs = NamespaceId::parse(&identify.or_panic("Identify Namespace")).block_size();
+        let data = rng.bytes(4096);
+        let (lba, nlb) = (run as u64 * 4096 / bs as u64, 4096 / bs);
+        let q = &mut ctrl.io[0];
+        q.write(NSID, lba, &data, bs, false)
+            .or_panic(format_args!("{what}: run {run}: write"));
+        let back = q
+            .read(NSID, lba, nlb, bs)
+            .or_panic(format_args!("{what}: run {run}: read"));
+        assert!(back == data, "{what}: run {run}: read back other data");
+        println!(
+            "{what}: run {run}: controller and I/O in {:.1?}",
+            began.elapsed()
+        );
+    }
+    assert!(
+        start.elapsed() < Duration::from_secs(10),
+        "{what}: the runs ended {:.1?} into the flood, past the handshake deadline: \
+         the silent connections may have gone by themselves",
+        start.elapsed()
+    );
+    drop(conns);
 }
