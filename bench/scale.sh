@@ -4,6 +4,7 @@
 # versions do: tests/tests/e2e/target/scale.rs).
 #
 #   bench/scale.sh hosts [HOSTS] [ROUNDS] [SECONDS]   (default 1000 hosts, 5 rounds of 5 s)
+#   bench/scale.sh memory [NAMESPACES]                 (default 10000)
 #   TARGET=path/to/rdmablk-target bench/scale.sh ...  (another build, e.g. before a change)
 #
 # hosts: two targets with one poller each, both pinned to core 0 (only one
@@ -13,6 +14,13 @@
 # and QD 32 against each, in interleaved rounds; the table has the medians
 # and the ratio crowded/alone (what idle hosts cost a busy one), and the
 # target's memory and descriptors per idle controller.
+#
+# memory: one target with NAMESPACES memory namespaces of 1 MiB, 1,000 per
+# subsystem (a subsystem holds 1,024 at most): its start (to its port
+# answering), resident memory, threads and descriptors; the discovery log,
+# one `status` and one metrics scrape, timed, with their sizes; a reload
+# that removes the first thousand namespaces and adds a thousand, timed;
+# then verified I/O on a namespace the reload added.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -95,7 +103,67 @@ EOF
   kill "$apid" "$cpid" 2>/dev/null || true
 }
 
+# memory_config N FIRST PORT MPORT: N memory namespaces numbered from
+# FIRST (namespace i is nsid i % 1000 + 1 of subsystem i / 1000).
+memory_config() {
+  python3 - "$@" <<'PY'
+import sys
+n, first, port, mport = map(int, sys.argv[1:])
+print(f'[pollers]\ncount = 1\n\n[metrics]\nlisten = "127.0.0.1:{mport}"\n')
+print(f'[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:{port}"\n')
+by_sub = {}
+for i in range(first, first + n):
+    by_sub.setdefault(i // 1000, []).append(i % 1000 + 1)
+for sub, nsids in sorted(by_sub.items()):
+    print(f'[[subsystem]]\nnqn = "nqn.2026-11.io.rdmablk:scale-{sub}"\nallow_any_host = true\n')
+    for nsid in nsids:
+        print(f'  [[subsystem.namespace]]\n  nsid = {nsid}\n  backend = "memory"\n  size = "1MiB"\n')
+PY
+}
+
+# timed COMMAND...: runs it with its output in $work/out; prints its wall
+# time in ms.
+timed() {
+  local t0; t0=$(date +%s%N)
+  "$@" > "$work/out" 2> "$work/err" || { echo "$* failed:" >&2; tail -3 "$work/err" >&2; exit 1; }
+  echo $(( ($(date +%s%N) - t0) / 1000000 ))
+}
+
+memory() {
+  local n=${1:-10000} port mport pid t0 started took
+  port=$(free_port); mport=$(free_port)
+  memory_config "$n" 0 "$port" "$mport" > "$work/mem.toml"
+  t0=$(date +%s%N)
+  taskset -c 0 "$target" --config "$work/mem.toml" --control "$work/control.sock" 2> "$work/mem.log" &
+  pid=$!; pids+=("$pid")
+  until (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null; do
+    kill -0 "$pid" 2>/dev/null || { echo "the target did not start:" >&2; tail -5 "$work/mem.log" >&2; exit 1; }
+    sleep 0.02
+  done
+  started=$(( ($(date +%s%N) - t0) / 1000000 ))
+  sleep 1
+  echo "$n memory namespaces in $(( (n + 999) / 1000 )) subsystems: listening after ${started} ms;" \
+    "$(( $(status_of "$pid" VmRSS) / 1024 )) MiB resident, $(status_of "$pid" Threads) threads, $(fds_of "$pid") descriptors"
+  took=$(timed "$host" discover -t tcp -a 127.0.0.1 -s "$port")
+  echo "discovery log: ${took} ms, $(grep -ci 'subnqn' "$work/out" || true) entries"
+  took=$(timed "$target" status --control "$work/control.sock")
+  echo "status: ${took} ms, $(wc -l < "$work/out") lines, $(wc -c < "$work/out") bytes"
+  took=$(timed curl -sf "http://127.0.0.1:$mport/metrics")
+  echo "metrics scrape: ${took} ms, $(grep -vc '^#' "$work/out") series, $(wc -c < "$work/out") bytes"
+  memory_config "$n" 1000 "$port" "$mport" > "$work/mem.toml"
+  took=$(timed "$target" reload --control "$work/control.sock")
+  echo "reload removing 1000 namespaces and adding 1000: ${took} ms ($(tail -1 "$work/out"));" \
+    "$(( $(status_of "$pid" VmRSS) / 1024 )) MiB resident after"
+  local last=$(( n / 1000 )) nsid=$(( n % 1000 + 1 ))
+  took=$(timed "$host" bench -t tcp -a 127.0.0.1 -s "$port" -n "nqn.2026-11.io.rdmablk:scale-$last" \
+    --nsid "$nsid" --rw randrw --bs 4k --qd 8 --runtime 1s --verify --json)
+  echo "I/O on nsid $nsid of scale-$last (added by the reload):" \
+    "$(python3 -c "import json, sys; r = json.load(open(sys.argv[1])); print(f'{r[\"iops\"]:,.0f} IOPS, verified')" "$work/out")"
+  kill "$pid" 2>/dev/null || true
+}
+
 case $mode in
   hosts) shift; hosts "$@" ;;
-  *) echo "usage: $0 hosts [HOSTS] [ROUNDS] [SECONDS]" >&2; exit 2 ;;
+  memory) shift; memory "$@" ;;
+  *) echo "usage: $0 hosts [HOSTS] [ROUNDS] [SECONDS] | memory [NAMESPACES]" >&2; exit 2 ;;
 esac

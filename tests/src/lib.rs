@@ -59,7 +59,7 @@ pub use cmdline::rdmablk_command;
 pub use config::{names, open_subsystem_config, two_subsystems_config};
 pub use nbd_export::NbdExport;
 pub use process::{command_line, run, send_signal, Proc, Ran};
-pub use procfs::{cpu_time, fd_count, vm_rss_kib};
+pub use procfs::{cpu_time, fd_count, thread_count, vm_rss_kib};
 pub use rng::Rng;
 pub use target::{free_port, Target, START_TIMEOUT, STOP_TIMEOUT};
 pub use temp::TempDir;

@@ -38,3 +38,10 @@ pub fn vm_rss_kib(pid: u32) -> u64 {
         .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
         .unwrap_or_else(|| panic!("no VmRSS in /proc/{pid}/status"))
 }
+
+/// Threads of process `pid`.
+pub fn thread_count(pid: u32) -> usize {
+    fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap_or_else(|e| panic!("reading /proc/{pid}/task: {e}"))
+        .count()
+}

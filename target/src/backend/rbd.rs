@@ -1,10 +1,10 @@
 //! A Ceph RBD image through librbd, loaded at run time.
 //!
-//! The cluster connection and the image's opening happen on a thread of
-//! the namespace's own (they block for up to the configured timeout); the
-//! namespace is inactive until the image is open, then activated with a
-//! Namespace Attribute Changed notice. The same thread then follows the
-//! image's resizes (an update watch). I/O runs on the pollers through
+//! The cluster connection and the image's opening happen on the image
+//! workers, a few threads all namespaces share (they block for up to the
+//! configured timeout: `lifecycle`); the namespace is inactive until the
+//! image is open, then activated with a Namespace Attribute Changed
+//! notice. Its jobs then follow the image's resizes (an update watch). I/O runs on the pollers through
 //! librbd's asynchronous calls: a write leaves from the arena buffer
 //! without a copy (zero-copy writes), a read is copied once by librbd into
 //! it. Completions come back through the poller's [`Completions`], so no
@@ -16,13 +16,13 @@
 //!
 //! A client the cluster blocklisted (another client broke its lock, or an
 //! operator) gets every operation refused for good: the first refusal
-//! wakes the namespace's thread, which opens the image again on a new
+//! notices the image's life, which opens the image again on a new
 //! connection, puts it in place of the old one, and closes the old one once
 //! its operations ended. The namespace stays active meanwhile; its I/O is
 //! answered with a status the host retries.
 //!
 //! Here the backend and the cluster connections it shares; `ops` (the
-//! image's I/O), `lifecycle` (the namespace's thread), `ffi` (librbd and
+//! image's I/O), `lifecycle` (the image's life), `ffi` (librbd and
 //! librados), `objects` (RADOS attributes, compare-and-set, watch and
 //! notify) and `sys` (the bindings).
 
@@ -40,7 +40,7 @@ use std::collections::{BTreeSet, HashMap};
 use std::io;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-use std::sync::{mpsc, Arc, Mutex, OnceLock, PoisonError, Weak};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError, Weak};
 use std::time::Duration;
 
 /// What every cluster connection is opened with, besides the timeouts.
@@ -72,28 +72,28 @@ pub struct RbdBackend {
     image_id: OnceLock<String>,
     /// The image opened once: the namespace is active (until shutdown).
     active: AtomicBool,
-    /// What operations tell the namespace's thread.
+    /// What operations tell the image's life.
     health: Arc<Health>,
     /// Set by `close` (shutdown): an image opened later is closed at once.
     /// Held while the image is made available, so that neither misses the
     /// other.
     closing: Mutex<bool>,
-    /// Whether the opening thread was started.
+    /// Whether the image's life was started.
     started: AtomicBool,
     /// Images replaced because the cluster blocklisted their client, while
     /// operations started on them may still be in flight.
     retired: Mutex<Vec<Weak<Image>>>,
 }
 
-/// Shared by a backend's operations and its thread.
+/// Shared by a backend's operations and its image's life.
 #[derive(Default)]
 struct Health {
     /// The image (its address) whose client an operation found
-    /// blocklisted; 0 for none. The thread acts only if that image is still
+    /// blocklisted; 0 for none. The life acts only if that image is still
     /// the namespace's: a late report about a replaced one changes nothing.
     blocklisted: AtomicUsize,
-    /// Wakes the namespace's thread.
-    wake: OnceLock<mpsc::SyncSender<()>>,
+    /// The image's life, told of what happens.
+    life: OnceLock<Arc<lifecycle::Life>>,
 }
 
 impl Health {
@@ -101,9 +101,8 @@ impl Health {
     fn blocklisted(&self, image: &Arc<Image>) {
         self.blocklisted
             .store(Arc::as_ptr(image) as usize, Ordering::Release);
-        if let Some(w) = self.wake.get() {
-            // One pending wake-up is enough: the thread looks at both.
-            let _ = w.try_send(());
+        if let Some(l) = self.life.get() {
+            l.notice();
         }
     }
 }
@@ -131,17 +130,13 @@ pub fn exit_now_if_loaded(code: u8) {
 
 impl Drop for RbdBackend {
     /// The last holder of a namespace may be a poller (a command, a queue's
-    /// view of a removed namespace): the image is closed on a thread of its
-    /// own, as closing waits for the cluster.
+    /// view of a removed namespace): the image is closed by the image
+    /// workers, as closing waits for the cluster.
     fn drop(&mut self) {
         let image = self.image.get_mut().unwrap_or_else(PoisonError::into_inner);
         if let Some(image) = image.take() {
-            let spawned = std::thread::Builder::new()
-                .name("rbd-close".into())
-                .spawn(move || drop(image));
-            if let Err(e) = spawned {
-                tracing::warn!("no thread to close an RBD image ({e}); the process will");
-            }
+            let lane = crate::base::lanes::Lane::new(&lifecycle::IMAGE_WORKERS);
+            lane.submit(Box::new(move || drop(image)));
         }
     }
 }

@@ -1,6 +1,7 @@
 //! Base services the layers above share: errors, what hosts may hold
 //! (admission, arena budgets), work off the pollers (offload) and the
-//! completions it hands back, counters, identifiers, a monotonic clock in
+//! completions it hands back, the few threads that serve many owners'
+//! slow work (lanes), counters, identifiers, a monotonic clock in
 //! nanoseconds.
 
 pub mod admission;
@@ -9,5 +10,6 @@ pub mod clock;
 pub mod completions;
 pub mod error;
 pub mod ids;
+pub mod lanes;
 pub mod metrics;
 pub mod offload;

@@ -1,64 +1,93 @@
-//! An RBD image's life on its namespace's thread: opening it (retrying
-//! until it works or the namespace goes), activating the namespace,
-//! following resizes, and opening it again on a new connection when the
-//! cluster blocklisted the client.
+//! An RBD image's life, as jobs on its namespace's lane of the image
+//! workers (`base::lanes`: a few threads, whatever the number of
+//! namespaces): opening it (again every RETRY_OPEN until it works or the
+//! namespace goes), activating the namespace, following resizes, and
+//! opening it again on a new connection when the cluster blocklisted the
+//! client.
 
 use super::ffi::{self, Cluster, Image};
 use super::{
     blocklisted, cluster, forget_cluster, RbdBackend, RbdNamespace, CLIENT_OPTIONS,
     REQUIRED_OPTIONS,
 };
+use crate::base::lanes::{Lane, Workers};
 use crate::config::RbdImage;
 use std::io;
-use std::sync::atomic::Ordering;
-use std::sync::{mpsc, Arc, PoisonError, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::{Duration, Instant};
 
-impl RbdBackend {
-    /// Starts, once, the thread that opens the image of `ns` (whose backend
-    /// this is), activates the namespace and follows the image's resizes;
-    /// `changed` tells the subsystem's controllers that the namespace
-    /// changed. The thread ends when the namespace goes.
-    pub fn start(&self, ns: Weak<dyn RbdNamespace>, changed: impl Fn() + Send + 'static) {
-        if self.started.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let name = format!("rbd-{}", self.spec.image);
-        let spawned = std::thread::Builder::new()
-            .name(name.chars().take(15).collect())
-            .spawn(move || manage(ns, changed));
-        if let Err(e) = spawned {
-            tracing::error!("cannot start the thread that opens an RBD image: {e}");
-        }
-    }
-}
+/// Threads that open, reopen and close the images of every RBD namespace
+/// (each open waits for the cluster, up to the client's timeout): at most
+/// this many wait at once.
+pub static IMAGE_WORKERS: Workers = Workers::new("rbd-life", 8);
 
 /// How long after a failed open the next attempt starts.
 const RETRY_OPEN: Duration = Duration::from_secs(5);
+/// How often an image being retired is looked at.
+const RETIRE_POLL: Duration = Duration::from_millis(20);
 
-/// The life of an RBD namespace after it is made: open (retrying until it
-/// works or the namespace is gone), activate, then follow resizes; when the
-/// cluster blocklisted the client, replace the connection and open again.
-fn manage(ns: Weak<dyn RbdNamespace>, changed: impl Fn()) {
-    // The senders are the backend's and its images' watches' only: this
-    // thread ends once the namespace and its images are gone.
-    let (wake, woken) = mpsc::sync_channel::<()>(1);
-    match ns.upgrade() {
-        Some(n) => {
-            let _ = n.rbd().health.wake.set(wake);
-        }
-        None => return,
-    }
-    if !open_until_done(&ns, &changed) {
-        return;
-    }
-    // Woken by the image's update watch (a resize) or by an operation the
-    // cluster refused (blocklisted).
-    loop {
-        if woken.recv().is_err() {
+/// One namespace's image life: what its jobs share.
+pub(super) struct Life {
+    ns: Weak<dyn RbdNamespace>,
+    changed: Box<dyn Fn() + Send + Sync>,
+    lane: Lane,
+    /// A notice waits on the lane: later ones join it.
+    noticed: AtomicBool,
+    /// Between attempts to open the image.
+    opening: Mutex<Opening>,
+}
+
+/// What an opening keeps from one attempt to the next.
+#[derive(Default)]
+struct Opening {
+    /// The last failure, logged as an error when new, quietly while it
+    /// repeats.
+    last_failure: String,
+    /// Kept while the image does not exist yet: no new connection per try.
+    connected: Option<Arc<Cluster>>,
+}
+
+impl RbdBackend {
+    /// Starts, once, the life of the image of `ns` (whose backend this is):
+    /// opens it, activates the namespace and follows the image's resizes;
+    /// `changed` tells the subsystem's controllers that the namespace
+    /// changed. It ends when the namespace goes.
+    pub fn start(&self, ns: Weak<dyn RbdNamespace>, changed: impl Fn() + Send + Sync + 'static) {
+        if self.started.swap(true, Ordering::AcqRel) {
             return;
         }
-        let Some(n) = ns.upgrade() else {
+        let life = Arc::new(Life {
+            ns,
+            changed: Box::new(changed),
+            lane: Lane::new(&IMAGE_WORKERS),
+            noticed: AtomicBool::new(false),
+            opening: Mutex::default(),
+        });
+        let _ = self.health.life.set(life.clone());
+        life.clone().lane.submit(Box::new(move || life.open()));
+    }
+}
+
+impl Life {
+    /// Something happened to the image: its update watch fired (a resize,
+    /// or the client blocklisted), or an operation found the client
+    /// blocklisted. One job looks at both, once.
+    pub(super) fn notice(self: &Arc<Self>) {
+        if self.noticed.swap(true, Ordering::AcqRel) {
+            return;
+        }
+        let life = self.clone();
+        self.lane.submit(Box::new(move || {
+            life.noticed.store(false, Ordering::Release);
+            life.on_notice();
+        }));
+    }
+
+    /// Replaces the image when its client is the one reported blocklisted,
+    /// else follows a resize.
+    fn on_notice(self: &Arc<Self>) {
+        let Some(n) = self.ns.upgrade() else {
             return;
         };
         let r = n.rbd();
@@ -66,141 +95,132 @@ fn manage(ns: Weak<dyn RbdNamespace>, changed: impl Fn()) {
         match r.current() {
             Some(old) if Arc::as_ptr(&old) as usize == reported => {
                 drop(n);
-                if !reconnect(&ns, old, &changed) {
-                    return;
-                }
+                self.reconnect(old);
             }
-            _ => follow_resize(&*n, &changed),
+            _ => follow_resize(&*n, &self.changed),
         }
     }
-}
 
-/// Opens the image of the namespace behind `ns` and makes it the
-/// namespace's, retrying every RETRY_OPEN; the image's update watch wakes
-/// the namespace's thread. False once the namespace is gone.
-fn open_until_done(ns: &Weak<dyn RbdNamespace>, changed: &impl Fn()) -> bool {
-    // A failure is logged as an error when it is new, then quietly while it
-    // repeats every RETRY_OPEN.
-    let mut last_failure = String::new();
-    // Kept while the image does not exist yet: no new connection per try.
-    let mut connected: Option<Arc<Cluster>> = None;
-    loop {
-        let Some(n) = ns.upgrade() else {
-            return false;
+    /// One attempt to open the image of the namespace and make it the
+    /// namespace's; another in RETRY_OPEN when it fails, until the
+    /// namespace is gone. The image's update watch notices the life.
+    fn open(self: &Arc<Self>) {
+        let Some(n) = self.ns.upgrade() else {
+            return;
         };
         let r = n.rbd();
-        let opened = match connected.take() {
+        let mut o = self.opening.lock().unwrap_or_else(PoisonError::into_inner);
+        let opened = match o.connected.take() {
             Some(c) => Ok(c),
             None => cluster(&r.spec),
         }
         .and_then(|c| {
             open(&c, &r.spec, r.read_only).inspect_err(|e| {
                 if ffi::errno_of(e) == Some(libc::ENOENT) {
-                    connected = Some(c.clone());
+                    o.connected = Some(c.clone());
                 }
             })
         });
         match opened {
             Ok(mut opened) => {
-                let notice = r.health.wake.get().cloned();
+                let life = Arc::downgrade(self);
+                // One pending notice is enough: the size is read anew.
                 if let Err(e) = opened.watch(move || {
-                    // One pending notice is enough: the size is read anew.
-                    if let Some(n) = &notice {
-                        let _ = n.try_send(());
+                    if let Some(l) = life.upgrade() {
+                        l.notice();
                     }
                 }) {
                     tracing::warn!(image = %r.spec.spec(), "resizes will not be seen: {e}");
                 }
                 match activate(&*n, opened) {
-                    Ok(first) => {
-                        if first {
-                            changed();
-                        } else {
-                            follow_resize(&*n, changed);
-                        }
-                        return true;
+                    Ok(true) => (self.changed)(),
+                    Ok(false) => follow_resize(&*n, &self.changed),
+                    Err(e) => {
+                        tracing::error!(image = %r.spec.spec(), "{e}; retrying");
+                        self.retry_open();
                     }
-                    Err(e) => tracing::error!(image = %r.spec.spec(), "{e}; retrying"),
                 }
+                *o = Opening::default();
             }
-            Err(e) if e.to_string() == last_failure => tracing::debug!(
-                image = %r.spec.spec(),
-                "still cannot open the RBD image: {e}; retrying in {RETRY_OPEN:?}"
-            ),
+            Err(e) if e.to_string() == o.last_failure => {
+                tracing::debug!(
+                    image = %r.spec.spec(),
+                    "still cannot open the RBD image: {e}; retrying in {RETRY_OPEN:?}"
+                );
+                self.retry_open();
+            }
             Err(e) => {
                 tracing::error!(
                     image = %r.spec.spec(),
                     client = %r.spec.client_id,
                     "cannot open the RBD image: {e}; retrying every {RETRY_OPEN:?}"
                 );
-                last_failure = e.to_string();
+                o.last_failure = e.to_string();
+                self.retry_open();
             }
         }
-        drop(n);
-        std::thread::sleep(RETRY_OPEN);
     }
-}
 
-/// Replaces `old`, whose client the cluster blocklisted: the shared
-/// connection is forgotten, the image opened again on a new one and put in
-/// its place (I/O meanwhile fails on the old one with a status the host
-/// retries); a thread of its own closes the old one once the operations
-/// started on it have ended (librbd ends them with an error, within the
-/// client's operation timeout), so that this thread is free at once for
-/// what happens to the new one. False once the namespace is gone.
-fn reconnect(ns: &Weak<dyn RbdNamespace>, old: Arc<Image>, changed: &impl Fn()) -> bool {
-    let Some(n) = ns.upgrade() else {
-        return false;
-    };
-    let r = n.rbd();
-    let (spec, client, timeout) = (r.spec.spec(), r.spec.client_id.clone(), r.spec.timeout);
-    tracing::warn!(
-        image = %spec,
-        client = %client,
-        "the cluster blocklisted this client (another client took the image's lock, or an \
-         operator); opening the image again on a new connection; I/O meanwhile is answered \
-         with a status the host retries"
-    );
-    forget_cluster(&r.spec, old.cluster());
-    r.retire(&old);
-    drop(n);
-    let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);
-    let held = old.clone();
-    let closing = std::thread::Builder::new()
-        .name("rbd-retire".into())
-        .spawn(move || close_when_idle(old, &spec, deadline));
-    match closing {
-        Ok(_) => drop(held),
-        Err(e) => {
-            // Closing it here could free what librbd still uses.
-            tracing::error!("no thread to close a blocklisted RBD image ({e}); it is left open");
-            std::mem::forget(held);
-        }
+    fn retry_open(self: &Arc<Self>) {
+        let life = self.clone();
+        self.lane
+            .submit_after(RETRY_OPEN, Box::new(move || life.open()));
     }
-    open_until_done(ns, changed)
+
+    /// Replaces `old`, whose client the cluster blocklisted: the shared
+    /// connection is forgotten, the image opened again on a new one and
+    /// put in its place (I/O meanwhile fails on the old one with a status
+    /// the host retries); the old one is closed once the operations started
+    /// on it have ended (librbd ends them with an error, within the
+    /// client's operation timeout), by jobs of its own lane, so that this
+    /// one is free at once for what happens to the new one.
+    fn reconnect(self: &Arc<Self>, old: Arc<Image>) {
+        let Some(n) = self.ns.upgrade() else {
+            return;
+        };
+        let r = n.rbd();
+        let (spec, client, timeout) = (r.spec.spec(), r.spec.client_id.clone(), r.spec.timeout);
+        tracing::warn!(
+            image = %spec,
+            client = %client,
+            "the cluster blocklisted this client (another client took the image's lock, or an \
+             operator); opening the image again on a new connection; I/O meanwhile is answered \
+             with a status the host retries"
+        );
+        forget_cluster(&r.spec, old.cluster());
+        r.retire(&old);
+        drop(n);
+        let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);
+        close_when_idle(Lane::new(&IMAGE_WORKERS), old, spec, deadline);
+        self.open();
+    }
 }
 
 /// Closes `old`, an image of a blocklisted client, once no operation holds
-/// it any more, or leaves it open past `deadline`.
-fn close_when_idle(old: Arc<Image>, spec: &str, deadline: Instant) {
-    while Arc::strong_count(&old) > 1 && Instant::now() < deadline {
-        std::thread::sleep(Duration::from_millis(20));
+/// it any more (looked at every RETIRE_POLL on `lane`), or leaves it open
+/// past `deadline`.
+fn close_when_idle(lane: Lane, old: Arc<Image>, spec: String, deadline: Instant) {
+    if Arc::strong_count(&old) == 1 {
+        return old.close();
     }
-    if Arc::strong_count(&old) > 1 {
+    if Instant::now() >= deadline {
         // Closing it would free what librbd still uses: it is left open.
         tracing::error!(
             image = %spec,
             "operations of the blocklisted connection did not end; its image is left open"
         );
-        std::mem::forget(old);
-    } else {
-        old.close();
+        return std::mem::forget(old);
     }
+    let again = lane.clone();
+    lane.submit_after(
+        RETIRE_POLL,
+        Box::new(move || close_when_idle(again, old, spec, deadline)),
+    );
 }
 
 /// Grows the namespace to its image's size (a resize seen by the update
 /// watch, or while the connection was replaced) and tells the controllers.
-fn follow_resize(n: &dyn RbdNamespace, changed: &impl Fn()) {
+fn follow_resize(n: &dyn RbdNamespace, changed: &dyn Fn()) {
     let r = n.rbd();
     let Some(image) = r.current() else {
         return;

@@ -47,7 +47,7 @@ impl Command {
         let mut keys = [0u8; KEYS_LEN];
         let c = ResvCmd::parse(&self.sqe, self.copy_data(arena, &mut keys));
         if let Some(record) = r.record() {
-            // The gateway group's record: the change runs on its thread.
+            // The gateway group's record: the change runs on its lane.
             let change: Change = Box::new(move |st: &mut State| match op {
                 nvm::RESV_REGISTER => st.register(&host, &c),
                 nvm::RESV_ACQUIRE => st.acquire(&host, &c),

@@ -3,7 +3,8 @@
 //! object in the group's pool, in the state file's format (PTPL said), and
 //! every gateway of the group watches that object.
 //!
-//! - A Register, Acquire or Release runs on the record's thread, on the
+//! - A Register, Acquire or Release runs on the record's lane (of
+//!   [`RECORD_WORKERS`], a few threads every record shares), on the
 //!   state read from the cluster just then; the result replaces the
 //!   attribute only if it still holds what was read (compare-and-set in one
 //!   OSD operation: the version guard). When another gateway changed it
@@ -21,10 +22,14 @@ use super::ptpl::{decode, encode, hex, unhex, Identity};
 use super::{HostId, Outcome, State};
 use crate::backend::rbd::{Pool, Watch};
 use crate::backend::Waker;
+use crate::base::lanes::{Lane, Workers};
 use rdmablk_common::nvme::Status;
-use std::sync::mpsc;
 use std::sync::Arc;
 use std::time::Duration;
+
+/// Threads that run the changes of every shared record (each a few RADOS
+/// operations and a notify, bounded by the client's timeouts).
+pub static RECORD_WORKERS: Workers = Workers::new("resv-shared", 4);
 
 /// The attribute holding the state.
 const ATTR: &str = "rdmablk.reservations";
@@ -63,14 +68,15 @@ pub struct Record {
     /// This gateway process: notifies it sent itself are ignored.
     me: String,
     holder: Arc<dyn Holder>,
-    jobs: mpsc::Sender<(Change, Waker)>,
+    /// Where its changes run, one at a time.
+    lane: Lane,
     _watch: Option<Watch>,
 }
 
 impl Record {
     /// Opens (making it if missing) the record `oid` in `pool` of namespace
     /// `identity`, installs its state in `holder`, watches it, and starts
-    /// its thread. `reset`: a record without PTPL starts empty (the whole
+    /// its lane. `reset`: a record without PTPL starts empty (the whole
     /// group restarted: its power loss).
     pub fn open(
         pool: &Arc<Pool>,
@@ -81,7 +87,6 @@ impl Record {
         reset: bool,
     ) -> std::io::Result<Arc<Record>> {
         pool.set_attr(&oid, CREATED_ATTR, b"1")?;
-        let (jobs, rx) = mpsc::channel();
         let heard = {
             let (holder, identity, me) = (holder.clone(), identity.clone(), me.clone());
             move |payload: &[u8]| heard(payload, &identity, &me, &holder)
@@ -102,7 +107,7 @@ impl Record {
             identity,
             me,
             holder,
-            jobs,
+            lane: Lane::new(&RECORD_WORKERS),
             _watch: Some(watch),
         });
         let st = record.refresh()?;
@@ -116,18 +121,6 @@ impl Record {
                 })
             });
         }
-        let weak = Arc::downgrade(&record);
-        std::thread::Builder::new()
-            .name("resv-shared".into())
-            .spawn(move || {
-                for (mut change, (completions, token)) in rx {
-                    let res = match weak.upgrade() {
-                        Some(r) => r.change(&mut change),
-                        None => -libc::ENODEV,
-                    };
-                    completions.push(token, res);
-                }
-            })?;
         Ok(record)
     }
 
@@ -136,12 +129,18 @@ impl Record {
         Arc::ptr_eq(&self.pool, pool)
     }
 
-    /// Runs `change` on the record's thread; its end (see [`STATUS`]) goes
+    /// Runs `change` on the record's lane; its end (see [`STATUS`]) goes
     /// to `waker`.
-    pub fn submit(&self, change: Change, waker: Waker) {
-        if let Err(mpsc::SendError((_, (completions, token)))) = self.jobs.send((change, waker)) {
-            completions.push(token, -libc::ENODEV);
-        }
+    pub fn submit(self: &Arc<Self>, mut change: Change, waker: Waker) {
+        let record = Arc::downgrade(self);
+        self.lane.submit(Box::new(move || {
+            let (completions, token) = waker;
+            let res = match record.upgrade() {
+                Some(r) => r.change(&mut change),
+                None => -libc::ENODEV,
+            };
+            completions.push(token, res);
+        }));
     }
 
     /// Reads the record and installs its state; returns it.

@@ -18,6 +18,7 @@ mod polling;
 mod rbd;
 mod reload;
 mod reservations;
+mod scale;
 mod spec;
 mod tcp;
 mod tenants;

@@ -39,6 +39,7 @@ mod gateway_resv;
 mod io;
 mod namespace;
 mod partitions;
+mod scale;
 
 const NQN: &str = "nqn.2026-11.io.example:rbd";
 const MIB: u64 = 1 << 20;
