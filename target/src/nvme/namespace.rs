@@ -15,6 +15,9 @@ use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::OnceLock;
 
+/// How many times its size a memory namespace can grow to on a reload.
+const MEMORY_GROWTH: u64 = 64;
+
 /// An exported namespace.
 pub struct Namespace {
     pub nsid: u32,
@@ -215,9 +218,12 @@ pub fn open_namespace(
             (Backend::File(f), size)
         }
         BackendConfig::Memory { size } => {
-            // Room to grow on a reload up to what the machine could hold
-            // (a memory namespace must fit in memory anyway).
-            let reserve = config::machine_memory().unwrap_or(*size);
+            // Room to grow on a reload: up to what the machine could hold
+            // (a memory namespace must fit in memory anyway), and
+            // MEMORY_GROWTH times its size, so that thousands of small
+            // namespaces stay within the process's address space.
+            let machine = config::machine_memory().unwrap_or(*size);
+            let reserve = machine.min(size.saturating_mul(MEMORY_GROWTH));
             (Backend::Memory(MemoryBackend::new(*size, reserve)?), *size)
         }
         BackendConfig::Null { size } => (Backend::Null, *size),

@@ -233,34 +233,62 @@ pub fn render(shared: &Shared, started: Instant, group: Option<&GroupStatus>) ->
             }
         }
     }
+    // Latency: a time counter per namespace (its mean is the rate of this
+    // over the rate of its commands), the distribution per subsystem: a
+    // histogram per namespace would be some fifty series each, too many
+    // for a gateway with thousands.
     family(
         &mut out,
-        "rdmablk_namespace_command_duration_seconds",
-        "histogram",
-        "Time from a command's arrival to its response, by operation.",
+        "rdmablk_namespace_command_seconds_total",
+        "counter",
+        "Time from commands' arrival to their response, summed, by operation.",
     );
     for (nqn, n) in &namespaces {
         let l = ns_labels(nqn, n);
         for (op, name) in OPS {
-            let buckets = n.metrics.latency_buckets(op);
+            let sum = n.metrics.latency_ns(op) as f64 / 1e9;
+            let _ = writeln!(
+                out,
+                "rdmablk_namespace_command_seconds_total{{{l},op=\"{name}\"}} {sum:.9}"
+            );
+        }
+    }
+    family(
+        &mut out,
+        "rdmablk_subsystem_command_duration_seconds",
+        "histogram",
+        "Time from a command's arrival to its response, by operation, over the subsystem's namespaces.",
+    );
+    for s in subsystems.iter() {
+        let l = format!("subsystem=\"{}\"", label(&s.nqn));
+        let members = s.namespaces();
+        for (op, name) in OPS {
+            let mut buckets = [0u64; BUCKETS];
+            let mut sum_ns = 0u64;
+            for n in members.iter() {
+                for (b, v) in n.metrics.latency_buckets(op).iter().enumerate() {
+                    buckets[b] += v;
+                }
+                sum_ns += n.metrics.latency_ns(op);
+            }
             let mut cumulative = 0u64;
             for (b, bound) in LATENCY_BOUNDS_US.iter().enumerate() {
                 cumulative += buckets[b];
                 let _ = writeln!(
                     out,
-                    "rdmablk_namespace_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"{}\"}} {cumulative}",
+                    "rdmablk_subsystem_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"{}\"}} {cumulative}",
                     *bound as f64 / 1e6
                 );
             }
             cumulative += buckets[BUCKETS - 1];
             let _ = writeln!(
                 out,
-                "rdmablk_namespace_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"+Inf\"}} {cumulative}"
+                "rdmablk_subsystem_command_duration_seconds_bucket{{{l},op=\"{name}\",le=\"+Inf\"}} {cumulative}"
             );
-            let sum = n.metrics.latency_ns(op) as f64 / 1e9;
+            let sum = sum_ns as f64 / 1e9;
             let _ = writeln!(
                 out,
-                "rdmablk_namespace_command_duration_seconds_sum{{{l},op=\"{name}\"}} {sum:.9}\nrdmablk_namespace_command_duration_seconds_count{{{l},op=\"{name}\"}} {cumulative}"
+                "rdmablk_subsystem_command_duration_seconds_sum{{{l},op=\"{name}\"}} {sum:.9}\nrdmablk_subsystem_command_duration_seconds_count{{{l},op=\"{name}\"}} {cumulative}"
             );
         }
     }

@@ -128,13 +128,25 @@ fn counters_match_the_io_bench_did() {
             (ios * 4096) as f64,
             "{op} bytes"
         );
-        let count = ns_series("rdmablk_namespace_command_duration_seconds_count", &extra);
+        // The subsystem's one namespace: its histogram is the namespace's.
+        let subsystem = |name: &str, extra: &str| {
+            format!("{name}{{subsystem=\"{DEFAULT_NQN}\",op=\"{op}\"{extra}}}")
+        };
+        let count = subsystem("rdmablk_subsystem_command_duration_seconds_count", "");
         assert_eq!(value(&s, &count), ios as f64, "{op} latency count");
-        let inf = ns_series(
-            "rdmablk_namespace_command_duration_seconds_bucket",
-            &format!("{extra},le=\"+Inf\""),
+        let inf = subsystem(
+            "rdmablk_subsystem_command_duration_seconds_bucket",
+            ",le=\"+Inf\"",
         );
         assert_eq!(value(&s, &inf), ios as f64, "{op} +Inf bucket");
+        let sum = subsystem("rdmablk_subsystem_command_duration_seconds_sum", "");
+        let seconds = ns_series("rdmablk_namespace_command_seconds_total", &extra);
+        assert_eq!(
+            value(&s, &seconds),
+            value(&s, &sum),
+            "{op}: the namespace's time is its subsystem's"
+        );
+        assert!(value(&s, &seconds) > 0.0, "{op}: commands took time");
     }
     assert_eq!(
         value(&s, &ns_series("rdmablk_namespace_commands_in_flight", "")),
