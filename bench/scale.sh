@@ -5,6 +5,8 @@
 #
 #   bench/scale.sh hosts [HOSTS] [ROUNDS] [SECONDS]   (default 1000 hosts, 5 rounds of 5 s)
 #   bench/scale.sh memory [NAMESPACES]                 (default 10000)
+#   bench/scale.sh rbd [SUBSYSTEMS] [PER]              (default 16 x 256; scripts/ceph-dev.sh up)
+#   bench/scale.sh failover [NAMESPACES]               (default 1024; the same cluster)
 #   TARGET=path/to/rdmablk-target bench/scale.sh ...  (another build, e.g. before a change)
 #
 # hosts: two targets with one poller each, both pinned to core 0 (only one
@@ -21,6 +23,19 @@
 # one `status` and one metrics scrape, timed, with their sizes; a reload
 # that removes the first thousand namespaces and adds a thousand, timed;
 # then verified I/O on a namespace the reload added.
+#
+# rbd: SUBSYSTEMS x PER RBD images of 64 MiB made on the test cluster (and
+# removed after), one target exporting them all: the time from its start
+# to every namespace active, its memory, threads and descriptors; a host
+# (touch_namespaces) on every subsystem writes a block to every namespace
+# and reads it back; one `status`, one metrics scrape, and the stop, timed.
+#
+# failover: a gateway group of three, each exporting the same NAMESPACES
+# RBD images in two ANA groups (odd nsids in group 1, preferred gw-a;
+# even in group 2, gw-b), reservations on; gw-a is killed (SIGKILL) and
+# the time to every namespace of group 1 written and read back through
+# the gateway that took it is printed (the host tries the two others in
+# turn until one serves the whole group).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
@@ -28,7 +43,8 @@ mode=${1:-hosts}
 target=${TARGET:-build/release/rdmablk-target}
 host=build/release/rdmablk
 hold=build/release/hold_queues
-[ -x "$target" ] && [ -x "$host" ] && [ -x "$hold" ] ||
+touch=build/release/touch_namespaces
+[ -x "$target" ] && [ -x "$host" ] && [ -x "$hold" ] && [ -x "$touch" ] ||
   cargo build --release --quiet -p rdmablk-target -p rdmablk -p rdmablk-tests --bins
 nqn=nqn.2026-11.io.rdmablk:scale
 pids=()
@@ -162,8 +178,139 @@ memory() {
   kill "$pid" 2>/dev/null || true
 }
 
+# rbd_config SUBSYSTEMS PER PORT MPORT CONF: SUBSYSTEMS subsystems of PER
+# RBD namespaces, namespace j of subsystem i on image scale-i-j.
+rbd_config() {
+  python3 - "$@" <<'PY'
+import sys
+subs, per, port, mport = map(int, sys.argv[1:5])
+conf = sys.argv[5]
+print(f'[metrics]\nlisten = "127.0.0.1:{mport}"\n')
+print(f'[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:{port}"\n')
+for i in range(subs):
+    print(f'[[subsystem]]\nnqn = "nqn.2026-11.io.rdmablk:scale-{i}"\nallow_any_host = true\n')
+    for j in range(per):
+        print(f'  [[subsystem.namespace]]\n  nsid = {j + 1}\n  backend = "rbd"\n  pool = "rbd"\n'
+              f'  image = "scale-{i}-{j}"\n  ceph_conf = "{conf}"\n  client_id = "rdmablk"\n')
+PY
+}
+
+# rbd_images create|rm SUBSYSTEMS PER CONF: the bench's images, 16 at a time.
+rbd_images() {
+  local what=$1 subs=$2 per=$3 conf=$4
+  for i in $(seq 0 $((subs - 1))); do for j in $(seq 0 $((per - 1))); do echo "rbd/scale-$i-$j"; done; done |
+    case $what in
+      create) xargs -P 16 -I{} rbd -c "$conf" create {} --size 64M --image-feature layering ;;
+      rm) xargs -P 16 -I{} rbd -c "$conf" rm --no-progress {} 2> /dev/null || true ;;
+    esac
+}
+
+rbd_scale() {
+  local subs=${1:-16} per=${2:-256} conf=${RDMABLK_CEPH_CONF:-/tmp/rdmablk-ceph/ceph.conf}
+  local n=$((subs * per)) port mport pid t0 took active=0
+  [ -r "$conf" ] || { echo "no cluster: scripts/ceph-dev.sh up (or RDMABLK_CEPH_CONF)" >&2; exit 1; }
+  t0=$(date +%s)
+  rbd_images rm "$subs" "$per" "$conf"
+  rbd_images create "$subs" "$per" "$conf"
+  echo "$n images of 64 MiB created in $(( $(date +%s) - t0 )) s"
+  trap 'rbd_images rm '"$subs $per $conf"'; cleanup_all' EXIT
+  port=$(free_port); mport=$(free_port)
+  rbd_config "$subs" "$per" "$port" "$mport" "$conf" > "$work/rbd.toml"
+  t0=$(date +%s%N)
+  taskset -c 0 "$target" --config "$work/rbd.toml" --control "$work/control.sock" 2> "$work/rbd.log" &
+  pid=$!; pids+=("$pid")
+  until [ "$active" -ge "$n" ]; do
+    kill -0 "$pid" 2>/dev/null || { echo "the target ended:" >&2; tail -5 "$work/rbd.log" >&2; exit 1; }
+    [ $(( ($(date +%s%N) - t0) / 1000000000 )) -lt 600 ] || { echo "only $active of $n active after 600 s" >&2; exit 1; }
+    sleep 0.2
+    active=$(grep -c 'namespace active' "$work/rbd.log" || true)
+  done
+  took=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "$n RBD namespaces in $subs subsystems: all active ${took} ms after the start;" \
+    "$(( $(status_of "$pid" VmRSS) / 1024 )) MiB resident, $(status_of "$pid" Threads) threads, $(fds_of "$pid") descriptors"
+  local nqns=()
+  for i in $(seq 0 $((subs - 1))); do nqns+=("nqn.2026-11.io.rdmablk:scale-$i"); done
+  took=$(timed "$touch" "127.0.0.1:$port" "${nqns[@]}")
+  echo "a host on every subsystem: $(tail -1 "$work/out") (${took} ms with its start)"
+  took=$(timed "$target" status --control "$work/control.sock")
+  echo "status: ${took} ms, $(wc -l < "$work/out") lines"
+  took=$(timed curl -sf "http://127.0.0.1:$mport/metrics")
+  echo "metrics scrape: ${took} ms, $(grep -vc '^#' "$work/out") series, $(wc -c < "$work/out") bytes"
+  t0=$(date +%s%N)
+  kill "$pid"; wait "$pid" 2>/dev/null || true
+  echo "stop (images closed): $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+}
+
+# gateway_config GW PORT N CONF GROUP: gateway GW (a, b or c) of a group
+# of three exporting images scale-0-0.. as N namespaces, the odd ones in
+# ANA group 1 (preferred: gw-a), the even ones in group 2 (gw-b).
+gateway_config() {
+  python3 - "$@" <<'PY'
+import sys
+gw, port, n, conf, group = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], sys.argv[5]
+first = 1 + 1000 * "abc".index(gw)
+print(f'[gateway_group]\nname = "{group}"\ngateway = "gw-{gw}"\npool = "rbd"\nceph_conf = "{conf}"\n'
+      f'lease = "3s"\nfailback_delay = "600s"\npreferred = {{ 1 = "gw-a", 2 = "gw-b" }}\n')
+print(f'[[listener]]\ntransport = "tcp"\naddress = "127.0.0.1:{port}"\n')
+print(f'[[subsystem]]\nnqn = "nqn.2026-11.io.rdmablk:scale-0"\nallow_any_host = true\n'
+      f'cntlid_min = {first}\ncntlid_max = {first + 999}\n')
+for j in range(n):
+    print(f'  [[subsystem.namespace]]\n  nsid = {j + 1}\n  backend = "rbd"\n  pool = "rbd"\n'
+          f'  image = "scale-0-{j}"\n  ceph_conf = "{conf}"\n  ana_group = {1 if j % 2 == 0 else 2}\n')
+PY
+}
+
+failover() {
+  local n=${1:-1024} conf=${RDMABLK_CEPH_CONF:-/tmp/rdmablk-ceph/ceph.conf}
+  local group="scale-$$" gw port t0 took active
+  local -A ports pid
+  [ -r "$conf" ] || { echo "no cluster: scripts/ceph-dev.sh up (or RDMABLK_CEPH_CONF)" >&2; exit 1; }
+  t0=$(date +%s)
+  rbd_images rm 1 "$n" "$conf"
+  rbd_images create 1 "$n" "$conf"
+  echo "$n images of 64 MiB created in $(( $(date +%s) - t0 )) s"
+  trap 'rbd_images rm 1 '"$n $conf"'; cleanup_all' EXIT
+  for gw in a b c; do
+    ports[$gw]=$(free_port)
+    gateway_config "$gw" "${ports[$gw]}" "$n" "$conf" "$group" > "$work/gw-$gw.toml"
+    "$target" --config "$work/gw-$gw.toml" 2> "$work/gw-$gw.log" &
+    pid[$gw]=$!; pids+=("${pid[$gw]}")
+  done
+  t0=$(date +%s%N)
+  for gw in a b c; do
+    active=0
+    until [ "$active" -ge "$n" ]; do
+      kill -0 "${pid[$gw]}" 2>/dev/null || { echo "gw-$gw ended:" >&2; tail -5 "$work/gw-$gw.log" >&2; exit 1; }
+      sleep 0.2
+      active=$(grep -c 'namespace active' "$work/gw-$gw.log" || true)
+    done
+  done
+  echo "3 gateways, $n RBD namespaces each in 2 ANA groups, reservations on:" \
+    "all active $(( ($(date +%s%N) - t0) / 1000000 )) ms after the start;" \
+    "gw-a $(( $(status_of "${pid[a]}" VmRSS) / 1024 )) MiB resident, $(status_of "${pid[a]}" Threads) threads"
+  local nqn=nqn.2026-11.io.rdmablk:scale-0
+  until "$touch" "127.0.0.1:${ports[a]}" "$nqn" --ana-group 1 > "$work/out" 2> "$work/err"; do sleep 0.5; done
+  echo "gw-a serves ANA group 1: $(tail -1 "$work/out")"
+  t0=$(date +%s%N)
+  kill -9 "${pid[a]}"
+  local owner=""
+  while [ -z "$owner" ]; do
+    for gw in b c; do
+      if "$touch" "127.0.0.1:${ports[$gw]}" "$nqn" --ana-group 1 > "$work/out" 2> "$work/err"; then
+        owner=$gw; break
+      fi
+    done
+    [ $(( ($(date +%s%N) - t0) / 1000000000 )) -lt 120 ] || { echo "no gateway served group 1 120 s after the kill" >&2; tail -3 "$work/err" >&2; exit 1; }
+  done
+  took=$(( ($(date +%s%N) - t0) / 1000000 ))
+  echo "SIGKILL of gw-a to every namespace of its group written and read back through gw-$owner:" \
+    "${took} ms ($(tail -1 "$work/out"))"
+}
+
 case $mode in
   hosts) shift; hosts "$@" ;;
   memory) shift; memory "$@" ;;
-  *) echo "usage: $0 hosts [HOSTS] [ROUNDS] [SECONDS] | memory [NAMESPACES]" >&2; exit 2 ;;
+  rbd) shift; rbd_scale "$@" ;;
+  failover) shift; failover "$@" ;;
+  *) echo "usage: $0 hosts [HOSTS] [ROUNDS] [SECONDS] | memory [NAMESPACES] | rbd [SUBSYSTEMS] [PER] | failover [NAMESPACES]" >&2; exit 2 ;;
 esac

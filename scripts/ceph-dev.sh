@@ -31,7 +31,9 @@
 # of this machine: the test command gives scripts/testnet.sh's bridge address,
 # which network namespaces on that bridge reach too (the partition tests). A
 # running cluster on another address is recreated. Pool `rbd` (size 1, 8 PGs) is
-# created and initialised. There is no ceph-mgr: the mon creates PGs and
+# created and initialised. The OSD holds ${CEPH_DEV_OSD_BYTES:-2147483648} bytes
+# in memory (bench/scale.sh's thousands of images want more: `down`, then
+# `up` with a larger one). There is no ceph-mgr: the mon creates PGs and
 # librbd needs no mgr, but mgr-backed commands (`ceph pg stat`, `ceph df`
 # details, `rbd perf`, `rbd task`) would hang, and `ceph -s` shows no PG stats.
 set -euo pipefail
@@ -41,6 +43,7 @@ CONF=$DIR/ceph.conf
 MARK=$DIR/.rdmablk-ceph-dev
 LOCK=$DIR.lock
 ADDR=${CEPH_DEV_ADDR:-127.0.0.1}
+OSD_BYTES=${CEPH_DEV_OSD_BYTES:-2147483648}
 MON_V2=3300
 MON_V1=6789
 START=$SECONDS
@@ -202,7 +205,7 @@ keyring = $DIR/\$name/keyring
 pid_file = $DIR/\$name.pid
 log_file = $DIR/log/\$cluster-\$name.log
 osd_objectstore = memstore
-memstore_device_bytes = 2147483648
+memstore_device_bytes = $OSD_BYTES
 public_addr = $ADDR
 cluster_addr = $ADDR
 osd_crush_initial_weight = 1

@@ -67,7 +67,9 @@ fn sources_of(name: &str) -> [&'static str; 2] {
         "rdmablk-target" => ["target/src", "common/src"],
         "rdmablk" => ["initiator/src", "common/src"],
         // The test tools (tests/src/bin).
-        "hold_queues" | "blkload" | "rdma_stall" | "rdma_keys" => ["tests/src", "common/src"],
+        "hold_queues" | "blkload" | "rdma_stall" | "rdma_keys" | "touch_namespaces" => {
+            ["tests/src", "common/src"]
+        }
         _ => panic!("bin_path: no known sources for {name}"),
     }
 }

@@ -16,9 +16,11 @@ use crate::nvme::port::Port;
 use crate::nvme::subsystem::Registry;
 use crate::transport;
 use nix::sys::signal::{SigSet, Signal};
+use std::collections::VecDeque;
 use std::path::PathBuf;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::{Duration, Instant};
 
 /// What the daemon was asked for besides its configuration.
 pub struct Daemon {
@@ -278,12 +280,17 @@ fn stranded_ops(registry: &Registry) -> usize {
 /// image's close waits for its watchers (up to librbd's notify timeout when
 /// one of them is gone), so one by one, many would outlast the stop timeout.
 const CLOSE_AT_ONCE: usize = 32;
+/// How long the closes may take in all: within systemd's stop timeout
+/// (30 s), after the drain. A cluster that does not answer (a full or
+/// unreachable OSD) holds a close for as long as it does.
+const CLOSE_WITHIN: Duration = Duration::from_secs(20);
 
 /// Flushes and closes every namespace's backend, [`CLOSE_AT_ONCE`] at a
 /// time, once the pollers ended (nothing is in flight); the last flush
-/// error is the result.
+/// error is the result, or the namespaces not closed within
+/// [`CLOSE_WITHIN`] (their closing threads are left to the process's end).
 fn close_namespaces(registry: &Registry) -> Result<(), DaemonError> {
-    let all: Vec<(String, Arc<Namespace>)> = registry
+    let all: VecDeque<(String, Arc<Namespace>)> = registry
         .subsystems()
         .iter()
         .flat_map(|s| {
@@ -293,29 +300,46 @@ fn close_namespaces(registry: &Registry) -> Result<(), DaemonError> {
                 .collect::<Vec<_>>()
         })
         .collect();
+    let total = all.len();
+    let todo = Arc::new(Mutex::new(all));
+    let (done, results) = std::sync::mpsc::channel();
+    for _ in 0..CLOSE_AT_ONCE.min(total) {
+        let (todo, done) = (todo.clone(), done.clone());
+        let spawned = std::thread::Builder::new()
+            .name("close".into())
+            .spawn(move || loop {
+                let next = todo
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front();
+                let Some((nqn, ns)) = next else { return };
+                let flushed = ns.backend.sync_all();
+                ns.backend.close();
+                let _ = done.send(flushed.map_err(|source| DaemonError::Flush {
+                    nqn,
+                    nsid: ns.nsid,
+                    source,
+                }));
+            });
+        if let Err(e) = spawned {
+            tracing::error!("no thread to close namespaces: {e}");
+        }
+    }
+    drop(done);
+    let deadline = Instant::now() + CLOSE_WITHIN;
     let mut result = Ok(());
-    for batch in all.chunks(CLOSE_AT_ONCE) {
-        std::thread::scope(|scope| {
-            let closing: Vec<_> = batch
-                .iter()
-                .map(|(nqn, ns)| {
-                    scope.spawn(move || {
-                        let flushed = ns.backend.sync_all();
-                        ns.backend.close();
-                        flushed.map_err(|source| DaemonError::Flush {
-                            nqn: nqn.clone(),
-                            nsid: ns.nsid,
-                            source,
-                        })
-                    })
+    for closed in 0..total {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match results.recv_timeout(left) {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => result = Err(e),
+            Err(_) => {
+                return Err(DaemonError::Unclosed {
+                    namespaces: total - closed,
+                    within: CLOSE_WITHIN,
                 })
-                .collect();
-            for c in closing {
-                if let Ok(Err(e)) = c.join() {
-                    result = Err(e);
-                }
             }
-        });
+        }
     }
     result
 }

@@ -51,6 +51,16 @@ pub enum DaemonError {
          group's other gateways fence this one before they take its groups"
     )]
     Undrained { queues: usize },
+    /// Namespaces were not flushed and closed in time at shutdown.
+    #[error(
+        "stopped with {namespaces} namespace(s) not flushed and closed within {within:?} (their \
+         storage does not answer: a hung disk, a full or unreachable cluster); what they \
+         acknowledged was durable already, and their images' watches expire on the cluster"
+    )]
+    Unclosed {
+        namespaces: usize,
+        within: std::time::Duration,
+    },
     /// A namespace could not be flushed at shutdown.
     #[error("flushing {nqn} namespace {nsid}: {source}")]
     Flush {

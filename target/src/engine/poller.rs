@@ -112,10 +112,12 @@ pub trait Endpoint {
     fn on_completion(&mut self, queue: u32, what: u16, res: i32, io: &mut Io);
     /// A backend operation of command `slot` of `queue` completed.
     fn on_backend(&mut self, queue: u32, slot: u16, res: i32, io: &mut Io);
-    /// Checks deadlines (every [`TICK`]).
+    /// Checks deadlines (every [`TICK`]); every queue is pumped next.
     fn on_tick(&mut self, io: &mut Io);
-    /// Lets queues make progress, arms what must be polled, and frees
-    /// closed queues; returns how many were freed.
+    /// Lets the queues that had an event or still have work make progress
+    /// (every queue after a tick or while stopping: `engine::ready`), arms
+    /// what must be polled, and frees closed queues; returns how many were
+    /// freed.
     fn pump(&mut self, io: &mut Io) -> usize;
     /// While the poller spins: takes completions that arrive without a ring
     /// event; returns whether there were any.
@@ -354,7 +356,7 @@ impl Poller {
                     worked |= e.poll(&mut io);
                 }
             }
-            self.pump_all();
+            self.pump_endpoints();
             self.arm_qos_release();
             sleep = self.spin.sleep_next(worked);
             if sleep {
@@ -455,8 +457,9 @@ impl Poller {
         false
     }
 
-    /// Lets every queue make progress, and frees the finished ones.
-    fn pump_all(&mut self) {
+    /// Lets the endpoints' queues make progress, and frees the finished
+    /// ones.
+    fn pump_endpoints(&mut self) {
         let stop_at = self.stop_at;
         let id = self.id;
         // Queues with held commands look at them when a time came, and
