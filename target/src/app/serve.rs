@@ -288,7 +288,9 @@ const CLOSE_WITHIN: Duration = Duration::from_secs(20);
 /// Flushes and closes every namespace's backend, [`CLOSE_AT_ONCE`] at a
 /// time, once the pollers ended (nothing is in flight); the last flush
 /// error is the result, or the namespaces not closed within
-/// [`CLOSE_WITHIN`] (their closing threads are left to the process's end).
+/// [`CLOSE_WITHIN`] (their closing threads are left to the process's end,
+/// and the watches of RBD images still open are ended by blocklisting this
+/// process's own cluster clients).
 fn close_namespaces(registry: &Registry) -> Result<(), DaemonError> {
     let all: VecDeque<(String, Arc<Namespace>)> = registry
         .subsystems()
@@ -337,6 +339,7 @@ fn close_namespaces(registry: &Registry) -> Result<(), DaemonError> {
                 return Err(DaemonError::Unclosed {
                     namespaces: total - closed,
                     within: CLOSE_WITHIN,
+                    clients: crate::backend::rbd::blocklist_own_clients(),
                 })
             }
         }

@@ -272,8 +272,8 @@ impl RbdBackend {
     }
 }
 
-/// The namespace an RBD backend serves, as the thread that opens its image
-/// sees it (the NVMe layer's namespace implements it).
+/// The namespace an RBD backend serves, as its image's life sees it (the
+/// NVMe layer's namespace implements it).
 pub trait RbdNamespace: Send + Sync {
     /// Its backend.
     fn rbd(&self) -> &RbdBackend;
@@ -302,6 +302,39 @@ fn slot(spec: &RbdImage) -> Slot {
         .entry(spec.cluster_key())
         .or_default()
         .clone()
+}
+
+/// How long the stop blocklists this process's own clients for (their
+/// instances are never used again: a restart connects anew).
+const OWN_BLOCKLIST: Duration = Duration::from_secs(60);
+
+/// Ends the watches of every image still open at once, by blocklisting
+/// this process's own cluster clients: the stop's way out when closing the
+/// images one by one would outlast it (each close makes librbd walk the
+/// admin socket hooks of every image its client has open, so closing
+/// thousands takes minutes). Their operations fail from then on; nothing
+/// of ours is in flight any more. Returns how many clients were.
+pub fn blocklist_own_clients() -> usize {
+    let slots: Vec<Slot> = CLUSTERS
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .iter()
+        .flat_map(|m| m.values().cloned())
+        .collect();
+    let mut done = 0;
+    for slot in slots {
+        let Some(c) = slot.lock().unwrap_or_else(PoisonError::into_inner).upgrade() else {
+            continue;
+        };
+        match c.addresses().and_then(|a| c.blocklist(&a, OWN_BLOCKLIST).map(|()| a)) {
+            Ok(a) => {
+                tracing::info!(client = %a, "blocklisted this process's own cluster client: its images' watches end now");
+                done += 1;
+            }
+            Err(e) => tracing::warn!("cannot blocklist this process's own cluster client: {e}"),
+        }
+    }
+    done
 }
 
 /// Stops sharing `old` (its client was blocklisted): the next image of its
