@@ -323,10 +323,17 @@ pub fn blocklist_own_clients() -> usize {
         .collect();
     let mut done = 0;
     for slot in slots {
-        let Some(c) = slot.lock().unwrap_or_else(PoisonError::into_inner).upgrade() else {
+        let Some(c) = slot
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .upgrade()
+        else {
             continue;
         };
-        match c.addresses().and_then(|a| c.blocklist(&a, OWN_BLOCKLIST).map(|()| a)) {
+        match c
+            .addresses()
+            .and_then(|a| c.blocklist(&a, OWN_BLOCKLIST).map(|()| a))
+        {
             Ok(a) => {
                 tracing::info!(client = %a, "blocklisted this process's own cluster client: its images' watches end now");
                 done += 1;
