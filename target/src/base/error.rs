@@ -54,10 +54,9 @@ pub enum DaemonError {
     /// Namespaces were not flushed and closed in time at shutdown.
     #[error(
         "stopped with {namespaces} namespace(s) not flushed and closed within {within:?} (their \
-         storage does not answer: a hung disk, a full or unreachable cluster; or thousands of \
-         RBD images, each close slower the more are open); what RBD images acknowledged was \
-         durable already, and {clients} cluster client(s) of this process were blocklisted for a \
-         minute so that their watches end now"
+         storage does not answer: a hung disk, a full or unreachable cluster); what RBD images \
+         acknowledged was durable already, and {clients} cluster client(s) of this process were \
+         blocklisted for a minute so that their watches end now"
     )]
     Unclosed {
         namespaces: usize,

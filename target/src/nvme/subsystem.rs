@@ -78,10 +78,11 @@ impl NamespaceView {
         if subsys.generation.load(Ordering::Acquire) != self.generation {
             *self = subsys.view(host);
         }
-        self.table
-            .iter()
-            .find(|(n, _)| n.nsid == nsid && n.is_active())
-            .cloned()
+        let i = self
+            .table
+            .binary_search_by_key(&nsid, |(n, _)| n.nsid)
+            .ok()?;
+        Some(self.table[i].clone()).filter(|(n, _)| n.is_active())
     }
 }
 
@@ -167,16 +168,19 @@ impl Subsystem {
     }
 
     /// What host `host`'s queue sees of the table, with the generation it
-    /// is of.
+    /// is of; by nsid, so that a command finds its namespace in as many
+    /// steps as the log of their number.
     pub fn view(&self, host: &str) -> NamespaceView {
         let table = self.namespaces.lock().expect("namespaces lock");
+        let mut view: Vec<_> = table
+            .iter()
+            .filter(|n| n.tenancy.visible_to(host))
+            .map(|n| (n.clone(), n.tenancy.throttle_for(host)))
+            .collect();
+        view.sort_unstable_by_key(|(n, _)| n.nsid);
         NamespaceView {
             generation: self.generation.load(Ordering::Acquire),
-            table: table
-                .iter()
-                .filter(|n| n.tenancy.visible_to(host))
-                .map(|n| (n.clone(), n.tenancy.throttle_for(host)))
-                .collect(),
+            table: view,
         }
     }
 
