@@ -195,11 +195,19 @@ impl RbdBackend {
     }
 
     /// Counts `image`, whose client the cluster blocklisted, among those
-    /// whose operations can no longer land.
-    fn retire(&self, image: &Arc<Image>) {
+    /// whose operations can no longer land; false when it was already
+    /// (it is being replaced: later reports about it change nothing).
+    fn retire(&self, image: &Arc<Image>) -> bool {
         let mut retired = self.retired.lock().unwrap_or_else(PoisonError::into_inner);
         retired.retain(|i| i.strong_count() > 0);
+        if retired
+            .iter()
+            .any(|i| std::ptr::eq(i.as_ptr(), Arc::as_ptr(image)))
+        {
+            return false;
+        }
         retired.push(Arc::downgrade(image));
+        true
     }
 
     /// Operations in flight on this namespace's images whose client the

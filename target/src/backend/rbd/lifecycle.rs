@@ -173,12 +173,18 @@ impl Life {
     /// the host retries); the old one is closed once the operations started
     /// on it have ended (librbd ends them with an error, within the
     /// client's operation timeout), by jobs of its own lane, so that this
-    /// one is free at once for what happens to the new one.
+    /// one is free at once for what happens to the new one. While the
+    /// new one does not open (retried every RETRY_OPEN), I/O still meets
+    /// the old one and reports it again: those reports are dropped, one
+    /// opening is under way.
     fn reconnect(self: &Arc<Self>, old: Arc<Image>) {
         let Some(n) = self.ns.upgrade() else {
             return;
         };
         let r = n.rbd();
+        if !r.retire(&old) {
+            return;
+        }
         let (spec, client, timeout) = (r.spec.spec(), r.spec.client_id.clone(), r.spec.timeout);
         tracing::warn!(
             image = %spec,
@@ -188,7 +194,6 @@ impl Life {
              with a status the host retries"
         );
         forget_cluster(&r.spec, old.cluster());
-        r.retire(&old);
         drop(n);
         let deadline = Instant::now() + 2 * timeout + Duration::from_secs(5);
         close_when_idle(Lane::new(&IMAGE_WORKERS), old, spec, deadline);

@@ -133,7 +133,9 @@ impl Drop for Client {
 }
 
 /// Waits until the target has opened its image again `n` times in all,
-/// then reads back `data` (at LBA 128) through `c`.
+/// once per blocklisting (reads that meet the blocklisted connection while
+/// the new one cannot open start no other reconnection), then reads back
+/// `data` (at LBA 128) through `c`.
 fn reconnected(t: &Target, n: usize, c: &mut Controller, data: &[u8], what: &str) {
     let start = Instant::now();
     while t.log().matches("open again on a new connection").count() < n {
@@ -144,6 +146,16 @@ fn reconnected(t: &Target, n: usize, c: &mut Controller, data: &[u8], what: &str
         );
         std::thread::sleep(Duration::from_millis(50));
     }
+    let log = t.log();
+    let (replaced, opened) = (
+        log.matches("the cluster blocklisted this client").count(),
+        log.matches("open again on a new connection").count(),
+    );
+    assert!(
+        replaced == n && opened == n,
+        "{what}: {replaced} reconnections and {opened} openings for {n} blocklistings\n{}",
+        t.log_tail()
+    );
     let back = io(c).read(1, 128, 128, 512).or_panic(what);
     assert_same(&back, data, what);
 }
