@@ -3,8 +3,8 @@
 //! not from the cluster keeps renewing its leases: without more, those
 //! hosts' I/O on its groups would wait for the partition to heal while
 //! other gateways they reach stand by. So each heartbeat carries the hosts
-//! with a live controller on its gateway (the host's keep-alive on a path
-//! it lost expires within KATO), and an owner remembers the hosts it lost
+//! with a live controller and an I/O queue on its gateway (the host's
+//! keep-alive on a path it lost expires within KATO), and an owner remembers the hosts it lost
 //! (for [`LOST_FOR`]). It hands its groups to a live gateway that has
 //! reached, for a whole lease, every host it serves and one it lost: no
 //! host loses the group, and a host that never had a path here (one path
@@ -109,7 +109,10 @@ pub(super) fn hosts_of(beat: &[u8]) -> BTreeSet<String> {
 
 impl Group {
     /// The hosts with a live controller on this gateway's NVM subsystems
-    /// now (the discovery subsystem is not one of them).
+    /// now (the discovery subsystem is not one of them) that has an I/O
+    /// queue. A controller with its admin queue alone uses no namespace: a
+    /// tool that reads the ANA log and leaves is not a host lost when it
+    /// goes (counted, it would hold a failback back for LOST_FOR).
     pub(super) fn hosts_here(&self) -> BTreeSet<String> {
         let Some(registry) = self.registry.upgrade() else {
             return BTreeSet::new();
@@ -118,7 +121,7 @@ impl Group {
             .subsystems()
             .iter()
             .flat_map(|s| s.live_controllers())
-            .filter(|c| c.is_live())
+            .filter(|c| c.is_live() && c.queues_connected() > 1)
             .map(|c| c.hostnqn.clone())
             .collect()
     }

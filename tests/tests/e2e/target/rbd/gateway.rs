@@ -7,7 +7,7 @@
 //! group back after the failback delay, without being fenced, while writes
 //! go on; a gateway stopped with SIGTERM hands its group over at once.
 
-use super::gateway_group::{ana_state, config, wait_owner, LEASE_SECS};
+use super::gateway_group::{admin_only, ana_state, config, wait_owner, LEASE_SECS};
 use super::*;
 use rdmablk_common::nvme::ana::AnaState;
 use rdmablk_tests::bin_path;
@@ -133,6 +133,16 @@ fn a_killed_owner_is_fenced_and_its_group_moves_then_comes_back() {
     let started = Instant::now();
     wait_active(&a2.t);
     let bench = writes(&[&a2, &b, &c], 6 + FAILBACK_SECS);
+    // A tool that reads through gw-a for a few heartbeats and leaves, and
+    // stays on the owner: with an admin queue alone it uses no namespace
+    // and holds no failback back (were it a host, gw-a would no longer
+    // reach one that the owner serves, for the 10 minutes a lost host
+    // counts).
+    let tool = Controller::open(a2.t.addr(), NQN, HOST_B, &admin_only()).or_panic("a tool on gw-a");
+    let _tool_on_owner =
+        Controller::open(new.t.addr(), NQN, HOST_B, &admin_only()).or_panic("a tool on the owner");
+    std::thread::sleep(Duration::from_secs(LEASE_SECS));
+    drop(tool);
     wait_owner(
         &[&a2.t, &b.t, &c.t],
         Some(0),

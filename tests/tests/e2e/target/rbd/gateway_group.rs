@@ -41,9 +41,17 @@ pub(super) fn config(
     )
 }
 
-/// The state ANA group `g` has on gateway `t`, as a host reads it.
+/// Options of a tool that reads logs: an admin queue alone.
+pub(super) fn admin_only() -> Opts {
+    Opts {
+        io_queues: 0,
+        ..quiet()
+    }
+}
+
+/// The state ANA group `g` has on gateway `t`, as a tool reads it.
 pub(super) fn ana_state(t: &Target, g: u32) -> Option<AnaState> {
-    let c = Controller::open(t.addr(), NQN, HOST_A, &quiet()).ok()?;
+    let c = Controller::open(t.addr(), NQN, HOST_A, &admin_only()).ok()?;
     let page = c.admin().get_log(lid::ANA, 4096, 0).ok()?;
     let log = AnaLog::parse(&page)?;
     log.groups.iter().find(|x| x.grpid == g).map(|x| x.state)
