@@ -6,6 +6,7 @@
 pub mod abort;
 pub mod auth;
 pub mod bytes;
+pub mod cli_docs;
 pub mod fabrics;
 pub mod fuzzing;
 pub mod interchange;

@@ -15,7 +15,7 @@ pub(crate) const DISCOVERY_CONF: &str = "/etc/nvme/discovery.conf";
 /// NVMe over Fabrics host: discover subsystems, connect a namespace as a
 /// local disk (NBD), or benchmark it. Flags follow nvme-cli.
 #[derive(Parser)]
-#[command(name = "rdmablk", version)]
+#[command(name = "rdmablk", version = rdmablk_common::cli_docs::VERSION)]
 pub(crate) struct Cli {
     /// Log level when RUST_LOG is not set: error, warn, info, debug, trace.
     #[arg(long, global = true, value_name = "LEVEL", default_value = "warn")]
@@ -68,6 +68,13 @@ or use /dev/ublkb0 like any disk (mkfs, mount, fio). After a crash, the same com
   rdmablk gen-tls-key --hmac 2 --subnqn nqn.2024-01.io.example:disk0
   rdmablk connect -t tcp -a 10.0.0.1 -n NQN --tls-key-file host.key --nbd unix:/run/disk0.sock")]
     GenTlsKey(GenTlsKeyArgs),
+    /// Write the man pages (rdmablk(8) and one per subcommand) and the bash,
+    /// zsh and fish completions into DIR: what the package installs.
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Where: man/, bash/, zsh/ and fish/ are made in it.
+        dir: PathBuf,
+    },
 }
 
 #[derive(Args)]

@@ -4,8 +4,9 @@
 mod cli;
 mod run;
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
 use cli::{Cli, Command};
+use rdmablk_common::cli_docs;
 use std::process::ExitCode;
 
 fn main() -> ExitCode {
@@ -30,6 +31,11 @@ fn main() -> ExitCode {
         Command::List(l) => run::list(&l),
         Command::ConnectAll(a) => run::connect_all(&a),
         Command::GenTlsKey(g) => run::gen_tls_key(&g),
+        Command::GenerateDocs { dir } => {
+            cli_docs::write_docs(Cli::command(), &dir, &["rdmablk-target(8)"], &[])
+                .map(|()| ExitCode::SUCCESS)
+                .map_err(|e| format!("generate-docs: {}: {e}", dir.display()))
+        }
     };
     match result {
         Ok(code) => code,

@@ -1,7 +1,8 @@
 //! rdmablk-target: an NVMe over Fabrics target that exports files, block
 //! devices and memory as NVMe namespaces.
 
-use clap::Parser;
+use clap::{CommandFactory, Parser};
+use rdmablk_common::cli_docs::{self, ExtraPage};
 use rdmablk_target::app::control;
 use rdmablk_target::app::serve::{serve, Daemon};
 use rdmablk_target::config::{self, AnaState, Config, ConfigError, QuickArgs};
@@ -17,7 +18,7 @@ use std::process::ExitCode;
 /// `--listen URL --memory SIZE | --file PATH | --null SIZE | --rbd POOL/IMAGE` builds one
 /// subsystem with one namespace that any host may use.
 #[derive(Parser, Debug)]
-#[command(name = "rdmablk-target", version, after_help = EXAMPLES)]
+#[command(name = "rdmablk-target", version = cli_docs::VERSION, after_help = EXAMPLES)]
 struct Args {
     /// TOML configuration file.
     #[arg(short, long, value_name = "FILE", conflicts_with_all = ["listen", "memory", "file", "null", "rbd", "nqn", "block_size"])]
@@ -102,6 +103,14 @@ enum Action {
     /// for one host (the namespace's `qos` and `host_qos` in the file).
     #[command(subcommand)]
     Qos(QosAction),
+    /// Write the man pages (rdmablk-target(8) and its subcommands',
+    /// rdmablk-target.toml(5)) and the bash, zsh and fish completions into
+    /// DIR: what the package installs.
+    #[command(hide = true)]
+    GenerateDocs {
+        /// Where: man/, bash/, zsh/ and fish/ are made in it.
+        dir: PathBuf,
+    },
 }
 
 /// `rdmablk-target qos ...`.
@@ -174,6 +183,19 @@ const EXAMPLES: &str = "Examples:
 fn main() -> ExitCode {
     rdmablk_common::abort::abort_on_panic();
     let args = Args::parse();
+    if let Some(Action::GenerateDocs { dir }) = &args.action {
+        let page = ExtraPage {
+            file: config::manual::PAGE_FILE.to_string(),
+            roff: config::manual::page(),
+        };
+        return match cli_docs::write_docs(Args::command(), dir, &["rdmablk(8)"], &[page]) {
+            Ok(()) => ExitCode::SUCCESS,
+            Err(e) => {
+                eprintln!("rdmablk-target generate-docs: {}: {e}", dir.display());
+                ExitCode::FAILURE
+            }
+        };
+    }
     if let Some(action) = &args.action {
         let (path, what) = match action {
             Action::Reload { control } => (control, "reload".to_string()),
@@ -204,6 +226,7 @@ fn main() -> ExitCode {
                     format!("qos set {subsystem} {nsid} {host} {limits}"),
                 )
             }
+            Action::GenerateDocs { .. } => unreachable!("handled above"),
         };
         return match control::request(path, &what) {
             Ok(true) => ExitCode::SUCCESS,

@@ -23,6 +23,7 @@ mod convert;
 mod error;
 mod gateway;
 mod listener;
+pub mod manual;
 mod model;
 mod nqn;
 mod qos;

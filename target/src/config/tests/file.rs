@@ -295,3 +295,80 @@ fn gateway_examples_pair_up() {
     assert_eq!(la.ana_groups.len(), 2);
     assert_eq!(lb.ana_groups.len(), 2);
 }
+
+/// The fields the parser accepts in a table, read off its refusal of an
+/// unknown one ("unknown field `zz`, expected one of `a`, `b`").
+fn accepted_fields(probe: &str) -> Vec<String> {
+    let msg = match parse(probe) {
+        Err(ConfigError::Syntax(msg)) => msg,
+        other => panic!("{probe}: expected an unknown field, got {other:?}"),
+    };
+    let expected = msg
+        .split_once("expected")
+        .unwrap_or_else(|| panic!("{msg}"))
+        .1;
+    expected
+        .split('`')
+        .skip(1)
+        .step_by(2)
+        .map(str::to_string)
+        .collect()
+}
+
+/// The configuration reference (config/target.toml, rendered as the man
+/// page rdmablk-target.toml(5)) names every key the parser accepts, in
+/// every table: a key added to the parser without its documentation fails
+/// here.
+#[test]
+fn every_key_the_parser_accepts_is_in_the_reference() {
+    use crate::config::manual::{key_of, REFERENCE};
+    let documented: std::collections::BTreeSet<&str> = REFERENCE
+        .lines()
+        .map(|l| l.trim().trim_start_matches('#').trim())
+        .filter_map(key_of)
+        .collect();
+    let tables: Vec<&str> = REFERENCE
+        .lines()
+        .map(|l| l.trim().trim_start_matches('#').trim())
+        .filter(|l| l.starts_with('['))
+        .collect();
+    let sub = "[[subsystem]]\nnqn = \"nqn.2026-11.io.example:a\"\n";
+    let ns = format!("{sub}[[subsystem.namespace]]\n");
+    let probes = [
+        ("the file", "zz = 1\n".to_string()),
+        ("[pollers]", "[pollers]\nzz = 1\n".into()),
+        ("[limits]", "[limits]\nzz = 1\n".into()),
+        ("[metrics]", "[metrics]\nzz = 1\n".into()),
+        ("[reservations]", "[reservations]\nzz = 1\n".into()),
+        ("[gateway_group]", "[gateway_group]\nzz = 1\n".into()),
+        ("[[listener]]", "[[listener]]\nzz = 1\n".into()),
+        ("[[subsystem]]", format!("{sub}zz = 1\n")),
+        (
+            "[[subsystem.host]]",
+            format!("{sub}[[subsystem.host]]\nzz = 1\n"),
+        ),
+        ("[[subsystem.namespace]]", format!("{ns}zz = 1\n")),
+        ("qos", format!("{ns}qos = {{ zz = 1 }}\n")),
+        (
+            "[[subsystem.namespace.host_qos]]",
+            format!("{ns}[[subsystem.namespace.host_qos]]\nzz = 1\n"),
+        ),
+    ];
+    let mut missing = Vec::new();
+    for (table, probe) in &probes {
+        let fields = accepted_fields(probe);
+        assert!(!fields.is_empty(), "{table}: {fields:?}");
+        for f in fields {
+            // A key, or a table of its own ([[subsystem.host]] for host).
+            let found = documented.contains(f.as_str())
+                || tables.iter().any(|t| {
+                    let name = t.trim_matches(|c| c == '[' || c == ']');
+                    name.rsplit('.').next() == Some(f.as_str())
+                });
+            if !found {
+                missing.push(format!("{table} {f}"));
+            }
+        }
+    }
+    assert!(missing.is_empty(), "not in config/target.toml: {missing:?}");
+}
