@@ -16,11 +16,17 @@ BUILD_PKGS=(gcc pkg-config libibverbs-dev librdmacm-dev libclang-dev libssl-dev)
 TEST_PKGS=(fio nbdkit libnbd-bin e2fsprogs fuse3 util-linux busybox-static cpio qemu-system-x86 gnutls-bin
   prometheus ceph-mon ceph-osd ceph-common librbd-dev iproute2 nftables)
 
+# The Debian packages (scripts/deb.sh) and their checks: lintian, man-db
+# (man -l), bash-completion, systemd-container (the packaged unit runs under
+# systemd in a container: tests/package/run.sh).
+PACKAGE_PKGS=(debhelper dpkg-dev lintian man-db bash-completion systemd systemd-container)
+
 want=("${BUILD_PKGS[@]}")
 case "${1:-}" in
-  --test) want+=("${TEST_PKGS[@]}") ;;
+  --test) want+=("${TEST_PKGS[@]}" "${PACKAGE_PKGS[@]}") ;;
+  --package) want+=("${PACKAGE_PKGS[@]}") ;;
   "") ;;
-  *) echo "usage: $0 [--test]" >&2; exit 2 ;;
+  *) echo "usage: $0 [--test | --package]" >&2; exit 2 ;;
 esac
 
 missing=()

@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The whole test suite: formatting, lints, unit tests, end-to-end tests with
-# real processes on this machine, the RBD tests against a one-node Ceph
-# cluster (scripts/ceph-dev.sh, started here and stopped afterwards), and the
-# VM suite (the Linux kernel's NVMe-oF host and target, nbd, under QEMU).
-# `--quick` runs only the tests on this machine: no formatting, lints, Ceph
-# or VM. At its end (passed or not) it prints each phase's wall time.
+# real processes on this machine, the Debian packages (tests/package/run.sh),
+# the RBD tests against a one-node Ceph cluster (scripts/ceph-dev.sh, started
+# here and stopped afterwards), and the VM suite (the Linux kernel's NVMe-oF
+# host and target, nbd, under QEMU). `--quick` runs only the tests on this
+# machine: no formatting, lints, packages, Ceph or VM. At its end (passed or
+# not) it prints each phase's wall time.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 quick=0
@@ -40,6 +41,9 @@ fi
 phase build cargo build --release
 phase "unit and e2e tests" cargo test --release --workspace
 if [ $quick -eq 0 ]; then
+  # The Debian packages: built, linted, installed and run under systemd in a
+  # container, removed.
+  phase "package" bash tests/package/run.sh
   t0=$(date +%s)
   # On the partition tests' bridge, so gateways in network namespaces reach
   # it (target::rbd::partitions); tests in this namespace reach it too.

@@ -42,7 +42,7 @@ pub fn write_docs(
     fs::create_dir_all(&man)?;
     let mut pages = Vec::new();
     collect(&cmd, &mut pages);
-    let mut related: Vec<String> = pages.iter().map(|c| page_name(c)).collect();
+    let mut related: Vec<String> = pages.iter().map(page_name).collect();
     related.extend(see_also.iter().map(|s| s.to_string()));
     related.extend(extra.iter().map(|e| file_ref(&e.file)));
     for page in &pages {

@@ -190,12 +190,10 @@ impl Config {
     }
 }
 
-/// The machine's memory in bytes (MemTotal), if it can be read.
+/// The machine's memory in bytes, if it can be read (sysinfo(2): no /proc
+/// file, which the unit's ProcSubset=pid hides).
 pub fn machine_memory() -> Option<u64> {
-    let info = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = info.lines().find(|l| l.starts_with("MemTotal:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    nix::sys::sysinfo::sysinfo().ok().map(|i| i.ram_total())
 }
 
 fn validate_pollers(pollers: &Pollers) -> Result<(), ConfigError> {

@@ -80,6 +80,19 @@ fn example_mentions_rdma_listener() {
     assert!(EXAMPLE.contains("transport = \"rdma\""));
 }
 
+/// The packaged /etc/rdmablk/target.toml serves what the daemon serves
+/// with no arguments: a memory namespace on loopback to any host.
+#[test]
+fn the_packaged_default_is_the_embedded_default() {
+    let packaged = parse(include_str!("../../../../config/default.toml")).expect("default.toml");
+    let embedded = embedded_default();
+    assert_eq!(packaged.listeners, embedded.listeners);
+    assert_eq!(packaged.subsystems.len(), 1);
+    let (p, e) = (&packaged.subsystems[0], &embedded.subsystems[0]);
+    assert_eq!((&p.nqn, p.allow_any_host), (&e.nqn, e.allow_any_host));
+    assert_eq!(p.namespaces, e.namespaces);
+}
+
 #[test]
 fn embedded_default_is_valid() {
     let config = embedded_default();
