@@ -1,23 +1,28 @@
 #!/usr/bin/env bash
-# rdmablk as a gateway to Ceph, against librbd's own tool on the same image:
-# `rbd bench` (librbd in-process, --rbd_cache=false like the RBD backend)
-# and `rdmablk bench` over NVMe/TCP through rdmablk-target's RBD namespace,
-# in interleaved rounds, medians and the ratio rdmablk/rbd.
+# The Ceph gateway's cost against librbd's own: `rbd bench` (librbd in its
+# process, --rbd_cache=false like the RBD backend) and `rdmablk bench` over
+# NVMe/TCP through rdmablk-target's RBD namespace, on the same image, in
+# interleaved rounds; medians of IOPS and of CPU time per I/O (the rbd
+# process's, librbd and messenger included; the target process's, librbd
+# included, the host's not), and the ratios gateway/rbd.
 #
-# Usage: bench/rbd.sh [ROUNDS]   (default 3; needs `cargo build --release`)
+#   bench/rbd.sh [ROUNDS]     (default 3; needs `cargo build --release`)
+#   OLD=path/to/rdmablk-target bench/rbd.sh   # also an older gateway, same rounds
+#   LOADS="randread 4k 32,read 128k 8,randwrite 4k 32" (the default)
+#
 # Runs against scripts/ceph-dev.sh's one-node cluster (started if needed,
-# left running) or the cluster of $CEPH_CONF. Loads: 4K random write QD32,
-# 128K sequential read QD32. Not part of CI.
-#
-# Cores: the local cluster's daemons are pinned to core 0 and both clients
-# (rbd bench; rdmablk-target with rdmablk bench) to core 1, as if the OSDs
-# ran on machines of their own: the clients then compete for one core
-# rather than taking CPU from the OSD. CLIENT_CPUS and CLUSTER_CPUS change it.
+# left running) or the cluster of $CEPH_CONF. The image (1 GiB) is written
+# through before each turn: random writes fragment the test OSD's objects
+# and halve later reads. Cores: the local cluster's daemons and the NVMe/TCP
+# host on core 0 (HOST_CPUS, CLUSTER_CPUS), rbd bench and the gateway on core
+# 1 (CLIENT_CPUS): the gateway and librbd's tool get the same core to
+# themselves. Not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 rounds=${1:-3}
 conf=${CEPH_CONF:-$(bash scripts/ceph-dev.sh up | tail -n 1)}
 client_cpus=${CLIENT_CPUS:-1}
+host_cpus=${HOST_CPUS:-0}
 if [ -z "${CEPH_CONF:-}" ]; then
   dir=$(dirname "$conf")
   for pidfile in "$dir/osd.0.pid" "$dir/mon.a.pid"; do
@@ -25,9 +30,12 @@ if [ -z "${CEPH_CONF:-}" ]; then
   done
 fi
 bin=build/release
+new=$bin/rdmablk-target
+old=${OLD:-}
 image=bench-$$
-size_mib=512
-seconds=5
+size_mib=1024
+seconds=${SECONDS_PER_RUN:-8}
+nqn=nqn.2026-11.io.example:rbd-bench
 work=$(mktemp -d /tmp/rdmablk-rbd-bench.XXXXXX)
 tpid=""
 cleanup() {
@@ -39,51 +47,98 @@ cleanup() {
 trap cleanup EXIT
 
 rbd -c "$conf" create "rbd/$image" --size "${size_mib}M" --image-feature layering
-# Written once through, so that reads fetch data rather than holes.
-rbd -c "$conf" bench --io-type write --io-pattern seq --io-size 4M --io-threads 8 \
-  --io-total "${size_mib}M" "rbd/$image" >/dev/null 2>&1
 
-port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
-taskset -c "$client_cpus" "$bin/rdmablk-target" --listen "tcp://127.0.0.1:$port" --rbd "rbd/$image" \
-  --ceph-conf "$conf" --nqn nqn.2026-11.io.example:rbd-bench >"$work/target.log" 2>&1 &
-tpid=$!
-for _ in $(seq 100); do
-  grep -q "namespace active" "$work/target.log" && break
-  sleep 0.1
-done
-grep -q "namespace active" "$work/target.log" || { cat "$work/target.log"; exit 1; }
-
-# rbd_bench TYPE PATTERN BS TOTAL: ops per second of one run moving TOTAL
-# (sizes as rbd takes them: 4K, 160M, 4G; sequential runs wrap around).
-rbd_bench() {
-  taskset -c "$client_cpus" rbd -c "$conf" bench --rbd_cache=false --io-type "$1" --io-pattern "$2" --io-size "$3" \
-    --io-threads 32 --io-total "$4" "rbd/$image" 2>&1 |
-    awk '/^elapsed:/ { for (i = 1; i < NF; i++) if ($i == "ops/sec:") print $(i + 1) }'
+# The whole image written through, sequentially.
+refill() {
+  rbd -c "$conf" bench --rbd_cache=false --io-type write --io-pattern seq --io-size 4M \
+    --io-threads 8 --io-total "${size_mib}M" "rbd/$image" >/dev/null 2>&1
 }
 
-# ours RW BS: IOPS of `rdmablk bench` for $seconds.
-ours() {
-  taskset -c "$client_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n nqn.2026-11.io.example:rbd-bench \
-    --rw "$1" --bs "$2" --qd 32 --runtime "$seconds" --json 2>/dev/null |
-    python3 -c 'import json,sys; print(json.load(sys.stdin)["iops"])'
-}
-
-# compare NAME RBD_TYPE RBD_PATTERN RW BS RBD_TOTAL
-compare() {
-  : > "$work/rbd"; : > "$work/ours"
-  for _ in $(seq "$rounds"); do
-    rbd_bench "$2" "$3" "$5" "$6" >> "$work/rbd"
-    ours "$4" "${5,,}" >> "$work/ours"
-  done
-  python3 - "$work/rbd" "$work/ours" "$1" <<'EOF'
-import statistics, sys
-r = statistics.median(float(l) for l in open(sys.argv[1]) if l.strip())
-o = statistics.median(float(l) for l in open(sys.argv[2]) if l.strip())
-print(f"{sys.argv[3]:>20}: rbd bench {r:,.0f} IOPS | rdmablk bench via rdmablk-target {o:,.0f} IOPS | ratio {o/r:.2f}x")
+# rbd_run TYPE PATTERN BS QD: "IOPS CPU_US_PER_IO" of rbd bench moving
+# about $seconds' worth (its rate at the last run, or a first guess).
+rbd_run() {
+  local bs_bytes total
+  bs_bytes=$(numfmt --from=iec "${3^^}")
+  total=$(( $(cat "$work/rbd-rate-$1-$3" 2>/dev/null || echo 20000) * seconds * bs_bytes ))
+  python3 - "$work/rbd-rate-$1-$3" "$bs_bytes" "$total" taskset -c "$client_cpus" \
+    rbd -c "$conf" bench --rbd_cache=false --io-type "$1" --io-pattern "$2" --io-size "$bs_bytes" \
+    --io-threads "$4" --io-total "$total" "rbd/$image" <<'EOF'
+import os, re, subprocess, sys
+rate_file, bs, total = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+p = subprocess.Popen(sys.argv[4:], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+out = p.stdout.read()
+_, status, ru = os.wait4(p.pid, 0)
+m = re.search(r"elapsed:\s*([\d.]+)\s+ops:\s*(\d+)\s+ops/sec:\s*([\d.]+)", out)
+if status != 0 or not m:
+    sys.exit(f"rbd bench failed: {out[-500:]}")
+ops, iops = int(m.group(2)), float(m.group(3))
+open(rate_file, "w").write(str(int(iops)))
+print(iops, (ru.ru_utime + ru.ru_stime) * 1e6 / ops)
 EOF
 }
 
-echo "rounds: $rounds, image rbd/$image (${size_mib} MiB), cluster $conf" >&2
-# rbd bench moves a fixed total: about 5 s at this machine's rates.
-compare "4K randwrite QD32" write rand randwrite 4K 160M
-compare "128K read QD32" read seq read 128K 4G
+# gateway_run TARGET RW BS QD: "IOPS CPU_US_PER_IO" of rdmablk bench through
+# TARGET (started here, stopped after), the CPU time the target's.
+gateway_run() {
+  local port ticks0 ticks1 out
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  taskset -c "$client_cpus" "$1" --listen "tcp://127.0.0.1:$port" --rbd "rbd/$image" \
+    --ceph-conf "$conf" --nqn $nqn --pollers 1 >"$work/target.log" 2>&1 &
+  tpid=$!
+  for _ in $(seq 200); do
+    grep -q "namespace active" "$work/target.log" && break
+    sleep 0.05
+  done
+  grep -q "namespace active" "$work/target.log" || { cat "$work/target.log" >&2; exit 1; }
+  ticks0=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  out=$(taskset -c "$host_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n $nqn \
+    --rw "$2" --bs "$3" --qd "$4" --runtime "${seconds}s" --json 2>/dev/null)
+  ticks1=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
+  python3 -c '
+import json, os, sys
+r = json.loads(sys.argv[1]); hz = os.sysconf("SC_CLK_TCK")
+ios = r["read"]["ios"] + r["write"]["ios"]
+print(r["iops"], (int(sys.argv[3]) - int(sys.argv[2])) / hz * 1e6 / max(ios, 1))
+' "$out" "$ticks0" "$ticks1"
+}
+
+# rbd bench's names for a load.
+rbd_type() { case $1 in *write) echo write ;; *) echo read ;; esac; }
+rbd_pattern() { case $1 in rand*) echo rand ;; *) echo seq ;; esac; }
+
+echo "rounds: $rounds of ${seconds} s, image rbd/$image (${size_mib} MiB, refilled before each run)," \
+  "cluster $conf; rbd bench and the gateway on core $client_cpus, the host on $host_cpus" >&2
+IFS=, read -ra loads <<< "${LOADS:-randread 4k 32,read 128k 8,randwrite 4k 32}"
+for load in "${loads[@]}"; do
+  set -- $load
+  : > "$work/rbd"; : > "$work/new"; : > "$work/old"
+  for round in $(seq "$rounds"); do
+    # Who goes first alternates between rounds.
+    order="rbd new old"
+    [ $((round % 2)) -eq 0 ] && order="old new rbd"
+    for who in $order; do
+      case $who in
+        rbd) refill; rbd_run "$(rbd_type "$1")" "$(rbd_pattern "$1")" "$2" "$3" >> "$work/rbd" ;;
+        new) refill; gateway_run "$new" "$1" "$2" "$3" >> "$work/new" ;;
+        old) [ -n "$old" ] || continue; refill; gateway_run "$old" "$1" "$2" "$3" >> "$work/old" ;;
+      esac
+    done
+  done
+  python3 - "$work" "$1 $2 QD$3" <<'EOF'
+import os, statistics, sys
+def med(name):
+    p = os.path.join(sys.argv[1], name)
+    rows = [tuple(map(float, l.split())) for l in open(p) if l.strip()]
+    if not rows:
+        return None
+    return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
+(ri, rc), (ni, nc), old = med("rbd"), med("new"), med("old")
+line = (f"{sys.argv[2]:>18}: rbd bench {ri:,.0f} IOPS {rc:.1f} us CPU/IO | gateway {ni:,.0f} IOPS "
+        f"{nc:.1f} us CPU/IO | gateway/rbd IOPS {ni/ri:.2f}x, CPU/IO {nc/rc:.2f}x")
+if old:
+    oi, oc = old
+    line += f" | old gateway {oi:,.0f} IOPS {oc:.1f} us CPU/IO (new/old IOPS {ni/oi:.2f}x)"
+print(line)
+EOF
+done

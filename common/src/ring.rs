@@ -256,3 +256,9 @@ impl Wakeup {
             .user_data(user_data)
     }
 }
+
+impl std::os::fd::AsFd for Wakeup {
+    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        std::os::fd::AsFd::as_fd(&*self.0)
+    }
+}

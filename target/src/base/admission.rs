@@ -145,6 +145,8 @@ impl Drop for Silent {
 /// The daemon-wide counts and their limits.
 pub struct Admission {
     pub limits: Limits,
+    /// `limits.association_buffer` in effect for these pollers' arenas.
+    pub association_buffer: u64,
     queues: Arc<Gauge>,
     pending: Arc<Gauge>,
     handshakes: Arc<Gauge>,
@@ -156,8 +158,11 @@ pub struct Admission {
 }
 
 impl Admission {
-    pub fn new(limits: Limits) -> Admission {
+    /// Admission under `limits`, for pollers whose arenas hold `arenas`
+    /// bytes in all.
+    pub fn new(limits: Limits, arenas: u64) -> Admission {
         Admission {
+            association_buffer: limits.association_buffer(arenas),
             limits,
             queues: Arc::default(),
             pending: Arc::default(),
@@ -309,10 +314,13 @@ mod tests {
 
     #[test]
     fn associations_are_counted_per_host() {
-        let adm = Admission::new(Limits {
-            associations_per_host: 1,
-            ..Limits::default()
-        });
+        let adm = Admission::new(
+            Limits {
+                associations_per_host: 1,
+                ..Limits::default()
+            },
+            64 << 20,
+        );
         let a = adm.association("nqn.a").unwrap();
         assert!(adm.association("nqn.a").is_none());
         let _b = adm.association("nqn.b").unwrap();
@@ -330,10 +338,13 @@ mod tests {
 
     #[test]
     fn a_new_connection_pushes_out_the_oldest_silent_one_past_its_grace() {
-        let adm = Admission::new(Limits {
-            pending_connections: 2,
-            ..Limits::default()
-        });
+        let adm = Admission::new(
+            Limits {
+                pending_connections: 2,
+                ..Limits::default()
+            },
+            64 << 20,
+        );
         let hung = Arc::new(AtomicUsize::new(0));
         let (_a, a_silent) = adm.new_connection(&"a", counting(&hung)).unwrap();
         let (_b, b_silent) = adm.new_connection(&"b", counting(&hung)).unwrap();

@@ -127,11 +127,11 @@ fn convert_limits(raw: RawLimits) -> Result<Limits, ConfigError> {
         )?,
         tls_handshakes: count("tls_handshakes", raw.tls_handshakes, d.tls_handshakes)?,
         queue_buffer: size("queue_buffer", &raw.queue_buffer, d.queue_buffer)?,
-        association_buffer: size(
-            "association_buffer",
-            &raw.association_buffer,
-            d.association_buffer,
-        )?,
+        association_buffer: raw
+            .association_buffer
+            .as_ref()
+            .map(|s| size_value("limits.association_buffer", s))
+            .transpose()?,
         discovery_buffer: size(
             "discovery_buffer",
             &raw.discovery_buffer,

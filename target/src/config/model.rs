@@ -66,8 +66,10 @@ pub struct Limits {
     pub tls_handshakes: usize,
     /// Arena bytes one queue may hold for its commands' data.
     pub queue_buffer: u64,
-    /// Arena bytes all queues of one association may hold together.
-    pub association_buffer: u64,
+    /// Arena bytes all queues of one association may hold together, as
+    /// written; none: sized from the pollers' arenas
+    /// ([`Limits::association_buffer`]).
+    pub association_buffer: Option<u64>,
     /// Arena bytes all discovery queues of one poller may hold together.
     pub discovery_buffer: u64,
     /// From connection to ICReq, and to Connect.
@@ -83,6 +85,26 @@ pub struct Limits {
     pub discovery_keep_alive: Duration,
 }
 
+/// The association buffer when the file gives none: so much, or less where
+/// the pollers' arenas are fewer than `associations_per_host` of it.
+pub const DEFAULT_ASSOCIATION_BUFFER: u64 = 8 << 20;
+
+impl Limits {
+    /// Arena bytes all queues of one association may hold together: as
+    /// written, or by default so that one host's `associations_per_host`
+    /// fit in `arenas` (all pollers' arenas), at most
+    /// DEFAULT_ASSOCIATION_BUFFER and at least `queue_buffer`. One poller's
+    /// 64 MiB shared by 16 associations gives 4 MiB each.
+    pub fn association_buffer(&self, arenas: u64) -> u64 {
+        self.association_buffer.unwrap_or_else(|| {
+            (arenas / self.associations_per_host.max(1) as u64).clamp(
+                self.queue_buffer,
+                DEFAULT_ASSOCIATION_BUFFER.max(self.queue_buffer),
+            )
+        })
+    }
+}
+
 impl Default for Limits {
     fn default() -> Self {
         Limits {
@@ -91,7 +113,7 @@ impl Default for Limits {
             associations_per_host: 16,
             tls_handshakes: 64,
             queue_buffer: 4 << 20,
-            association_buffer: 8 << 20,
+            association_buffer: None,
             discovery_buffer: 2 << 20,
             handshake_timeout: Duration::from_secs(10),
             enable_timeout: Duration::from_secs(10),
@@ -117,6 +139,11 @@ pub struct Pollers {
 }
 
 impl Pollers {
+    /// The bytes of all their arenas.
+    pub fn arenas(&self) -> u64 {
+        self.count as u64 * self.arena_bytes
+    }
+
     /// How the pollers wait for work.
     pub fn mode(&self) -> PollMode {
         if self.busy_poll {

@@ -159,8 +159,8 @@ impl Config {
     /// authenticates) may hold more arena than all the pollers have.
     pub fn warnings(&self) -> Vec<String> {
         let l = &self.limits;
-        let per_host = l.associations_per_host as u64 * l.association_buffer;
-        let arenas = self.pollers.count as u64 * self.pollers.arena_bytes;
+        let arenas = self.pollers.arenas();
+        let per_host = l.associations_per_host as u64 * l.association_buffer(arenas);
         let mut w = Vec::new();
         if per_host > arenas {
             w.push(format!(
@@ -169,7 +169,7 @@ impl Config {
                  lower them, or raise pollers.arena",
                 units::format_size(per_host),
                 l.associations_per_host,
-                units::format_size(l.association_buffer),
+                units::format_size(l.association_buffer(arenas)),
                 units::format_size(arenas)
             ));
         }
@@ -269,12 +269,12 @@ fn validate_limits(l: &Limits, arena: u64) -> Result<(), ConfigError> {
         MIN_DISCOVERY_BUFFER,
         "one discovery log read",
     )?;
-    if l.association_buffer < l.queue_buffer {
+    if let Some(given) = l.association_buffer.filter(|&a| a < l.queue_buffer) {
         return Err(invalid(
             "limits.association_buffer",
             format!(
                 "{} is below limits.queue_buffer ({}); an association has at least one queue",
-                units::format_size(l.association_buffer),
+                units::format_size(given),
                 units::format_size(l.queue_buffer)
             ),
         ));

@@ -102,7 +102,7 @@ impl Binding {
         self.ledger.associate(
             a.ctrl.buffers.clone(),
             limits.queue_buffer as usize,
-            limits.association_buffer as usize,
+            io.registry.admission.association_buffer as usize,
             a.ctrl.subsys.is_discovery(),
             io.budget,
         );

@@ -332,7 +332,9 @@ impl Poller {
             // stays valid until its completion.
             let submitted = if sleep {
                 // SAFETY: as above.
-                unsafe { self.ring.submit_and_wait() }
+                let woke = unsafe { self.ring.submit_and_wait() };
+                self.completions.awake();
+                woke
             } else {
                 // SAFETY: as above.
                 unsafe { self.ring.submit() }
@@ -356,9 +358,15 @@ impl Poller {
                     worked |= e.poll(&mut io);
                 }
             }
+            // Backend completions recorded off the ring while this poller
+            // was up: they raised no wake-up.
+            if self.completions.pending() {
+                worked |= self.dispatch_off_ring();
+            }
             self.pump_endpoints();
             self.arm_qos_release();
-            sleep = self.spin.sleep_next(worked);
+            // A completion recorded since keeps the poller up.
+            sleep = self.spin.sleep_next(worked) && self.completions.may_sleep();
             if sleep {
                 let counters = &self.shared.pollers[self.id];
                 counters.sleeps.set(self.spin.sleeps());

@@ -327,7 +327,7 @@ impl Registry {
             )),
             ports: RwLock::new(ports),
             genctr: AtomicU64::new(1),
-            admission: Admission::new(cfg.limits.clone()),
+            admission: Admission::new(cfg.limits.clone(), cfg.pollers.arenas()),
             pollers: cfg.pollers.count,
             state_directory: cfg.state_directory.clone(),
         })

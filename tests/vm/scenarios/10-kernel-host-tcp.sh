@@ -61,8 +61,7 @@ for mode in plain digests sqflow; do
   if [ $mode = sqflow ]; then
     grep -q "sq_flow_control=false" /tmp/target.log || fail "the kernel did not disable SQ flow control"
   fi
-  /usr/bin/nvme disconnect -n $NQN || fail "nvme disconnect ($mode)"
-  wait_for 10 sh -c "! ls /dev/$(basename $dev)" || fail "$dev still present after disconnect"
+  disconnect_cleanly $NQN "$dev" "tcp $mode"
 done
 kill -0 $TARGET_PID || fail "rdmablk-target died"
 stop_target

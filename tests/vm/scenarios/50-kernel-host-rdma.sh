@@ -22,8 +22,7 @@ size=$(blockdev --getsize64 "$dev")
 say "rdma: $dev, $size bytes"
 verify_blockdev "$dev" 16
 verify_ext4 "$dev"
-/usr/bin/nvme disconnect -n $NQN || fail "nvme disconnect"
-wait_for 10 sh -c "! ls /dev/$(basename $dev)" || fail "$dev still present after disconnect"
+disconnect_cleanly $NQN "$dev" rdma
 kill -0 $TARGET_PID || fail "rdmablk-target died"
 stop_target
 grep -E " (WARN|ERROR) " /tmp/target.log | head -5

@@ -12,6 +12,23 @@ wait_for() {
   done
 }
 
+# disconnect_cleanly NQN DEV WHAT: `nvme disconnect` of NQN, whose block
+# device DEV goes; the kernel host logs no error while it shuts the
+# controller down and deletes its queues (a completion for a command it no
+# longer has, say an AER, is "tag ... not found"), and the target's log
+# (/tmp/target.log) no H2CTermReq or error of the host.
+disconnect_cleanly() {
+  before=$(dmesg | wc -l)
+  tbefore=$(wc -l < /tmp/target.log)
+  /usr/bin/nvme disconnect -n "$1" || fail "nvme disconnect ($3)"
+  wait_for 10 sh -c "! ls /dev/$(basename "$2")" || fail "$2 still present after disconnect ($3)"
+  bad=$(dmesg | tail -n +$((before + 1)) | grep -Ei "nvme.*(error|fail|not found|timeout|abort)")
+  [ -z "$bad" ] || fail "the kernel host logged at the disconnect ($3): $bad"
+  bad=$(tail -n +$((tbefore + 1)) /tmp/target.log | grep -E "H2CTermReq| ERROR ")
+  [ -z "$bad" ] || fail "the target logged at the disconnect ($3): $bad"
+  say "$3: the disconnect was clean on both sides"
+}
+
 # exited PID: whether the background job PID has ended (a zombie until the
 # shell waits for it, which `kill -0` still finds).
 exited() { ! [ -e "/proc/$1/stat" ] || grep -q ') Z ' "/proc/$1/stat"; }

@@ -67,10 +67,28 @@ fn spin_window_rules() {
 fn one_host_holding_every_arena_is_a_warning() {
     let mut cfg = parse(&minimal("", "[pollers]\ncount = 2\narena = \"64MiB\"")).unwrap();
     assert!(cfg.warnings().is_empty(), "defaults: 16 x 8MiB = 2 x 64MiB");
+    assert_eq!(cfg.limits.association_buffer(cfg.pollers.arenas()), 8 << 20);
+    // One poller (the quick form's --pollers 1): the default is sized from
+    // its arena, and nothing warns.
     cfg.pollers.count = 1;
+    assert!(cfg.warnings().is_empty(), "{:?}", cfg.warnings());
+    assert_eq!(cfg.limits.association_buffer(cfg.pollers.arenas()), 4 << 20);
+    // Given in the file, it over-commits: a warning.
+    let cfg = parse(&minimal(
+        "",
+        "[pollers]\ncount = 1\narena = \"64MiB\"\n[limits]\nassociation_buffer = \"8MiB\"",
+    ))
+    .unwrap();
     let w = cfg.warnings();
     assert_eq!(w.len(), 1);
     assert!(w[0].contains("limits.associations_per_host 16"), "{}", w[0]);
+    // Never below a queue's own buffer.
+    let cfg = parse(&minimal(
+        "",
+        "[pollers]\ncount = 1\narena = \"16MiB\"\n[limits]\nqueue_buffer = \"2MiB\"",
+    ))
+    .unwrap();
+    assert_eq!(cfg.limits.association_buffer(cfg.pollers.arenas()), 2 << 20);
 }
 
 #[test]

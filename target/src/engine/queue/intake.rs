@@ -276,9 +276,14 @@ impl Queue {
         Intake::Taken
     }
 
-    /// Completes held AERs: with the events their controller has for them,
-    /// or, after a controller reset, as Command Aborted due to SQ Deletion
-    /// (the reset aborts outstanding commands, NVMe Base 2.1, 3.7.2).
+    /// Completes held AERs with the events their controller has for them.
+    /// Those held across a controller reset or a shutdown (an older
+    /// generation) end without a completion: a reset aborts outstanding
+    /// AERs and posts no completion queue entry for them (NVMe Base 2.1,
+    /// 5.2), and nvmet answers none at a shutdown either. The host gave
+    /// them up: SPDK's initiator cancels its AER before it shuts the
+    /// controller down, and a completion for a command it no longer has
+    /// fails its controller.
     pub(super) fn deliver_events<W: Wire>(&mut self, io: &mut Io, w: &mut W) {
         if self.held_aers.is_empty() {
             return;
@@ -287,12 +292,15 @@ impl Queue {
             return;
         };
         let generation = ctrl.generation();
-        let (stale, live): (Vec<_>, Vec<_>) = std::mem::take(&mut self.held_aers)
-            .into_iter()
-            .partition(|&(_, g)| g != generation);
-        self.held_aers = live;
-        for (sqe, _) in stale {
-            self.answer_unslotted(&sqe, Status::ABORTED_SQ_DELETION, 0, io, w);
+        let held = self.held_aers.len();
+        self.held_aers.retain(|&(_, g)| g == generation);
+        if self.held_aers.len() < held {
+            tracing::debug!(
+                peer = %self.peer,
+                cntlid = ctrl.cntlid,
+                aers = held - self.held_aers.len(),
+                "AERs held across a controller reset or shutdown ended without a completion"
+            );
         }
         while !self.held_aers.is_empty() {
             let Some(dw0) = ctrl.take_event() else {

@@ -1,6 +1,7 @@
 //! Controller reset and shutdown (CC.EN, CC.SHN), and Disconnect.
 
 use super::*;
+use rdmablk_tests::events::submit_aer;
 
 // ---- 1: controller reset and shutdown --------------------------------------
 
@@ -134,6 +135,48 @@ fn cc_shn_normal_shutdown_completes() {
         0,
         "CSTS.RDY after the shutdown (CSTS {csts:#x})"
     );
+}
+
+/// NVMe Base 2.1, 5.2: an AER outstanding when the controller is reset is
+/// aborted with no completion queue entry; at a shutdown it stays
+/// unanswered too, as nvmet leaves it. This is how SPDK's initiator ends:
+/// it cancels its AER on its own side, sets CC.SHN = 01b and polls CSTS
+/// until SHST says complete; a completion for the AER it cancelled fails
+/// its controller ("no tcp_req is found with cid", then "Failed to read the
+/// CSTS register"). The Linux host shuts down the same way before it
+/// deletes its queues.
+#[test]
+fn an_aer_outstanding_at_a_shutdown_gets_no_completion() {
+    let _machine = crate::shared();
+    let t = Target::start(&["--memory", "64MiB"]);
+    let c = open(&t, DEFAULT_NQN, HOST_A, &quiet_opts());
+    let aer = submit_aer(&c);
+    let mut admin = c.admin();
+    let cc = admin.prop_get(property::CC, false).or_panic("Get CC") as u32;
+    let cc = (cc & !property::CC_SHN_MASK) | 1 << property::CC_SHN_SHIFT;
+    admin
+        .prop_set(property::CC, cc)
+        .or_panic("Set CC.SHN = 01b");
+    let csts = poll_csts(&mut admin, "after CC.SHN = 01b", |v| {
+        v & SHST_MASK == property::CSTS_SHST_COMPLETE
+    });
+    assert_eq!(csts & SHST_MASK, property::CSTS_SHST_COMPLETE);
+    // More round trips: a completion sent for the AER would come first.
+    for _ in 0..3 {
+        admin
+            .prop_get(property::CSTS, false)
+            .or_panic("CSTS after the shutdown");
+    }
+    assert!(
+        !admin.has_completed(aer),
+        "the AER outstanding at the shutdown was completed"
+    );
+    drop(admin);
+    drop(c);
+    let mut other = open(&t, DEFAULT_NQN, HOST_B, &quiet_opts());
+    other.io[0]
+        .read(NSID, 0, 8, 512)
+        .or_panic("the target serves on after the shutdown");
 }
 
 // ---- 2: Disconnect ---------------------------------------------------------
