@@ -265,6 +265,7 @@ pub fn spawn(
         id,
         incoming,
         wakeup: poller_wakeup,
+        wake_counter: Box::leak(Box::new(0)),
         completions,
         off_ring: Vec::new(),
         tick: types::Timespec::from(TICK),
@@ -300,6 +301,9 @@ struct Poller {
     id: usize,
     incoming: Receiver<Handover>,
     wakeup: Wakeup,
+    /// Where the ring reads `wakeup`'s counter: leaked, as a read may be
+    /// in flight when the ring goes.
+    wake_counter: &'static mut u64,
     /// Backend completions that arrive beside the ring; they wake it
     /// through `wakeup`.
     completions: Arc<Completions>,
@@ -539,7 +543,6 @@ impl Poller {
     }
 
     fn on_wake(&mut self) {
-        self.wakeup.drain();
         // A controller ended: its queues here close now, not at the tick.
         let ends = crate::nvme::controller::ends();
         if ends != self.ends_seen {
@@ -593,9 +596,14 @@ impl Poller {
         self.qos_release_armed = Some(at);
     }
 
+    /// Queues the read of the wake-up counter (which resets it when a
+    /// wake-up comes: one operation, no drain after it).
     fn arm_wake(&mut self) {
-        let e = self.wakeup.poll(Token::Wake.encode());
-        // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
+        let e = self
+            .wakeup
+            .read(std::ptr::from_mut(self.wake_counter), Token::Wake.encode());
+        // SAFETY: the read writes 8 bytes into `wake_counter`, leaked (valid
+        // for the process's life); the eventfd lives in `wakeup`.
         unsafe { self.ring.submissions().push(e) };
     }
 }
