@@ -19,6 +19,7 @@
 # themselves. Not part of CI.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+. bench/cpu.sh
 rounds=${1:-3}
 conf=${CEPH_CONF:-$(bash scripts/ceph-dev.sh up | tail -n 1)}
 client_cpus=${CLIENT_CPUS:-1}
@@ -90,17 +91,12 @@ gateway_run() {
     sleep 0.05
   done
   grep -q "namespace active" "$work/target.log" || { cat "$work/target.log" >&2; exit 1; }
-  ticks0=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  ticks0=$(cpu_ticks $tpid)
   out=$(taskset -c "$host_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n $nqn \
     --rw "$2" --bs "$3" --qd "$4" --runtime "${seconds}s" --json 2>/dev/null)
-  ticks1=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  ticks1=$(cpu_ticks $tpid)
   kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
-  python3 -c '
-import json, os, sys
-r = json.loads(sys.argv[1]); hz = os.sysconf("SC_CLK_TCK")
-ios = r["read"]["ios"] + r["write"]["ios"]
-print(r["iops"], (int(sys.argv[3]) - int(sys.argv[2])) / hz * 1e6 / max(ios, 1))
-' "$out" "$ticks0" "$ticks1"
+  iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
 }
 
 # rbd bench's names for a load.

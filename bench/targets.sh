@@ -13,6 +13,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/lib.sh
+. bench/cpu.sh
 old=${1:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
 new=${2:?usage: $0 OLD_TARGET NEW_TARGET [ROUNDS] [SECONDS]}
 rounds=${3:-5}
@@ -30,17 +31,12 @@ measure() { # binary rw bs qd
   tpid=$!
   for _ in $(seq 50); do (echo > /dev/tcp/127.0.0.1/$port) 2>/dev/null && break; sleep 0.1; done
   local ticks0 ticks1 out
-  ticks0=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  ticks0=$(cpu_ticks $tpid)
   out=$(taskset -c 1 "$host" bench -t tcp -a 127.0.0.1 -s $port -n $nqn \
     --rw "$2" --bs "$3" --qd "$4" --runtime "${secs}s" --json 2>/dev/null)
-  ticks1=$(awk '{print $14 + $15}' /proc/$tpid/stat)
+  ticks1=$(cpu_ticks $tpid)
   kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
-  python3 -c '
-import json, os, sys
-r = json.loads(sys.argv[1]); hz = os.sysconf("SC_CLK_TCK")
-ios = r["read"]["ios"] + r["write"]["ios"]
-print(r["iops"], (int(sys.argv[3]) - int(sys.argv[2])) / hz * 1e6 / max(ios, 1))
-' "$out" "$ticks0" "$ticks1"
+  iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
 }
 
 compare_loads "$old" "$new" "$rounds" "${LOADS:-randread 4k 32,randwrite 4k 32,read 128k 8}"

@@ -109,6 +109,19 @@ fn cc_en_reset_deletes_io_queues() {
     );
 }
 
+/// Sets CC.SHN = 01b (normal shutdown) and polls CSTS until shutdown
+/// processing is no longer occurring; returns that CSTS.
+fn normal_shutdown(admin: &mut Queue) -> u32 {
+    let cc = admin.prop_get(property::CC, false).or_panic("Get CC") as u32;
+    let cc = (cc & !property::CC_SHN_MASK) | 1 << property::CC_SHN_SHIFT;
+    admin
+        .prop_set(property::CC, cc)
+        .or_panic("Set CC.SHN = 01b");
+    poll_csts(admin, "after CC.SHN = 01b", |v| {
+        v & SHST_MASK != 1 << property::CSTS_SHST_SHIFT
+    })
+}
+
 /// NVMe Base 2.1, 3.6 (shutdown): CC.SHN = 01b (normal shutdown) ends with
 /// CSTS.SHST = 10b (shutdown processing complete) and CSTS.RDY = 0.
 #[test]
@@ -117,14 +130,7 @@ fn cc_shn_normal_shutdown_completes() {
     let t = Target::start(&["--memory", "64MiB"]);
     let c = open(&t, DEFAULT_NQN, HOST_A, &quiet_opts());
     let mut admin = c.admin();
-    let cc = admin.prop_get(property::CC, false).or_panic("Get CC") as u32;
-    let cc = (cc & !property::CC_SHN_MASK) | 1 << property::CC_SHN_SHIFT;
-    admin
-        .prop_set(property::CC, cc)
-        .or_panic("Set CC.SHN = 01b");
-    let csts = poll_csts(&mut admin, "after CC.SHN = 01b", |v| {
-        v & SHST_MASK != 1 << property::CSTS_SHST_SHIFT
-    });
+    let csts = normal_shutdown(&mut admin);
     assert_eq!(
         csts & SHST_MASK,
         property::CSTS_SHST_COMPLETE,
@@ -152,14 +158,7 @@ fn an_aer_outstanding_at_a_shutdown_gets_no_completion() {
     let c = open(&t, DEFAULT_NQN, HOST_A, &quiet_opts());
     let aer = submit_aer(&c);
     let mut admin = c.admin();
-    let cc = admin.prop_get(property::CC, false).or_panic("Get CC") as u32;
-    let cc = (cc & !property::CC_SHN_MASK) | 1 << property::CC_SHN_SHIFT;
-    admin
-        .prop_set(property::CC, cc)
-        .or_panic("Set CC.SHN = 01b");
-    let csts = poll_csts(&mut admin, "after CC.SHN = 01b", |v| {
-        v & SHST_MASK == property::CSTS_SHST_COMPLETE
-    });
+    let csts = normal_shutdown(&mut admin);
     assert_eq!(csts & SHST_MASK, property::CSTS_SHST_COMPLETE);
     // More round trips: a completion sent for the AER would come first.
     for _ in 0..3 {
