@@ -249,26 +249,10 @@ impl Wakeup {
         let _ = unsafe { libc::read(self.0.as_raw_fd(), buf.as_mut_ptr().cast(), 8) };
     }
 
-    /// A read of the counter into `counter` (8 bytes), to queue: it
-    /// completes when another thread wakes the ring and resets the counter
-    /// as it does (no drain to follow); re-queue it after each completion.
-    /// `counter` must stay valid while the read may be in flight.
-    pub fn read(&self, counter: *mut u64, user_data: u64) -> squeue::Entry {
-        opcode::Read::new(types::Fd(self.0.as_raw_fd()), counter.cast(), 8)
-            .build()
-            .user_data(user_data)
-    }
-
     /// The poll operation to queue; re-queue it after each completion.
     pub fn poll(&self, user_data: u64) -> squeue::Entry {
         opcode::PollAdd::new(types::Fd(self.0.as_raw_fd()), libc::POLLIN as u32)
             .build()
             .user_data(user_data)
-    }
-}
-
-impl std::os::fd::AsFd for Wakeup {
-    fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
-        std::os::fd::AsFd::as_fd(&*self.0)
     }
 }

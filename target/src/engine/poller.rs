@@ -265,7 +265,6 @@ pub fn spawn(
         id,
         incoming,
         wakeup: poller_wakeup,
-        wake_counter: Box::leak(Box::new(0)),
         completions,
         off_ring: Vec::new(),
         tick: types::Timespec::from(TICK),
@@ -301,9 +300,6 @@ struct Poller {
     id: usize,
     incoming: Receiver<Handover>,
     wakeup: Wakeup,
-    /// Where the ring reads `wakeup`'s counter: leaked, as a read may be
-    /// in flight when the ring goes.
-    wake_counter: &'static mut u64,
     /// Backend completions that arrive beside the ring; they wake it
     /// through `wakeup`.
     completions: Arc<Completions>,
@@ -336,9 +332,7 @@ impl Poller {
             // stays valid until its completion.
             let submitted = if sleep {
                 // SAFETY: as above.
-                let woke = unsafe { self.ring.submit_and_wait() };
-                self.completions.awake();
-                woke
+                unsafe { self.ring.submit_and_wait() }
             } else {
                 // SAFETY: as above.
                 unsafe { self.ring.submit() }
@@ -362,15 +356,9 @@ impl Poller {
                     worked |= e.poll(&mut io);
                 }
             }
-            // Backend completions recorded off the ring while this poller
-            // was up: they raised no wake-up.
-            if self.completions.pending() {
-                worked |= self.dispatch_off_ring();
-            }
             self.pump_endpoints();
             self.arm_qos_release();
-            // A completion recorded since keeps the poller up.
-            sleep = self.spin.sleep_next(worked) && self.completions.may_sleep();
+            sleep = self.spin.sleep_next(worked);
             if sleep {
                 let counters = &self.shared.pollers[self.id];
                 counters.sleeps.set(self.spin.sleeps());
@@ -543,6 +531,7 @@ impl Poller {
     }
 
     fn on_wake(&mut self) {
+        self.wakeup.drain();
         // A controller ended: its queues here close now, not at the tick.
         let ends = crate::nvme::controller::ends();
         if ends != self.ends_seen {
@@ -596,14 +585,9 @@ impl Poller {
         self.qos_release_armed = Some(at);
     }
 
-    /// Queues the read of the wake-up counter (which resets it when a
-    /// wake-up comes: one operation, no drain after it).
     fn arm_wake(&mut self) {
-        let e = self
-            .wakeup
-            .read(std::ptr::from_mut(self.wake_counter), Token::Wake.encode());
-        // SAFETY: the read writes 8 bytes into `wake_counter`, leaked (valid
-        // for the process's life); the eventfd lives in `wakeup`.
+        let e = self.wakeup.poll(Token::Wake.encode());
+        // SAFETY: a poll points at no memory; the eventfd lives in `wakeup`.
         unsafe { self.ring.submissions().push(e) };
     }
 }
