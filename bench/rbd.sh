@@ -17,6 +17,13 @@
 # host on core 0 (HOST_CPUS, CLUSTER_CPUS), rbd bench and the gateway on core
 # 1 (CLIENT_CPUS): the gateway and librbd's tool get the same core to
 # themselves. Not part of CI.
+#
+# SPDK's RBD bdev (the data path of Ceph's NVMe-oF gateway) joins the
+# rounds where SPDK is built with it (../shared/tools/spdk/build.sh with
+# CONFIGURE_ARGS=--with-rbd, under $SPDK_SRC, default /tmp/spdk/spdk): its
+# nvmf_tgt on the gateway's core, driven by the same host. Its reactor
+# polls without sleeping, so its CPU per I/O is a whole core's time over
+# its IOPS.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 . bench/cpu.sh
@@ -33,6 +40,11 @@ fi
 bin=build/release
 new=$bin/rdmablk-target
 old=${OLD:-}
+spdk_src=${SPDK_SRC:-/tmp/spdk/spdk}
+spdk=""
+if [ -x "$spdk_src/build/bin/nvmf_tgt" ] && grep -Eq "^CONFIG_RBD[?]?=y" "$spdk_src/mk/config.mk" 2>/dev/null; then
+  spdk=$spdk_src
+fi
 image=bench-$$
 size_mib=1024
 seconds=${SECONDS_PER_RUN:-8}
@@ -41,6 +53,7 @@ work=$(mktemp -d /tmp/rdmablk-rbd-bench.XXXXXX)
 tpid=""
 cleanup() {
   [ -n "$tpid" ] && kill "$tpid" 2>/dev/null
+  [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
   wait 2>/dev/null || true
   rbd -c "$conf" rm "rbd/$image" >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -99,25 +112,56 @@ gateway_run() {
   iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
 }
 
+# spdk_run RW BS QD: "IOPS CPU_US_PER_IO" of rdmablk bench through SPDK's
+# nvmf_tgt (started here on the gateway's core, its RBD bdev on the image,
+# stopped after), the CPU time nvmf_tgt's.
+spdk_run() {
+  local port sock=$work/spdk.sock ticks0 ticks1 out mem=(-s 1024 --no-huge)
+  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  if [ "$(awk '/^HugePages_Free/{print $2}' /proc/meminfo)" -ge 512 ] && mount | grep -q hugetlbfs; then
+    mem=(-s 1024)
+  fi
+  rm -f "$sock"
+  CEPH_CONF=$conf "$spdk/build/bin/nvmf_tgt" -m "$(printf '0x%x' $((1 << client_cpus)))" \
+    "${mem[@]}" --no-pci -r "$sock" >"$work/spdk.log" 2>&1 </dev/null &
+  spid=$!
+  spdk_rpc() { /usr/bin/python3 "$spdk/scripts/rpc.py" -s "$sock" -t 30 "$@" >/dev/null; }
+  for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
+  spdk_rpc framework_wait_init && spdk_rpc nvmf_create_transport -t TCP &&
+    spdk_rpc bdev_rbd_create -b Rbd0 --user admin rbd "$image" 4096 &&
+    spdk_rpc nvmf_create_subsystem "$nqn" -a -s SPDK00000000000001 &&
+    spdk_rpc nvmf_subsystem_add_ns "$nqn" Rbd0 &&
+    spdk_rpc nvmf_subsystem_add_listener "$nqn" -t tcp -f ipv4 -a 127.0.0.1 -s "$port" ||
+    { tail -20 "$work/spdk.log" >&2; exit 1; }
+  ticks0=$(cpu_ticks $spid)
+  out=$(taskset -c "$host_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n $nqn \
+    --rw "$1" --bs "$2" --qd "$3" --runtime "${seconds}s" --json 2>/dev/null)
+  ticks1=$(cpu_ticks $spid)
+  kill "$spid"; wait "$spid" 2>/dev/null || true; spid=""
+  iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
+}
+
 # rbd bench's names for a load.
 rbd_type() { case $1 in *write) echo write ;; *) echo read ;; esac; }
 rbd_pattern() { case $1 in rand*) echo rand ;; *) echo seq ;; esac; }
 
 echo "rounds: $rounds of ${seconds} s, image rbd/$image (${size_mib} MiB, refilled before each run)," \
-  "cluster $conf; rbd bench and the gateway on core $client_cpus, the host on $host_cpus" >&2
+  "cluster $conf; rbd bench and the gateway on core $client_cpus, the host on $host_cpus;" \
+  "SPDK's RBD bdev: ${spdk:-not built (see the header)}" >&2
 IFS=, read -ra loads <<< "${LOADS:-randread 4k 32,read 128k 8,randwrite 4k 32}"
 for load in "${loads[@]}"; do
   set -- $load
-  : > "$work/rbd"; : > "$work/new"; : > "$work/old"
+  : > "$work/rbd"; : > "$work/new"; : > "$work/old"; : > "$work/spdk"
   for round in $(seq "$rounds"); do
     # Who goes first alternates between rounds.
-    order="rbd new old"
-    [ $((round % 2)) -eq 0 ] && order="old new rbd"
+    order="rbd new old spdk"
+    [ $((round % 2)) -eq 0 ] && order="spdk old new rbd"
     for who in $order; do
       case $who in
         rbd) refill; rbd_run "$(rbd_type "$1")" "$(rbd_pattern "$1")" "$2" "$3" >> "$work/rbd" ;;
         new) refill; gateway_run "$new" "$1" "$2" "$3" >> "$work/new" ;;
         old) [ -n "$old" ] || continue; refill; gateway_run "$old" "$1" "$2" "$3" >> "$work/old" ;;
+        spdk) [ -n "$spdk" ] || continue; refill; spdk_run "$1" "$2" "$3" >> "$work/spdk" ;;
       esac
     done
   done
@@ -129,12 +173,15 @@ def med(name):
     if not rows:
         return None
     return statistics.median(r[0] for r in rows), statistics.median(r[1] for r in rows)
-(ri, rc), (ni, nc), old = med("rbd"), med("new"), med("old")
+(ri, rc), (ni, nc), old, spdk = med("rbd"), med("new"), med("old"), med("spdk")
 line = (f"{sys.argv[2]:>18}: rbd bench {ri:,.0f} IOPS {rc:.1f} us CPU/IO | gateway {ni:,.0f} IOPS "
         f"{nc:.1f} us CPU/IO | gateway/rbd IOPS {ni/ri:.2f}x, CPU/IO {nc/rc:.2f}x")
 if old:
     oi, oc = old
     line += f" | old gateway {oi:,.0f} IOPS {oc:.1f} us CPU/IO (new/old IOPS {ni/oi:.2f}x)"
+if spdk:
+    si, sc = spdk
+    line += f" | SPDK RBD bdev {si:,.0f} IOPS {sc:.1f} us CPU/IO (gateway/SPDK IOPS {ni/si:.2f}x)"
 print(line)
 EOF
 done

@@ -2,6 +2,7 @@
 //! callbacks, the offload thread's jobs), handed back to the poller.
 
 use rdmablk_common::ring::Wakeup;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 /// Completions of backend operations that do not run on the poller's
@@ -11,6 +12,8 @@ use std::sync::{Arc, Mutex};
 pub struct Completions {
     done: Mutex<Vec<(u64, i32)>>,
     wakeup: Wakeup,
+    /// Operations started on other threads (`begin`) that have not ended.
+    away: AtomicUsize,
 }
 
 impl Completions {
@@ -19,7 +22,26 @@ impl Completions {
         Arc::new(Completions {
             done: Mutex::new(Vec::new()),
             wakeup,
+            away: AtomicUsize::new(0),
         })
+    }
+
+    /// The poller started an operation that other threads carry out and
+    /// `end` (librbd's): until then the poller yields its CPU to them
+    /// between rounds.
+    pub fn begin(&self) {
+        self.away.fetch_add(1, Ordering::Relaxed);
+    }
+
+    /// The operation `begin` announced ended: records it as `push` does.
+    pub fn end(&self, token: u64, res: i32) {
+        self.away.fetch_sub(1, Ordering::Relaxed);
+        self.push(token, res);
+    }
+
+    /// Operations begun and not yet ended.
+    pub fn away(&self) -> usize {
+        self.away.load(Ordering::Relaxed)
     }
 
     /// Records that the operation with user data `token` ended with `res`
@@ -40,5 +62,31 @@ impl Completions {
     /// Moves what was recorded into `into` (empty), for the poller.
     pub fn take(&self, into: &mut Vec<(u64, i32)>) {
         std::mem::swap(&mut *self.done.lock().expect("completions lock"), into);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn operations_are_away_from_begin_to_end_and_their_ends_are_taken() {
+        let c = Completions::new(Wakeup::new().expect("eventfd"));
+        c.begin();
+        c.begin();
+        assert_eq!(c.away(), 2);
+        let other = c.clone();
+        std::thread::spawn(move || other.end(7, 4096))
+            .join()
+            .unwrap();
+        assert_eq!(c.away(), 1);
+        // A completion of work that was not begun here counts for nothing.
+        c.push(9, 0);
+        assert_eq!(c.away(), 1);
+        let mut got = Vec::new();
+        c.take(&mut got);
+        assert_eq!(got, vec![(7, 4096), (9, 0)]);
+        c.end(8, -5);
+        assert_eq!(c.away(), 0);
     }
 }

@@ -1,8 +1,8 @@
 //! Base services the layers above share: errors, what hosts may hold
 //! (admission, arena budgets), work off the pollers (offload) and the
 //! completions it hands back, the few threads that serve many owners'
-//! slow work (lanes), counters, identifiers, a monotonic clock in
-//! nanoseconds.
+//! slow work (lanes), library threads that yield to pollers (sched),
+//! counters, identifiers, a monotonic clock in nanoseconds.
 
 pub mod admission;
 pub mod budget;
@@ -13,3 +13,4 @@ pub mod ids;
 pub mod lanes;
 pub mod metrics;
 pub mod offload;
+pub mod sched;

@@ -2,7 +2,8 @@
 //! the connections pinned to it, and a registered buffer arena. Run to
 //! completion, no locks on the I/O path; after its last work it keeps
 //! polling for an adaptive window (`common::spin`), then sleeps in
-//! `io_uring_enter`.
+//! `io_uring_enter`. While other threads carry out its operations (librbd's,
+//! `base::sched`), it yields its CPU to them after each round that worked.
 
 use crate::base::budget::PollerBudget;
 use crate::base::completions::Completions;
@@ -359,6 +360,12 @@ impl Poller {
             self.pump_endpoints();
             self.arm_qos_release();
             sleep = self.spin.sleep_next(worked);
+            if !sleep && worked && self.completions.away() > 0 {
+                // Threads that carry out this poller's operations wait for
+                // its CPU (`base::sched`): they finish what arrived, and it
+                // comes back together, next round.
+                std::thread::yield_now();
+            }
             if sleep {
                 let counters = &self.shared.pollers[self.id];
                 counters.sleeps.set(self.spin.sleeps());

@@ -5,6 +5,7 @@
 use super::sys::{
     rados_ioctx_t, rados_t, rbd_completion_t, rbd_config_option_t, rbd_image_t, Librbd,
 };
+use crate::base::sched::BatchThreads;
 use std::ffi::{c_char, c_int, c_void, CStr, CString};
 use std::io;
 use std::sync::atomic::AtomicUsize;
@@ -99,6 +100,9 @@ impl Cluster {
     /// `options` (name, value) set over it.
     pub fn connect(conf: &str, id: &str, options: &[(&str, String)]) -> io::Result<Cluster> {
         let lib = library()?;
+        // librados' threads (messenger, completions) start here: they
+        // yield to pollers (`base::sched`).
+        let _batch = BatchThreads::enter();
         let name = cstring("client id", &format!("client.{id}"))?;
         let mut handle: rados_t = std::ptr::null_mut();
         // SAFETY: `handle` receives the new cluster; the names are C strings
@@ -154,8 +158,11 @@ impl Cluster {
         } else {
             lib.rbd_open
         };
+        // librbd's threads start with the first image.
+        let batch = BatchThreads::enter();
         // SAFETY: a live I/O context; `handle` receives the image; no snapshot.
         let rc = unsafe { open(ioctx, image_c.as_ptr(), &mut handle, std::ptr::null()) };
+        drop(batch);
         if let Err(e) = check(&format!("opening image {image}"), rc) {
             // SAFETY: the context is ours and nothing uses it any more.
             unsafe { (lib.rados_ioctx_destroy)(ioctx) };
@@ -419,11 +426,14 @@ impl Image {
     pub fn watch(&mut self, changed: impl Fn() + Send + Sync + 'static) -> io::Result<()> {
         let ctx: *mut WatchContext = Box::into_raw(Box::new(Box::new(changed)));
         let mut handle = 0u64;
+        // librbd's thread pool starts with the first watch.
+        let batch = BatchThreads::enter();
         // SAFETY: an open image; `ctx` stays valid until `rbd_update_unwatch`
         // in `Drop` returned (librbd waits for running callbacks there).
         let rc = unsafe {
             (self.lib.rbd_update_watch)(self.handle, &mut handle, Some(on_update), ctx.cast())
         };
+        drop(batch);
         if let Err(e) = check("rbd_update_watch", rc) {
             // SAFETY: librbd did not take the context.
             drop(unsafe { Box::from_raw(ctx) });

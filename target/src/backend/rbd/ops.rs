@@ -96,6 +96,7 @@ impl RbdOp {
             return completions.push(token, -libc::ENOTCONN);
         };
         image.in_flight.fetch_add(1, Ordering::AcqRel);
+        completions.begin();
         let done = Box::new(Done {
             token,
             result: self.result,
@@ -152,6 +153,6 @@ impl Finish for Done {
             OnSuccess::BytesOr(_) => bytes(),
             OnSuccess::Zero => 0,
         };
-        self.completions.push(self.token, res);
+        self.completions.end(self.token, res);
     }
 }

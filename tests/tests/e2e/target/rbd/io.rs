@@ -11,6 +11,29 @@ fn bench_verifies_at_4k_and_1m() {
     let img = Image::create("bench", IMAGE_BYTES);
     let t = target(&img.name, "", "20s");
     wait_active(&t);
+    // librados' and librbd's threads wait for a poller to yield
+    // (SCHED_BATCH); the pollers and the daemon's own threads do not.
+    let threads = policies(t.pid());
+    let batch = |name: &str| {
+        let of: Vec<_> = threads
+            .iter()
+            .filter(|(n, _)| n.starts_with(name))
+            .collect();
+        assert!(!of.is_empty(), "no {name} thread among {threads:?}");
+        of.iter().all(|(_, p)| *p == SCHED_BATCH)
+    };
+    for name in ["msgr-worker", "io_context_pool", "tp_librbd"] {
+        assert!(batch(name), "{name} not under SCHED_BATCH: {threads:?}");
+    }
+    for name in ["poller-", "rbd-life"] {
+        assert!(
+            threads
+                .iter()
+                .filter(|(n, _)| n.starts_with(name))
+                .all(|(_, p)| *p == SCHED_OTHER),
+            "{name} not under SCHED_OTHER: {threads:?}"
+        );
+    }
     for (bs, qd, bytes) in [("4k", "32", 4096.0), ("1m", "4", MIB as f64)] {
         let r = bench(
             t.port(),
@@ -31,6 +54,27 @@ fn bench_verifies_at_4k_and_1m() {
         check_bench(&r, bytes, &["read", "write"], &format!("bench {bs} on RBD"));
     }
     stop(t);
+}
+
+/// sched(7)'s policy numbers, as /proc/PID/task/TID/stat's 41st field.
+const SCHED_OTHER: u32 = 0;
+const SCHED_BATCH: u32 = 3;
+
+/// Each thread of process `pid`: its name and scheduling policy.
+fn policies(pid: u32) -> Vec<(String, u32)> {
+    let tasks = std::fs::read_dir(format!("/proc/{pid}/task")).expect("the target's threads");
+    let mut out = Vec::new();
+    for task in tasks.flatten() {
+        let Ok(stat) = std::fs::read_to_string(task.path().join("stat")) else {
+            continue; // it ended
+        };
+        // "TID (COMM) STATE ...": fields after the name, which may hold spaces.
+        let (head, rest) = stat.rsplit_once(") ").expect("a stat line");
+        let name = head.split_once(" (").expect("a stat line").1.to_string();
+        let policy = rest.split(' ').nth(38).expect("a policy field");
+        out.push((name, policy.parse().expect("a number")));
+    }
+    out
 }
 
 /// fio's nbd engine through our NBD export of an RBD namespace, verified.
