@@ -53,7 +53,6 @@ work=$(mktemp -d /tmp/rdmablk-rbd-bench.XXXXXX)
 tpid=""
 cleanup() {
   [ -n "$tpid" ] && kill "$tpid" 2>/dev/null
-  [ -n "${spid:-}" ] && kill "$spid" 2>/dev/null
   wait 2>/dev/null || true
   rbd -c "$conf" rm "rbd/$image" >/dev/null 2>&1 || true
   rm -rf "$work"
@@ -91,11 +90,27 @@ print(iops, (ru.ru_utime + ru.ru_stime) * 1e6 / ops)
 EOF
 }
 
-# gateway_run TARGET RW BS QD: "IOPS CPU_US_PER_IO" of rdmablk bench through
-# TARGET (started here, stopped after), the CPU time the target's.
+free_port() {
+  python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])'
+}
+
+# drive PORT RW BS QD: "IOPS CPU_US_PER_IO" of rdmablk bench through the
+# target process $tpid listening on PORT, the CPU time the target's; stops
+# the target after.
+drive() {
+  local ticks0 ticks1 out
+  ticks0=$(cpu_ticks $tpid)
+  out=$(taskset -c "$host_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$1" -n $nqn \
+    --rw "$2" --bs "$3" --qd "$4" --runtime "${seconds}s" --json 2>/dev/null)
+  ticks1=$(cpu_ticks $tpid)
+  kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
+  iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
+}
+
+# gateway_run TARGET RW BS QD: drive TARGET (started here).
 gateway_run() {
-  local port ticks0 ticks1 out
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  local port
+  port=$(free_port)
   taskset -c "$client_cpus" "$1" --listen "tcp://127.0.0.1:$port" --rbd "rbd/$image" \
     --ceph-conf "$conf" --nqn $nqn --pollers 1 >"$work/target.log" 2>&1 &
   tpid=$!
@@ -104,27 +119,21 @@ gateway_run() {
     sleep 0.05
   done
   grep -q "namespace active" "$work/target.log" || { cat "$work/target.log" >&2; exit 1; }
-  ticks0=$(cpu_ticks $tpid)
-  out=$(taskset -c "$host_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n $nqn \
-    --rw "$2" --bs "$3" --qd "$4" --runtime "${seconds}s" --json 2>/dev/null)
-  ticks1=$(cpu_ticks $tpid)
-  kill "$tpid"; wait "$tpid" 2>/dev/null || true; tpid=""
-  iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
+  drive "$port" "$2" "$3" "$4"
 }
 
-# spdk_run RW BS QD: "IOPS CPU_US_PER_IO" of rdmablk bench through SPDK's
-# nvmf_tgt (started here on the gateway's core, its RBD bdev on the image,
-# stopped after), the CPU time nvmf_tgt's.
+# spdk_run RW BS QD: drive SPDK's nvmf_tgt (started here on the gateway's
+# core, its RBD bdev on the image).
 spdk_run() {
-  local port sock=$work/spdk.sock ticks0 ticks1 out mem=(-s 1024 --no-huge)
-  port=$(python3 -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1",0)); print(s.getsockname()[1])')
+  local port sock=$work/spdk.sock mem=(-s 1024 --no-huge)
+  port=$(free_port)
   if [ "$(awk '/^HugePages_Free/{print $2}' /proc/meminfo)" -ge 512 ] && mount | grep -q hugetlbfs; then
     mem=(-s 1024)
   fi
   rm -f "$sock"
   CEPH_CONF=$conf "$spdk/build/bin/nvmf_tgt" -m "$(printf '0x%x' $((1 << client_cpus)))" \
     "${mem[@]}" --no-pci -r "$sock" >"$work/spdk.log" 2>&1 </dev/null &
-  spid=$!
+  tpid=$!
   spdk_rpc() { /usr/bin/python3 "$spdk/scripts/rpc.py" -s "$sock" -t 30 "$@" >/dev/null; }
   for _ in $(seq 100); do [ -S "$sock" ] && break; sleep 0.1; done
   spdk_rpc framework_wait_init && spdk_rpc nvmf_create_transport -t TCP &&
@@ -133,12 +142,7 @@ spdk_run() {
     spdk_rpc nvmf_subsystem_add_ns "$nqn" Rbd0 &&
     spdk_rpc nvmf_subsystem_add_listener "$nqn" -t tcp -f ipv4 -a 127.0.0.1 -s "$port" ||
     { tail -20 "$work/spdk.log" >&2; exit 1; }
-  ticks0=$(cpu_ticks $spid)
-  out=$(taskset -c "$host_cpus" "$bin/rdmablk" bench -t tcp -a 127.0.0.1 -s "$port" -n $nqn \
-    --rw "$1" --bs "$2" --qd "$3" --runtime "${seconds}s" --json 2>/dev/null)
-  ticks1=$(cpu_ticks $spid)
-  kill "$spid"; wait "$spid" 2>/dev/null || true; spid=""
-  iops_and_cpu_per_io "$out" "$ticks0" "$ticks1"
+  drive "$port" "$1" "$2" "$3"
 }
 
 # rbd bench's names for a load.
