@@ -6,9 +6,10 @@
 //! poller it completes for would interrupt the poller for every reply,
 //! finish one operation, wake the poller and switch back: two context
 //! switches per I/O. A `SCHED_BATCH` thread gets the same share of CPU time
-//! but waits for the poller to sleep or yield (`engine::poller` yields
-//! while such threads hold its operations), and then finishes every reply
-//! that arrived in one go. On an idle CPU it runs at once, as before.
+//! but waits for the poller to sleep or yield (the poller yields after
+//! every few operations it hands over, `base::completions`, and between
+//! rounds while such threads hold its operations), and then finishes every
+//! reply that arrived in one go. On an idle CPU it runs at once, as before.
 
 /// The calling thread under `SCHED_BATCH` until dropped, then back under
 /// its own policy; threads it starts meanwhile keep `SCHED_BATCH` (Linux

@@ -115,6 +115,7 @@ impl RbdOp {
         // promised), and `done` keeps the image from being closed until then
         // (an image is closed only by its last holder: see `reconnect`).
         unsafe { image.start(aio, done) };
+        completions.handed_over();
     }
 }
 
