@@ -14,23 +14,20 @@ fn bench_verifies_at_4k_and_1m() {
     // librados' and librbd's threads wait for a poller to yield
     // (SCHED_BATCH); the pollers and the daemon's own threads do not.
     let threads = policies(t.pid());
-    let batch = |name: &str| {
-        let of: Vec<_> = threads
-            .iter()
-            .filter(|(n, _)| n.starts_with(name))
-            .collect();
-        assert!(!of.is_empty(), "no {name} thread among {threads:?}");
-        of.iter().all(|(_, p)| *p == SCHED_BATCH)
+    let of = |name: &str| -> Vec<u32> {
+        let named = threads.iter().filter(|(n, _)| n.starts_with(name));
+        named.map(|&(_, p)| p).collect()
     };
     for name in ["msgr-worker", "io_context_pool", "tp_librbd"] {
-        assert!(batch(name), "{name} not under SCHED_BATCH: {threads:?}");
+        assert!(!of(name).is_empty(), "no {name} thread among {threads:?}");
+        assert!(
+            of(name).iter().all(|&p| p == SCHED_BATCH),
+            "{name} not under SCHED_BATCH: {threads:?}"
+        );
     }
     for name in ["poller-", "rbd-life"] {
         assert!(
-            threads
-                .iter()
-                .filter(|(n, _)| n.starts_with(name))
-                .all(|(_, p)| *p == SCHED_OTHER),
+            of(name).iter().all(|&p| p == SCHED_OTHER),
             "{name} not under SCHED_OTHER: {threads:?}"
         );
     }
